@@ -1,0 +1,289 @@
+/*
+ * kvpool.h - client library for the kvpool KV-cache daemon (kvpoold).
+ *
+ * An inference worker opens a client (one Unix-socket connection to the daemon), registers its KV
+ * layout as an "instance", then stores and retrieves fixed-size KV chunks keyed by the token ids
+ * of the sequence prefix. Two transports move the bytes:
+ *
+ *   - shm:    the daemon's L1 pool is a shared-memory segment that the library maps. Stores and
+ *             retrieves are two-phase: prepare returns slots (pointers into the pool), the worker
+ *             copies its KV straight into / out of them, then commits. One copy.
+ *   - inline: the bytes travel over the socket. Used when the daemon has no segment (for
+ *             example /dev/shm too small) or this process cannot map it. The library tells the
+ *             daemon which transport it really uses, so the daemon's log never lies.
+ *
+ * The high-level calls kvp_store() and kvp_retrieve() work the same on both transports.
+ *
+ * Conventions (as libuv / liburing):
+ *   - Every fallible call returns 0 (or a non-negative count) on success and a negative errno on
+ *     failure. errno is never used to report errors. kvp_strerror() names any return code.
+ *   - After a failure that the daemon answered, kvp_last_error() holds the daemon's message.
+ *   - Handles are opaque. Destructors accept NULL.
+ *   - The library never prints and never calls exit().
+ *   - A kvp_client may be shared between threads: calls on one client are serialised by a mutex.
+ *     Open one client per thread for parallel transfers.
+ */
+#ifndef KVPOOL_H
+#define KVPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KVP_BUILDING_LIBRARY)
+#define KVP_EXPORT __attribute__((visibility("default")))
+#else
+#define KVP_EXPORT
+#endif
+
+/* Library version. The major number changes when the ABI breaks. */
+#define KVP_VERSION_MAJOR 1
+#define KVP_VERSION_MINOR 0
+#define KVP_VERSION_PATCH 0
+
+/* Returns the runtime library version as (major << 16) | (minor << 8) | patch. */
+KVP_EXPORT uint32_t kvp_version(void);
+
+/*
+ * Project-specific error codes, all negative and outside the errno range. Plain negative errno
+ * values (-EINVAL, -ENOSPC, -ECONNREFUSED, ...) are used for everything else.
+ */
+#define KVP_ERRNO_MAP(XX)                                                         \
+    XX(PROTO, -10001, "protocol error: malformed or unexpected frame")            \
+    XX(VERSION, -10002, "protocol version mismatch between client and daemon")    \
+    XX(BADSLOT, -10003, "daemon sent a slot outside the mapped pool")             \
+    XX(NOSHM, -10004, "shared-memory transport is not available")
+
+typedef enum {
+#define KVP_ERRNO_ENUM(name, val, msg) KVP_E##name = (val),
+    KVP_ERRNO_MAP(KVP_ERRNO_ENUM)
+#undef KVP_ERRNO_ENUM
+} kvp_errno_t;
+
+/* Describes a return code: kvpool codes, negative errno values, or 0. Never returns NULL. */
+KVP_EXPORT const char *kvp_strerror(int err);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Client connection                                                                        */
+
+typedef struct kvp_client kvp_client;
+
+typedef struct kvp_opts {
+    /* Unix socket of the daemon. NULL: $KVPOOL_SOCKET, else kvp_default_socket_path(). */
+    const char *socket_path;
+    /* Per-request I/O timeout in milliseconds. 0: 30000. */
+    uint32_t timeout_ms;
+} kvp_opts;
+
+/*
+ * Writes the default socket path into buf (NUL-terminated): $XDG_RUNTIME_DIR/kvpool.sock when
+ * XDG_RUNTIME_DIR is set, else /tmp/kvpool-<uid>.sock. Returns the length, or -ENAMETOOLONG.
+ * The daemon uses the same rule.
+ */
+KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size);
+
+/*
+ * Connects to the daemon and checks protocol versions. opts may be NULL (all defaults).
+ * On success *ret is a new client; the caller frees it with kvp_client_close().
+ * Returns 0, -ENOENT / -ECONNREFUSED when no daemon listens, -ETIMEDOUT, KVP_EVERSION.
+ */
+KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret);
+
+/* Closes the connection. The daemon releases every reservation and pin the client held and
+ * unregisters its instances. Instances of this client must not be used afterwards. NULL is ok. */
+KVP_EXPORT void kvp_client_close(kvp_client *c);
+
+/* The daemon's message for the last failed call on this client ("" if none). Valid until the
+ * next call on the client. */
+KVP_EXPORT const char *kvp_last_error(const kvp_client *c);
+
+/* Round trip to the daemon. Returns 0 or a negative error. */
+KVP_EXPORT int kvp_ping(kvp_client *c);
+
+/* One daemon statistic (counter or gauge). */
+typedef struct kvp_stat {
+    char name[48];
+    uint64_t value;
+} kvp_stat;
+
+/*
+ * Fetches the daemon's statistics into out[0..cap). Returns the number of statistics the daemon
+ * has (which may exceed cap: only the first cap are written), or a negative error.
+ */
+KVP_EXPORT int kvp_stats(kvp_client *c, kvp_stat *out, size_t cap);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Instances (one per worker / tensor-parallel rank)                                        */
+
+typedef struct kvp_instance kvp_instance;
+
+typedef enum {
+    KVP_TRANSPORT_AUTO = 0,   /* shm when possible, else inline */
+    KVP_TRANSPORT_SHM = 1,    /* shm or fail with KVP_ENOSHM */
+    KVP_TRANSPORT_INLINE = 2, /* always inline */
+} kvp_transport;
+
+typedef struct kvp_register_opts {
+    const char *instance_id; /* unique per worker, 1..127 bytes, e.g. "vllm-rank0-pid4242" */
+    const char *model_name;  /* 1..127 bytes */
+    uint32_t world_size;     /* tensor-parallel world size, >= 1 */
+    uint32_t worker_rank;    /* < world_size */
+    uint32_t block_size;     /* tokens per paged-KV block of the engine, >= 1 */
+    uint32_t num_layers;     /* >= 1 */
+    uint32_t hidden_dim;     /* heads * head_size (or the MLA latent size), >= 1 */
+    const char *dtype;       /* "float16", "bfloat16", "float32", "float64", "int8", "uint8",
+                                "float8_e4m3fn", "float8_e5m2" */
+    uint32_t use_mla;        /* non-zero: MLA layout [layers, chunk, hidden], shared by ranks */
+    uint32_t transport;      /* a kvp_transport */
+} kvp_register_opts;
+
+/* What the daemon answered to a registration. */
+typedef struct kvp_instance_info {
+    uint32_t transport;      /* KVP_TRANSPORT_SHM or KVP_TRANSPORT_INLINE: the one in use */
+    uint32_t chunk_tokens;   /* tokens per chunk (the daemon's --chunk-size) */
+    uint32_t ndim;           /* 3 (MLA) or 4 */
+    uint32_t shape[4];       /* [2, layers, chunk, hidden] or [layers, chunk, hidden] */
+    uint64_t chunk_bytes;    /* bytes of one chunk */
+    uint32_t dtype_size;     /* bytes per element */
+    uint32_t existing;       /* non-zero: the id was already registered; answer unchanged */
+    char dtype[24];
+    char shm_name[128];      /* segment name when transport is shm, else "" */
+    char reason[256];        /* why inline was chosen, else "" */
+} kvp_instance_info;
+
+/*
+ * Registers a KV layout. In auto mode the library maps the daemon's segment if it is offered and
+ * falls back to inline if that fails, telling the daemon why. On success *ret is the instance,
+ * freed by kvp_unregister() or with its client. Returns 0, -EINVAL (the daemon's message names
+ * the field), KVP_ENOSHM (transport SHM requested but unavailable), or another negative error.
+ */
+KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *opts, kvp_instance **ret);
+
+/* Unregisters and frees the instance: the daemon aborts its reservations and releases its pins.
+ * Pointers into the pool obtained through it become invalid. NULL is ok (returns 0). */
+KVP_EXPORT int kvp_unregister(kvp_instance *inst);
+
+/* Registration details (pointer valid while the instance lives). */
+KVP_EXPORT const kvp_instance_info *kvp_instance_get_info(const kvp_instance *inst);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Keys                                                                                     */
+
+/*
+ * A sequence: its token ids from the start, and an optional cache salt that isolates tenants.
+ * Only full chunks are cached: chunk i covers tokens [i*chunk_tokens, (i+1)*chunk_tokens).
+ * Limits: count <= 1048576 tokens, salt_len <= 256 bytes.
+ */
+typedef struct kvp_tokens {
+    const uint32_t *ids;
+    uint32_t count;
+    uint32_t salt_len;
+    const void *salt;
+} kvp_tokens;
+
+/* Number of leading full chunks of the sequence that are cached, or a negative error. */
+KVP_EXPORT int kvp_lookup(kvp_instance *inst, const kvp_tokens *seq);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Two-phase store and retrieve (zero copy on the shm transport)                            */
+
+typedef struct kvp_slot {
+    uint32_t chunk_index; /* chunk of the request range, 0 = the chunk at token `start` */
+    uint32_t reserved_;
+    uint64_t offset;      /* byte offset in the shared segment (shm) */
+    uint64_t length;      /* equals chunk_bytes */
+    void *data;           /* shm: pointer into the mapped pool; inline: NULL */
+} kvp_slot;
+
+/* Outcome of a prepare-store, filled by kvp_prepare_store(). */
+typedef struct kvp_store_plan {
+    uint64_t reservation;  /* daemon reservation id (0: nothing reserved) */
+    uint32_t nchunks;      /* full chunks in [start, end) */
+    uint32_t cached;       /* already cached: nothing to do */
+    uint32_t busy;         /* being stored right now by another worker */
+    uint32_t no_space;     /* could not be reserved: pool full of pinned/reserved data */
+    uint32_t nslots;       /* reserved slots, in slots[] */
+    kvp_slot *slots;       /* owned by the plan */
+} kvp_store_plan;
+
+/*
+ * Reserves pool space for the chunks of tokens [start, end) that are not cached yet. start and
+ * end are token offsets; start must be a multiple of chunk_tokens; end is rounded down to a chunk
+ * boundary and must be <= seq->count. Fills *plan (release it with kvp_commit_store(),
+ * kvp_abort_store() or kvp_store_inline(); each frees plan->slots). Returns the number of
+ * reserved slots (0 when all chunks are cached or busy; see plan->no_space), or a negative
+ * error. On the shm transport each slot's data points into the pool: write chunk_bytes there.
+ */
+KVP_EXPORT int kvp_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                                 uint32_t end, kvp_store_plan *plan);
+
+/* Publishes the reserved chunks (shm transport: after writing every slot). Frees plan->slots.
+ * Returns the number of chunks committed, or a negative error (-ETIMEDOUT: the reservation
+ * expired and nothing was published). */
+KVP_EXPORT int kvp_commit_store(kvp_instance *inst, kvp_store_plan *plan);
+
+/* Drops the reservation: nothing becomes visible. Frees plan->slots. Returns 0 or an error. */
+KVP_EXPORT int kvp_abort_store(kvp_instance *inst, kvp_store_plan *plan);
+
+/*
+ * Inline transport: sends the bytes of every reserved slot and commits. chunks[i] is the data
+ * of chunk i of the request range (as indexed by kvp_slot.chunk_index), chunk_bytes long; only
+ * the reserved ones are read. Frees plan->slots. Returns chunks committed or a negative error.
+ * Works on the shm transport too (the daemon copies).
+ */
+KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan,
+                                const void *const *chunks);
+
+/* Outcome of a prepare-retrieve. */
+typedef struct kvp_retrieve_plan {
+    uint64_t pin;     /* daemon pin id (0: nothing pinned) */
+    uint32_t nchunks; /* full chunks in [start, end) */
+    uint32_t nslots;  /* leading cached chunks pinned, slots[i].chunk_index == i */
+    kvp_slot *slots;  /* owned by the plan */
+} kvp_retrieve_plan;
+
+/*
+ * shm transport: pins the leading run of cached chunks of [start, end) so that they cannot be
+ * evicted, and returns read-only slots. Copy out, then kvp_commit_retrieve(). Returns the number
+ * of pinned chunks, or a negative error (KVP_ENOSHM on the inline transport).
+ */
+KVP_EXPORT int kvp_prepare_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                                    uint32_t end, kvp_retrieve_plan *plan);
+
+/* Releases the pins of a prepared retrieve. Frees plan->slots. Returns 0 or an error. Slot
+ * pointers must not be used afterwards. */
+KVP_EXPORT int kvp_commit_retrieve(kvp_instance *inst, kvp_retrieve_plan *plan);
+
+/* ---------------------------------------------------------------------------------------- */
+/* One-call store and retrieve (any transport)                                              */
+
+typedef struct kvp_store_result {
+    uint32_t nchunks;  /* full chunks in the range */
+    uint32_t stored;   /* newly stored */
+    uint32_t cached;   /* were cached already */
+    uint32_t busy;     /* being stored by someone else */
+    uint32_t no_space; /* not stored: pool full of pinned/reserved data */
+} kvp_store_result;
+
+/*
+ * Stores chunks[i] (chunk_bytes each) as chunk i of tokens [start, end). Skips cached chunks.
+ * result may be NULL. Returns the number of chunks newly stored, or a negative error.
+ */
+KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end,
+                         const void *const *chunks, kvp_store_result *result);
+
+/*
+ * Copies the leading run of cached chunks of [start, end) into out[i] (chunk_bytes each). Returns
+ * the number of chunks retrieved (0..nchunks), or a negative error.
+ */
+KVP_EXPORT int kvp_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                            uint32_t end, void *const *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPOOL_H */

@@ -1,0 +1,41 @@
+#!/bin/sh
+# Install the Debian packages that kvpool needs to build, test and benchmark.
+#
+# Idempotent: packages already present are skipped without touching apt. Needs root (or sudo)
+# only when something is missing. Usage: scripts/install-deps.sh [build|bench|all]
+set -eu
+
+group=${1:-build}
+
+build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev util-linux python3"
+bench_pkgs="redis-server libhiredis-dev gnuplot-nox"
+case "$group" in
+build) want="$build_pkgs" ;;
+bench) want="$build_pkgs $bench_pkgs" ;;
+all) want="$build_pkgs $bench_pkgs clang python3-numpy" ;;
+*) echo "usage: $0 [build|bench|all]" >&2; exit 2 ;;
+esac
+
+missing=""
+for p in $want; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+
+echo "install-deps: installing:$missing"
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=sudo
+    else
+        echo "install-deps: missing packages:$missing; run this script as root" >&2
+        exit 1
+    fi
+else
+    SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing

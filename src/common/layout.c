@@ -1,0 +1,73 @@
+/*
+ * layout.c - the dtype table and the chunk shape rule.
+ *
+ * A chunk holds chunk_tokens tokens of every layer: [2 (K and V), layers, tokens, hidden], or,
+ * for MLA models whose single latent vector is shared by all tensor-parallel ranks,
+ * [layers, tokens, hidden]. The byte size is computed with overflow checks because every factor
+ * comes from a worker.
+ */
+#include "layout.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+
+static const struct kvp_dtype dtypes[] = {
+    {"float16", 2}, {"bfloat16", 2}, {"float32", 4},       {"float64", 8},
+    {"int8", 1},    {"uint8", 1},    {"float8_e4m3fn", 1}, {"float8_e5m2", 1},
+};
+
+const struct kvp_dtype *kvp_dtype_find(const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++)
+        if (strcmp(dtypes[i].name, name) == 0)
+            return &dtypes[i];
+    return NULL;
+}
+
+const char *kvp_dtype_names(void)
+{
+    return "float16, bfloat16, float32, float64, int8, uint8, float8_e4m3fn, float8_e5m2";
+}
+
+/* *acc *= f, returning false on 64-bit overflow. */
+static bool mul_ok(uint64_t *acc, uint64_t f)
+{
+    if (f != 0 && *acc > UINT64_MAX / f)
+        return false;
+    *acc *= f;
+    return true;
+}
+
+int kvp_chunk_layout(uint32_t num_layers, uint32_t chunk_tokens, uint32_t hidden_dim,
+                     uint32_t dtype_size, bool use_mla, uint64_t max_bytes,
+                     struct kvp_chunk_layout *out)
+{
+    if (!num_layers || !chunk_tokens || !hidden_dim || !dtype_size)
+        return -EINVAL;
+
+    *out = (struct kvp_chunk_layout){0};
+    uint64_t bytes = use_mla ? 1 : 2;
+    if (!mul_ok(&bytes, num_layers) || !mul_ok(&bytes, chunk_tokens) ||
+        !mul_ok(&bytes, hidden_dim) || !mul_ok(&bytes, dtype_size))
+        return -EOVERFLOW;
+    if (max_bytes && bytes > max_bytes)
+        return -EOVERFLOW;
+
+    if (use_mla) {
+        out->ndim = 3;
+        out->shape[0] = num_layers;
+        out->shape[1] = chunk_tokens;
+        out->shape[2] = hidden_dim;
+    } else {
+        out->ndim = 4;
+        out->shape[0] = 2;
+        out->shape[1] = num_layers;
+        out->shape[2] = chunk_tokens;
+        out->shape[3] = hidden_dim;
+    }
+    out->bytes = bytes;
+    return 0;
+}

@@ -1,0 +1,120 @@
+/*
+ * wire.h - frame header and bounds-checked little-endian buffer codec of the kvpool protocol.
+ *
+ * Every message is a 32-byte header followed by a control body (body_len bytes, at most
+ * KVP_MAX_BODY) and, for bulk transfers, a payload (payload_len bytes of raw chunk data). See
+ * docs/PROTOCOL.md. All integers are little-endian and fixed width.
+ */
+#ifndef KVP_WIRE_H
+#define KVP_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVP_MAGIC 0x3150564bu /* "KVP1" read as little-endian bytes */
+#define KVP_PROTO_VERSION 1
+#define KVP_HEADER_SIZE 32
+#define KVP_REPLY_FLAG 0x8000u
+
+/* Limits on everything a peer controls. */
+#define KVP_MAX_BODY (8u << 20)     /* control body bytes */
+#define KVP_MAX_TOKENS (1u << 20)   /* token ids in one key */
+#define KVP_MAX_SALT 256u           /* cache salt bytes */
+#define KVP_MAX_NAME 127u           /* instance id, model name, dtype name, shm name */
+#define KVP_MAX_REASON 255u         /* transport reason strings */
+#define KVP_MAX_ERRMSG 255u         /* error reply messages */
+#define KVP_MAX_CHUNKS 4096u        /* chunks in one request range */
+#define KVP_MAX_STATS 128u          /* statistics in one reply */
+
+#define KVP_OPCODE_MAP(XX)        \
+    XX(HELLO, 1)                  \
+    XX(PING, 2)                   \
+    XX(STATS, 3)                  \
+    XX(REGISTER, 4)               \
+    XX(UNREGISTER, 5)             \
+    XX(LOOKUP, 6)                 \
+    XX(PREPARE_STORE, 7)          \
+    XX(COMMIT_STORE, 8)           \
+    XX(ABORT_STORE, 9)            \
+    XX(STORE_INLINE, 10)          \
+    XX(PREPARE_RETRIEVE, 11)      \
+    XX(COMMIT_RETRIEVE, 12)       \
+    XX(RETRIEVE_INLINE, 13)
+
+enum kvp_opcode {
+#define KVP_OPCODE_ENUM(name, val) KVP_OP_##name = (val),
+    KVP_OPCODE_MAP(KVP_OPCODE_ENUM)
+#undef KVP_OPCODE_ENUM
+    KVP_OP_MAX_
+};
+
+/* Name of an opcode ("?" when unknown). Reply flag ignored. */
+const char *kvp_opcode_name(uint16_t opcode);
+
+/* Decoded frame header. */
+struct kvp_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t opcode;     /* request opcode; replies set KVP_REPLY_FLAG */
+    uint64_t request_id; /* echoed in the reply */
+    uint32_t body_len;
+    int32_t status;      /* replies: 0 or -errno; requests: 0 */
+    uint64_t payload_len;
+};
+
+void kvp_header_encode(const struct kvp_header *h, uint8_t out[KVP_HEADER_SIZE]);
+
+/*
+ * Decodes and validates a header: magic, version, known opcode, body_len <= KVP_MAX_BODY.
+ * Returns 0, -EPROTO (bad magic or opcode, oversized body) or -EPROTONOSUPPORT (version).
+ */
+int kvp_header_decode(const uint8_t in[KVP_HEADER_SIZE], struct kvp_header *h);
+
+/* Growable write buffer. Allocation failure is sticky: check wbuf.err once at the end. */
+struct kvp_wbuf {
+    uint8_t *data;
+    size_t len;
+    size_t cap;
+    int err; /* 0 or -ENOMEM */
+};
+
+void kvp_wbuf_init(struct kvp_wbuf *w);
+void kvp_wbuf_free(struct kvp_wbuf *w);
+void kvp_wbuf_reset(struct kvp_wbuf *w);
+void kvp_put_u8(struct kvp_wbuf *w, uint8_t v);
+void kvp_put_u16(struct kvp_wbuf *w, uint16_t v);
+void kvp_put_u32(struct kvp_wbuf *w, uint32_t v);
+void kvp_put_u64(struct kvp_wbuf *w, uint64_t v);
+void kvp_put_bytes(struct kvp_wbuf *w, const void *p, size_t n);
+/* A string: u16 length then the bytes, no NUL. NULL is written as "". */
+void kvp_put_str(struct kvp_wbuf *w, const char *s);
+/* A byte string: u16 length then the bytes. */
+void kvp_put_blob(struct kvp_wbuf *w, const void *p, uint16_t n);
+
+/* Bounds-checked reader. Any overrun sets err (sticky) and further reads return zeros. */
+struct kvp_rbuf {
+    const uint8_t *p;
+    size_t len;
+    size_t off;
+    int err; /* 0 or -EPROTO */
+};
+
+void kvp_rbuf_init(struct kvp_rbuf *r, const void *p, size_t len);
+uint8_t kvp_get_u8(struct kvp_rbuf *r);
+uint16_t kvp_get_u16(struct kvp_rbuf *r);
+uint32_t kvp_get_u32(struct kvp_rbuf *r);
+uint64_t kvp_get_u64(struct kvp_rbuf *r);
+/* Returns a pointer to n bytes inside the buffer, or NULL (and err) on overrun. */
+const void *kvp_get_bytes(struct kvp_rbuf *r, size_t n);
+/*
+ * Reads a string into out (NUL-terminated). Fails (err = -EPROTO) if it is longer than max, if
+ * max >= size, or if it contains a NUL byte.
+ */
+void kvp_get_str(struct kvp_rbuf *r, char *out, size_t size, size_t max);
+/* Reads a byte string of at most max bytes; returns a pointer into the buffer. */
+const void *kvp_get_blob(struct kvp_rbuf *r, uint16_t *len, size_t max);
+/* 0 if the whole buffer was consumed without error, else -EPROTO. */
+int kvp_rbuf_finish(const struct kvp_rbuf *r);
+
+#endif /* KVP_WIRE_H */
