@@ -1,0 +1,280 @@
+/*
+ * config.c - option parsing for kvpoold.
+ *
+ * Every option has a default, a long command-line form and a KVPOOL_<NAME> environment
+ * variable; the command line wins over the environment, which wins over the defaults. The option
+ * table below is the single source for getopt, the environment and --help, so the three cannot
+ * drift apart. Values are validated here, once, with a message that names the option.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "common/shm_name.h"
+
+#define MIN_L1 (1ull << 20)
+#define MAX_CHUNK_TOKENS (1u << 20)
+
+enum opt_id {
+    OPT_SOCKET = 1,
+    OPT_SOCKET_MODE,
+    OPT_L1_SIZE,
+    OPT_CHUNK_SIZE,
+    OPT_SHM_NAME,
+    OPT_LOG_LEVEL,
+    OPT_MAX_CLIENTS,
+    OPT_RESERVE_TIMEOUT,
+    OPT_IO_TIMEOUT,
+    OPT_HELP,
+    OPT_VERSION,
+};
+
+struct opt_desc {
+    const char *name;
+    const char *env; /* NULL: command line only */
+    const char *arg;
+    const char *help;
+    int id;
+};
+
+static const struct opt_desc opts[] = {
+    {"socket", "KVPOOL_SOCKET", "PATH",
+     "Unix socket to listen on.\n"
+     "  Default: $XDG_RUNTIME_DIR/kvpool.sock, else /tmp/kvpool-<uid>.sock", OPT_SOCKET},
+    {"socket-mode", "KVPOOL_SOCKET_MODE", "MODE",
+     "Permission bits of the socket file, octal. Default: 0600 (owner only)", OPT_SOCKET_MODE},
+    {"l1-size", "KVPOOL_L1_SIZE", "SIZE",
+     "L1 pool size: bytes, or with a unit (KiB, MiB, GiB, TiB). Default: 1GiB", OPT_L1_SIZE},
+    {"chunk-size", "KVPOOL_CHUNK_SIZE", "TOKENS", "Tokens per KV chunk. Default: 256",
+     OPT_CHUNK_SIZE},
+    {"shm-name", "KVPOOL_SHM_NAME", "NAME",
+     "POSIX shared-memory segment of the pool; '/' stripped, prefix kvpool_l1_pool_ added.\n"
+     "  \"\" disables shared memory (inline transport only). Default: kvpool_l1_pool_<pid>",
+     OPT_SHM_NAME},
+    {"log-level", "KVPOOL_LOG_LEVEL", "LEVEL", "debug, info, warn or error. Default: info",
+     OPT_LOG_LEVEL},
+    {"max-clients", "KVPOOL_MAX_CLIENTS", "N",
+     "Maximum simultaneous connections (1..4096). Default: 256", OPT_MAX_CLIENTS},
+    {"reserve-timeout", "KVPOOL_RESERVE_TIMEOUT", "SECONDS",
+     "Cancel store reservations not committed within this time. Default: 600",
+     OPT_RESERVE_TIMEOUT},
+    {"io-timeout", "KVPOOL_IO_TIMEOUT", "MS",
+     "Drop a client that stalls in the middle of a frame for this long. Default: 30000",
+     OPT_IO_TIMEOUT},
+    {"help", NULL, NULL, "Show this help and exit", OPT_HELP},
+    {"version", NULL, NULL, "Show the version and exit", OPT_VERSION},
+};
+
+#define NOPTS (sizeof(opts) / sizeof(opts[0]))
+
+static void default_socket_path(char *buf, size_t size)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    int n;
+    if (xdg && xdg[0] == '/')
+        n = snprintf(buf, size, "%s/kvpool.sock", xdg);
+    else
+        n = -1;
+    if (n < 0 || (size_t)n >= size)
+        snprintf(buf, size, "/tmp/kvpool-%u.sock", (unsigned)getuid());
+}
+
+void kvp_config_defaults(struct kvp_config *cfg)
+{
+    *cfg = (struct kvp_config){
+        .socket_mode = 0600,
+        .l1_size = 1ull << 30,
+        .chunk_tokens = 256,
+        .shm_enabled = true,
+        .log_level = KVP_LOG_INFO,
+        .max_clients = 256,
+        .reserve_timeout_s = 600,
+        .io_timeout_ms = 30000,
+    };
+    default_socket_path(cfg->socket_path, sizeof(cfg->socket_path));
+    kvp_shm_name_default((long)getpid(), cfg->shm_name, sizeof(cfg->shm_name));
+}
+
+int kvp_parse_size(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *unit;
+        unsigned shift;
+    } units[] = {
+        {"", 0},   {"b", 0},    {"k", 10},   {"kib", 10}, {"m", 20},
+        {"mib", 20}, {"g", 30}, {"gib", 30}, {"t", 40},   {"tib", 40},
+    };
+    char *end;
+
+    if (!s || s[0] < '0' || s[0] > '9')
+        return -EINVAL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || v == 0)
+        return -EINVAL;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcasecmp(end, units[i].unit) == 0) {
+            if (v > (UINT64_MAX >> units[i].shift))
+                return -EINVAL;
+            *out = (uint64_t)v << units[i].shift;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+static int parse_u32(const char *s, uint32_t min, uint32_t max, int base, uint32_t *out)
+{
+    char *end;
+    if (!s || !*s || *s == '-')
+        return -EINVAL;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, base);
+    if (errno || *end || v < min || v > max)
+        return -EINVAL;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+/* Applies one option value. Returns 0, or -EINVAL after printing what is wrong. */
+static int apply(struct kvp_config *cfg, int id, const char *val, const char *src, FILE *err)
+{
+    int rc = 0;
+    const char *want = "";
+
+    switch (id) {
+    case OPT_SOCKET:
+        if (!val[0] || strlen(val) >= sizeof(cfg->socket_path)) {
+            rc = -EINVAL;
+            want = "a path of 1..107 bytes";
+        } else {
+            snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", val);
+        }
+        break;
+    case OPT_SOCKET_MODE:
+        rc = parse_u32(val, 0, 0777, 8, &cfg->socket_mode);
+        want = "octal permission bits such as 0600 or 0660";
+        break;
+    case OPT_L1_SIZE: {
+        uint64_t v;
+        rc = kvp_parse_size(val, &v);
+        if (!rc && v < MIN_L1)
+            rc = -EINVAL;
+        if (!rc)
+            cfg->l1_size = (v + 4095) & ~(uint64_t)4095;
+        want = "a size of at least 1MiB, such as 1GiB, 512MiB or 67108864";
+        break;
+    }
+    case OPT_CHUNK_SIZE:
+        rc = parse_u32(val, 1, MAX_CHUNK_TOKENS, 10, &cfg->chunk_tokens);
+        want = "a token count from 1 to 1048576";
+        break;
+    case OPT_SHM_NAME:
+        if (val[0] == '\0') {
+            cfg->shm_enabled = false;
+            cfg->shm_name[0] = '\0';
+        } else {
+            cfg->shm_enabled = true;
+            rc = kvp_shm_name_normalize(val, cfg->shm_name, sizeof(cfg->shm_name));
+            want = "a name without '/' of at most 127 bytes with the prefix, or \"\"";
+        }
+        break;
+    case OPT_LOG_LEVEL:
+        rc = kvp_log_parse_level(val, &cfg->log_level);
+        want = "debug, info, warn or error";
+        break;
+    case OPT_MAX_CLIENTS:
+        rc = parse_u32(val, 1, 4096, 10, &cfg->max_clients);
+        want = "a number from 1 to 4096";
+        break;
+    case OPT_RESERVE_TIMEOUT:
+        rc = parse_u32(val, 1, 86400, 10, &cfg->reserve_timeout_s);
+        want = "seconds from 1 to 86400";
+        break;
+    case OPT_IO_TIMEOUT:
+        rc = parse_u32(val, 10, 3600000, 10, &cfg->io_timeout_ms);
+        want = "milliseconds from 10 to 3600000";
+        break;
+    default:
+        rc = -EINVAL;
+    }
+    if (rc) {
+        const char *name = "?";
+        for (size_t i = 0; i < NOPTS; i++)
+            if (opts[i].id == id)
+                name = opts[i].name;
+        fprintf(err, "kvpoold: invalid %s '%s' (from %s): expected %s\n", name, val, src, want);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: kvpoold [OPTION]...\n"
+            "KV-cache daemon for LLM inference workers: an L1 memory pool shared with workers\n"
+            "through POSIX shared memory, with an inline socket transport as fallback.\n\n");
+    for (size_t i = 0; i < NOPTS; i++) {
+        fprintf(out, "  --%s%s%s\n", opts[i].name, opts[i].arg ? " " : "",
+                opts[i].arg ? opts[i].arg : "");
+        fprintf(out, "  %s\n", opts[i].help);
+        if (opts[i].env)
+            fprintf(out, "  Environment: %s\n", opts[i].env);
+        fputc('\n', out);
+    }
+    fprintf(out, "Signals: SIGINT and SIGTERM stop the daemon cleanly and remove the segment.\n");
+}
+
+int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err)
+{
+    struct option lopts[NOPTS + 1];
+
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (!opts[i].env)
+            continue;
+        const char *v = getenv(opts[i].env);
+        if (v && apply(cfg, opts[i].id, v, opts[i].env, err))
+            return -EINVAL;
+    }
+
+    for (size_t i = 0; i < NOPTS; i++)
+        lopts[i] = (struct option){opts[i].name, opts[i].arg ? required_argument : no_argument,
+                                   NULL, opts[i].id};
+    lopts[NOPTS] = (struct option){0};
+
+    optind = 1;
+    opterr = 0;
+    for (;;) {
+        int c = getopt_long(argc, argv, "h", lopts, NULL);
+        if (c == -1)
+            break;
+        if (c == 'h' || c == OPT_HELP) {
+            usage(out);
+            return 1;
+        }
+        if (c == OPT_VERSION) {
+            fprintf(out, "kvpoold %s\n", KVP_DAEMON_VERSION);
+            return 1;
+        }
+        if (c == '?' || c == ':') {
+            fprintf(err, "kvpoold: unknown or incomplete option '%s'\n"
+                         "Try 'kvpoold --help'.\n", argv[optind - 1]);
+            return -EINVAL;
+        }
+        if (apply(cfg, c, optarg, "command line", err))
+            return -EINVAL;
+    }
+    if (optind < argc) {
+        fprintf(err, "kvpoold: unexpected argument '%s'\nTry 'kvpoold --help'.\n", argv[optind]);
+        return -EINVAL;
+    }
+    return 0;
+}

@@ -1,0 +1,41 @@
+/*
+ * config.h - the daemon's configuration: defaults, command line, KVPOOL_* environment.
+ */
+#ifndef KVP_CONFIG_H
+#define KVP_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "log.h"
+
+struct kvp_config {
+    char socket_path[108];
+    uint32_t socket_mode;      /* permission bits of the socket file */
+    uint64_t l1_size;          /* pool bytes, multiple of 4096 */
+    uint32_t chunk_tokens;
+    bool shm_enabled;          /* false: --shm-name "" */
+    char shm_name[128];        /* normalised, without '/' */
+    enum kvp_log_level log_level;
+    uint32_t max_clients;
+    uint32_t reserve_timeout_s;
+    uint32_t io_timeout_ms;    /* bound on receiving the rest of a started frame */
+};
+
+/* Fills the defaults (socket path per kvp_default_socket_path rule, shm name with our pid). */
+void kvp_config_defaults(struct kvp_config *cfg);
+
+/*
+ * Applies KVPOOL_* environment variables, then the command line. Returns 0 to run, 1 when
+ * --help or --version was printed to out (exit 0), or -EINVAL after printing an error to err.
+ */
+int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err);
+
+/*
+ * Parses a size: a decimal number with an optional unit B, K/KiB, M/MiB, G/GiB, T/TiB (powers
+ * of 1024), case-insensitive. Returns 0 or -EINVAL (garbage, zero, overflow).
+ */
+int kvp_parse_size(const char *s, uint64_t *out);
+
+#endif /* KVP_CONFIG_H */

@@ -1,0 +1,320 @@
+/*
+ * conn.c - one connection: its thread, framing, timed I/O and the holds it owns.
+ *
+ * Threading model: one thread per connection (bounded by --max-clients). A thread blocks only
+ * on its own socket, so a worker streaming a 32 MiB inline chunk, or one that stops reading, never
+ * delays another worker. Shared state is reached only through the store and the registry, each
+ * behind its own leaf lock taken for metadata work only; the connection's own fields (buffers,
+ * holds) are touched by this thread alone. Lock order: none is ever nested.
+ *
+ * Timeouts: SO_RCVTIMEO/SO_SNDTIMEO are set to --io-timeout. Waiting for the first byte of a
+ * request may last forever (an idle worker is normal); once a frame has started, a stall longer
+ * than the timeout drops the client, and so does a reader that stops draining a reply. Dropping
+ * a client releases its holds at once: reservations are aborted (never published) and pins are
+ * released, then the instances it registered are unregistered.
+ *
+ * Framing errors (bad header, undecodable body) are answered with an error reply and the
+ * connection is closed, because the byte stream can no longer be trusted.
+ */
+#include "conn.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/msg.h"
+#include "log.h"
+#include "server.h"
+#include "stats.h"
+
+int kvp_conn_recv(struct kvp_conn *c, void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t n = recv(c->fd, p, len, 0);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+        } else if (n == 0) {
+            return -ECONNRESET;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            return -ETIMEDOUT;
+        } else if (errno != EINTR) {
+            return -errno;
+        }
+    }
+    return 0;
+}
+
+/* Waits for and reads a request header. Idle time is unlimited; a started header is not. */
+static int recv_header(struct kvp_conn *c, uint8_t *hdr)
+{
+    for (;;) {
+        ssize_t n = recv(c->fd, hdr, KVP_HEADER_SIZE, 0);
+        if (n > 0)
+            return n == KVP_HEADER_SIZE ? 0 : kvp_conn_recv(c, hdr + n, KVP_HEADER_SIZE - (size_t)n);
+        if (n == 0)
+            return -ECONNRESET;
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            if (atomic_load(&c->srv->stopping))
+                return -ESHUTDOWN;
+            continue;
+        }
+        return -errno;
+    }
+}
+
+static int send_all(struct kvp_conn *c, struct iovec *iov, int iovcnt)
+{
+    while (iovcnt > 0) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)(iovcnt > IOV_MAX ? IOV_MAX : iovcnt)};
+        ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+        }
+        while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
+    }
+    return 0;
+}
+
+int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
+                   const struct iovec *payload, int npayload, uint64_t payload_len)
+{
+    struct kvp_wbuf err;
+    const struct kvp_wbuf *body = &c->out;
+    uint8_t hdr[KVP_HEADER_SIZE];
+    struct iovec stackv[2 + 64], *iov = stackv;
+    int rc;
+
+    kvp_wbuf_init(&err);
+    if (status < 0) {
+        kvp_encode_error(&err, c->errmsg);
+        body = &err;
+        npayload = 0;
+        payload_len = 0;
+        KVP_COUNT(request_errors, 1);
+    }
+    if (body->err) {
+        kvp_wbuf_free(&err);
+        return -ENOMEM;
+    }
+
+    struct kvp_header h = {
+        .magic = KVP_MAGIC,
+        .version = KVP_PROTO_VERSION,
+        .opcode = (uint16_t)(req->opcode | KVP_REPLY_FLAG),
+        .request_id = req->request_id,
+        .body_len = (uint32_t)body->len,
+        .status = status,
+        .payload_len = payload_len,
+    };
+    kvp_header_encode(&h, hdr);
+
+    if (npayload > 64) {
+        iov = malloc(sizeof(*iov) * (size_t)(2 + npayload));
+        if (!iov) {
+            kvp_wbuf_free(&err);
+            return -ENOMEM;
+        }
+    }
+    iov[0] = (struct iovec){hdr, sizeof(hdr)};
+    iov[1] = (struct iovec){body->data, body->len};
+    for (int i = 0; i < npayload; i++)
+        iov[2 + i] = payload[i];
+    rc = send_all(c, iov, 2 + npayload);
+    if (iov != stackv)
+        free(iov);
+    kvp_wbuf_free(&err);
+    KVP_COUNT(requests, 1);
+    return rc;
+}
+
+struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_pin,
+                                   struct kvp_obj **objs, uint32_t n, uint64_t chunk_bytes)
+{
+    if (c->nholds == KVP_MAX_HOLDS)
+        return NULL;
+    struct kvp_obj **copy = malloc(sizeof(*copy) * n);
+    if (!copy)
+        return NULL;
+    memcpy(copy, objs, sizeof(*copy) * n);
+    struct kvp_hold *h = &c->holds[c->nholds++];
+    *h = (struct kvp_hold){
+        .id = ++c->next_hold_id,
+        .handle = handle,
+        .is_pin = is_pin,
+        .n = n,
+        .chunk_bytes = chunk_bytes,
+        .objs = copy,
+    };
+    return h;
+}
+
+struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t handle,
+                                    bool is_pin)
+{
+    for (uint32_t i = 0; i < c->nholds; i++) {
+        struct kvp_hold *h = &c->holds[i];
+        if (h->id == id && h->handle == handle && h->is_pin == is_pin)
+            return h;
+    }
+    return NULL;
+}
+
+void kvp_conn_hold_drop(struct kvp_conn *c, struct kvp_hold *h)
+{
+    free(h->objs);
+    *h = c->holds[--c->nholds];
+}
+
+void kvp_conn_hold_release(struct kvp_conn *c, struct kvp_hold *h)
+{
+    if (h->is_pin) {
+        kvp_store_unpin(&c->srv->store, h->objs, h->n);
+    } else {
+        kvp_store_abort(&c->srv->store, h->objs, h->n);
+        KVP_COUNT(store_chunks_aborted, h->n);
+    }
+    kvp_conn_hold_drop(c, h);
+}
+
+void kvp_conn_release_holds(struct kvp_conn *c, uint32_t handle, bool all)
+{
+    for (uint32_t i = c->nholds; i-- > 0;)
+        if (all || c->holds[i].handle == handle)
+            kvp_conn_hold_release(c, &c->holds[i]);
+}
+
+static int conn_alloc_buffers(struct kvp_conn *c)
+{
+    c->keys = malloc((size_t)KVP_MAX_CHUNKS * KVP_KEY_SIZE);
+    c->objs = malloc(sizeof(*c->objs) * KVP_MAX_CHUNKS);
+    c->idx = malloc(sizeof(*c->idx) * KVP_MAX_CHUNKS);
+    c->holds = malloc(sizeof(*c->holds) * KVP_MAX_HOLDS);
+    if (!c->keys || !c->objs || !c->idx || !c->holds)
+        return -ENOMEM;
+    return 0;
+}
+
+static void conn_free(struct kvp_conn *c)
+{
+    free(c->keys);
+    free(c->objs);
+    free(c->idx);
+    free(c->holds);
+    free(c->body);
+    kvp_wbuf_free(&c->out);
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c);
+}
+
+/* Answers a frame that cannot be trusted; the caller closes the connection. */
+static void reply_protocol_error(struct kvp_conn *c, const struct kvp_header *h, int status,
+                                 const char *what)
+{
+    struct kvp_header req = *h;
+    if ((req.opcode & ~KVP_REPLY_FLAG) == 0 || (req.opcode & ~KVP_REPLY_FLAG) >= KVP_OP_MAX_)
+        req.opcode = 0;
+    snprintf(c->errmsg, sizeof(c->errmsg), "%s", what);
+    kvp_conn_reply(c, &req, status, NULL, 0, 0);
+    KVP_COUNT(protocol_errors, 1);
+    log_warn("Connection %llu (pid %d): %s; closing", (unsigned long long)c->id,
+             (int)c->peer.pid, what);
+}
+
+/* Serves requests until the connection ends. Returns why it ended. */
+static int conn_serve(struct kvp_conn *c)
+{
+    uint8_t raw[KVP_HEADER_SIZE];
+    struct kvp_header h;
+
+    for (;;) {
+        int rc = recv_header(c, raw);
+        if (rc)
+            return rc;
+        rc = kvp_header_decode(raw, &h);
+        if (rc == 0 && (h.opcode & KVP_REPLY_FLAG))
+            rc = -EPROTO;
+        if (rc) {
+            reply_protocol_error(c, &h, rc,
+                                 rc == -EPROTONOSUPPORT ? "unsupported protocol version"
+                                                        : "malformed frame header");
+            return rc;
+        }
+        if (h.body_len > c->body_cap) {
+            uint8_t *b = realloc(c->body, h.body_len);
+            if (!b) {
+                snprintf(c->errmsg, sizeof(c->errmsg), "out of memory for a %u-byte body",
+                         h.body_len);
+                kvp_conn_reply(c, &h, -ENOMEM, NULL, 0, 0);
+                return -ENOMEM;
+            }
+            c->body = b;
+            c->body_cap = h.body_len;
+        }
+        rc = kvp_conn_recv(c, c->body, h.body_len);
+        if (rc)
+            return rc;
+        if (h.payload_len && h.opcode != KVP_OP_STORE_INLINE) {
+            reply_protocol_error(c, &h, -EPROTO, "payload on a request that takes none");
+            return -EPROTO;
+        }
+        kvp_wbuf_reset(&c->out);
+        c->errmsg[0] = '\0';
+        rc = kvp_handle_request(c, &h);
+        if (rc)
+            return rc;
+    }
+}
+
+void *kvp_conn_main(void *arg)
+{
+    struct kvp_conn *c = arg;
+    struct kvp_server *s = c->srv;
+    socklen_t len = sizeof(c->peer);
+
+    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &c->peer, &len) != 0)
+        c->peer = (struct ucred){.pid = -1};
+    struct timeval tv = {.tv_sec = s->cfg.io_timeout_ms / 1000,
+                         .tv_usec = (s->cfg.io_timeout_ms % 1000) * 1000};
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+
+    log_debug("Connection %llu opened (pid %d, uid %d)", (unsigned long long)c->id,
+              (int)c->peer.pid, (int)c->peer.uid);
+    int rc = conn_alloc_buffers(c);
+    if (rc == 0)
+        rc = conn_serve(c);
+    else
+        log_error("Connection %llu: out of memory for connection buffers",
+                  (unsigned long long)c->id);
+
+    if (rc == -ETIMEDOUT)
+        log_warn("Connection %llu (pid %d) stalled mid-frame for more than %u ms; dropped",
+                 (unsigned long long)c->id, (int)c->peer.pid, s->cfg.io_timeout_ms);
+    else
+        log_debug("Connection %llu closed (%s)", (unsigned long long)c->id, strerror(-rc));
+
+    /* Everything the client held is released now, not at a timeout. */
+    if (c->holds)
+        kvp_conn_release_holds(c, 0, true);
+    kvp_registry_remove_owner(&s->registry, c->id);
+    kvp_server_conn_exit(s, c);
+    conn_free(c);
+    return NULL;
+}

@@ -1,0 +1,506 @@
+/*
+ * handlers.c - one function per request opcode (docs/PROTOCOL.md is the contract).
+ *
+ * Each handler decodes its body strictly, validates values against the instance and the
+ * limits, performs the operation through the store/registry, and sends exactly one reply.
+ * Returning non-zero closes the connection; that is reserved for framing errors and failed
+ * socket I/O. A bad value is an error reply and the connection stays usable.
+ *
+ * Keys: a keyed request carries the whole token prefix. The hash chain is computed here, in the
+ * connection's thread, without any lock: only the finished keys reach the store.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/chunk_hash.h"
+#include "common/msg.h"
+#include "conn.h"
+#include "log.h"
+#include "server.h"
+#include "stats.h"
+
+/* Sends an error reply with a formatted message. Returns the send result. */
+__attribute__((format(printf, 4, 5))) static int fail(struct kvp_conn *c,
+                                                      const struct kvp_header *h, int status,
+                                                      const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
+    va_end(ap);
+    return kvp_conn_reply(c, h, status, NULL, 0, 0);
+}
+
+/* A body that does not decode: answer, then close (the framing is suspect). */
+static int malformed(struct kvp_conn *c, const struct kvp_header *h)
+{
+    fail(c, h, -EPROTO, "malformed %s body", kvp_opcode_name(h->opcode));
+    KVP_COUNT(protocol_errors, 1);
+    log_warn("Connection %llu (pid %d): malformed %s body; closing", (unsigned long long)c->id,
+             (int)c->peer.pid, kvp_opcode_name(h->opcode));
+    return -EPROTO;
+}
+
+static int ok(struct kvp_conn *c, const struct kvp_header *h)
+{
+    return kvp_conn_reply(c, h, 0, NULL, 0, 0);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int handle_hello(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    struct kvp_hello_reply m = {
+        .major = KVP_PROTO_VERSION,
+        .minor = 0,
+        .pid = (uint32_t)getpid(),
+        .chunk_tokens = s->cfg.chunk_tokens,
+        .shm_enabled = s->seg.shared,
+        .segment_size = s->seg.shared ? s->seg.size : 0,
+    };
+    if (h->body_len != 0)
+        return malformed(c, h);
+    memcpy(m.nonce, s->seg.nonce, sizeof(m.nonce));
+    snprintf(m.shm_name, sizeof(m.shm_name), "%s", s->seg.shared ? s->seg.name : "");
+    snprintf(m.shm_reason, sizeof(m.shm_reason), "%s", s->shm_reason);
+    kvp_encode_hello_reply(&c->out, &m);
+    return ok(c, h);
+}
+
+static int handle_stats(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    struct kvp_stat_entry e[KVP_MAX_STATS];
+    struct kvp_store_gauges g;
+    uint32_t n = 0;
+
+    if (h->body_len != 0)
+        return malformed(c, h);
+#define KVP_STAT_COUNTER(field, help)                                                    \
+    snprintf(e[n].name, sizeof(e[n].name), "%s", #field);                                \
+    e[n++].value = atomic_load_explicit(&kvp_counters.field, memory_order_relaxed);
+    KVP_COUNTER_MAP(KVP_STAT_COUNTER)
+#undef KVP_STAT_COUNTER
+
+    kvp_store_get_gauges(&s->store, &g);
+    pthread_mutex_lock(&s->conns_lock);
+    uint64_t nconns = s->nconns;
+    pthread_mutex_unlock(&s->conns_lock);
+    const struct {
+        const char *name;
+        uint64_t value;
+    } gauges[] = {
+        {"pool_size", g.pool_size},
+        {"pool_used", g.pool_used},
+        {"pool_largest_free", g.largest_free},
+        {"objects_committed", g.committed},
+        {"objects_reserved", g.reserved},
+        {"objects_expired", g.expired},
+        {"objects_pinned", g.pinned},
+        {"instances", kvp_registry_count(&s->registry)},
+        {"connections", nconns},
+        {"shm_enabled", s->seg.shared},
+        {"chunk_tokens", s->cfg.chunk_tokens},
+    };
+    for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++) {
+        snprintf(e[n].name, sizeof(e[n].name), "%s", gauges[i].name);
+        e[n++].value = gauges[i].value;
+    }
+    kvp_encode_stats_reply(&c->out, e, n);
+    return ok(c, h);
+}
+
+static int handle_register(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    struct kvp_register_req req;
+    struct kvp_instance inst;
+    bool existing;
+
+    if (kvp_decode_register_req(c->body, h->body_len, &req))
+        return malformed(c, h);
+    int rc = kvp_registry_validate(&s->registry, &req, &inst, c->errmsg, sizeof(c->errmsg));
+    if (rc == 0)
+        rc = kvp_registry_choose_transport(&s->registry, &inst, c->errmsg, sizeof(c->errmsg));
+    if (rc) {
+        log_warn("Registration of instance '%s' refused: %s", req.instance_id, c->errmsg);
+        return kvp_conn_reply(c, h, rc, NULL, 0, 0);
+    }
+    rc = kvp_registry_add(&s->registry, c->id, &inst, &existing);
+    if (rc)
+        return fail(c, h, rc, "too many instances registered (max %d)", KVP_MAX_INSTANCES);
+
+    struct kvp_register_reply m = {
+        .handle = inst.handle,
+        .transport = inst.transport,
+        .existing = existing,
+        .ndim = (uint8_t)inst.layout.ndim,
+        .chunk_tokens = s->cfg.chunk_tokens,
+        .chunk_bytes = inst.layout.bytes,
+        .dtype_size = inst.dtype_size,
+        .segment_size = inst.transport == KVP_WIRE_SHM ? s->seg.size : 0,
+    };
+    memcpy(m.shape, inst.layout.shape, sizeof(m.shape));
+    snprintf(m.dtype, sizeof(m.dtype), "%s", inst.req.dtype);
+    snprintf(m.shm_name, sizeof(m.shm_name), "%s",
+             inst.transport == KVP_WIRE_SHM ? s->seg.name : "");
+    snprintf(m.reason, sizeof(m.reason), "%s", inst.reason);
+    kvp_encode_register_reply(&c->out, &m);
+    return ok(c, h);
+}
+
+static int handle_unregister(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_ref_req req;
+    if (kvp_decode_ref_req(c->body, h->body_len, &req))
+        return malformed(c, h);
+    kvp_conn_release_holds(c, req.handle, false);
+    if (kvp_registry_remove(&c->srv->registry, req.handle, "unregistered by worker"))
+        return fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, req.handle);
+    return ok(c, h);
+}
+
+/* A decoded and validated keyed request. */
+struct keyed {
+    struct kvp_key_req req;
+    struct kvp_instance inst;
+    uint32_t first;  /* first chunk of the range */
+    uint32_t n;      /* chunks in the range */
+};
+
+/*
+ * Decodes a keyed request, checks the instance and the range, and leaves the keys of the
+ * range's chunks in c->keys. Returns 0; 1 after an error reply (connection stays open); <0 to
+ * close.
+ */
+static int keyed_prepare(struct kvp_conn *c, const struct kvp_header *h, struct keyed *k,
+                         bool whole_sequence)
+{
+    struct kvp_server *s = c->srv;
+    uint32_t C = s->cfg.chunk_tokens;
+
+    if (kvp_decode_key_req(c->body, h->body_len, &k->req))
+        return malformed(c, h);
+    if (kvp_registry_get(&s->registry, k->req.handle, &k->inst)) {
+        int rc = fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, k->req.handle);
+        return rc ? rc : 1;
+    }
+    uint32_t start = whole_sequence ? 0 : k->req.start;
+    uint32_t end = whole_sequence ? k->req.ntokens : k->req.end;
+    int rc = 0;
+    if (start % C)
+        rc = fail(c, h, -EINVAL, "start %" PRIu32 " is not a multiple of the chunk size %" PRIu32,
+                  start, C);
+    else if (end > k->req.ntokens)
+        rc = fail(c, h, -EINVAL, "end %" PRIu32 " is beyond the %" PRIu32 " tokens sent", end,
+                  k->req.ntokens);
+    else if (end < start)
+        rc = fail(c, h, -EINVAL, "end %" PRIu32 " is before start %" PRIu32, end, start);
+    else
+        goto range_ok;
+    return rc ? rc : 1;
+
+range_ok:
+    k->first = start / C;
+    k->n = end / C - k->first;
+    if (k->n > KVP_MAX_CHUNKS) {
+        if (whole_sequence) {
+            k->n = KVP_MAX_CHUNKS; /* lookup: counted in windows by the caller */
+        } else {
+            rc = fail(c, h, -E2BIG, "range has %" PRIu32 " chunks; the limit is %u", k->n,
+                      KVP_MAX_CHUNKS);
+            return rc ? rc : 1;
+        }
+    }
+
+    struct kvp_key_ns ns = {
+        .model_name = k->inst.req.model_name,
+        .world_size = k->inst.req.world_size,
+        .rank = k->inst.req.use_mla ? KVP_RANK_SHARED : k->inst.req.worker_rank,
+        .dtype = k->inst.req.dtype,
+        .ndim = k->inst.layout.ndim,
+        .shape = k->inst.layout.shape,
+        .salt = k->req.salt,
+        .salt_len = k->req.salt_len,
+    };
+    uint8_t seed[KVP_KEY_SIZE];
+    if (kvp_key_seed(&ns, seed)) {
+        rc = fail(c, h, -ENOMEM, "cannot initialise hashing");
+        return rc ? rc : 1;
+    }
+    /* Chain through the prefix before the range in windows, keeping only the last key. */
+    for (uint32_t done = 0; done < k->first;) {
+        uint32_t w = k->first - done < KVP_MAX_CHUNKS ? k->first - done : KVP_MAX_CHUNKS;
+        kvp_key_chain(seed, k->req.tokens + (size_t)done * C * 4, C, w, c->keys);
+        memcpy(seed, c->keys + (size_t)(w - 1) * KVP_KEY_SIZE, KVP_KEY_SIZE);
+        done += w;
+    }
+    kvp_key_chain(seed, k->req.tokens + (size_t)k->first * C * 4, C, k->n, c->keys);
+    return 0;
+}
+
+static int handle_lookup(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    struct keyed k;
+    int rc = keyed_prepare(c, h, &k, true);
+    if (rc)
+        return rc < 0 ? rc : 0;
+
+    uint32_t C = s->cfg.chunk_tokens;
+    uint32_t total = k.req.ntokens / C;
+    uint32_t cached = kvp_store_lookup(&s->store, c->keys, k.n);
+    /* Sequences longer than one window: continue the chain while every chunk hits. */
+    for (uint32_t done = k.n; cached == done && done < total; done += k.n) {
+        uint8_t seed[KVP_KEY_SIZE];
+        memcpy(seed, c->keys + (size_t)(k.n - 1) * KVP_KEY_SIZE, KVP_KEY_SIZE);
+        k.n = total - done < KVP_MAX_CHUNKS ? total - done : KVP_MAX_CHUNKS;
+        kvp_key_chain(seed, k.req.tokens + (size_t)done * C * 4, C, k.n, c->keys);
+        cached += kvp_store_lookup(&s->store, c->keys, k.n);
+    }
+    KVP_COUNT(lookups, 1);
+    KVP_COUNT(lookup_hit_chunks, cached);
+    struct kvp_lookup_reply m = {.nchunks = total, .cached = cached};
+    kvp_encode_lookup_reply(&c->out, &m);
+    return ok(c, h);
+}
+
+/* Encodes a slots reply for objs[0..n) with chunk indices idx (NULL: 0..n). */
+static void encode_slots(struct kvp_conn *c, uint64_t id, uint32_t nchunks,
+                         const struct kvp_prepare_result *pr, struct kvp_obj **objs,
+                         const uint32_t *idx, uint32_t n)
+{
+    kvp_put_u64(&c->out, id);
+    kvp_put_u32(&c->out, nchunks);
+    kvp_put_u32(&c->out, pr ? pr->cached : 0);
+    kvp_put_u32(&c->out, pr ? pr->busy : 0);
+    kvp_put_u32(&c->out, pr ? pr->no_space : 0);
+    kvp_put_u32(&c->out, n);
+    for (uint32_t i = 0; i < n; i++) {
+        kvp_put_u32(&c->out, idx ? idx[i] : i);
+        kvp_put_u64(&c->out, objs[i]->offset);
+        kvp_put_u64(&c->out, objs[i]->length);
+    }
+}
+
+static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    struct kvp_prepare_result pr;
+    struct keyed k;
+    uint64_t id = 0;
+
+    int rc = keyed_prepare(c, h, &k, false);
+    if (rc)
+        return rc < 0 ? rc : 0;
+    if (c->nholds == KVP_MAX_HOLDS)
+        return fail(c, h, -EMFILE, "too many open reservations and pins on this connection "
+                                   "(max %d)", KVP_MAX_HOLDS);
+    rc = kvp_store_prepare(&s->store, c->keys, k.n, k.inst.layout.bytes, now_ms(), c->objs,
+                           c->idx, &pr);
+    if (rc)
+        return fail(c, h, rc, "out of memory while reserving");
+    if (pr.nslots) {
+        struct kvp_hold *hold = kvp_conn_hold_add(c, k.inst.handle, false, c->objs, pr.nslots,
+                                                  k.inst.layout.bytes);
+        if (!hold) {
+            kvp_store_abort(&s->store, c->objs, pr.nslots);
+            return fail(c, h, -ENOMEM, "out of memory while reserving");
+        }
+        id = hold->id;
+    }
+    KVP_COUNT(store_chunks_reserved, pr.nslots);
+    KVP_COUNT(store_chunks_cached, pr.cached);
+    KVP_COUNT(store_chunks_busy, pr.busy);
+    KVP_COUNT(store_chunks_no_space, pr.no_space);
+    if (pr.no_space)
+        log_debug("Instance %s: %" PRIu32 " of %" PRIu32 " chunks not stored: pool full of "
+                  "pinned or reserved data", k.inst.req.instance_id, pr.no_space, k.n);
+    encode_slots(c, id, k.n, &pr, c->objs, c->idx, pr.nslots);
+    return ok(c, h);
+}
+
+/* COMMIT_STORE and ABORT_STORE. */
+static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, bool commit)
+{
+    struct kvp_ref_req req;
+    if (kvp_decode_ref_req(c->body, h->body_len, &req))
+        return malformed(c, h);
+    struct kvp_hold *hold = kvp_conn_hold_find(c, req.id, req.handle, false);
+    if (!hold)
+        return fail(c, h, -ENOENT, "no reservation %" PRIu64 " for this instance on this "
+                                   "connection", req.id);
+    if (!commit) {
+        uint32_t n = hold->n;
+        kvp_conn_hold_release(c, hold);
+        kvp_encode_count_reply(&c->out, n);
+        return ok(c, h);
+    }
+    int rc = kvp_store_commit(&c->srv->store, hold->objs, hold->n);
+    kvp_conn_hold_drop(c, hold);
+    if (rc < 0)
+        return fail(c, h, rc, "reservation %" PRIu64 " expired before commit; nothing stored",
+                    req.id);
+    KVP_COUNT(store_chunks_committed, rc);
+    kvp_encode_count_reply(&c->out, (uint32_t)rc);
+    return ok(c, h);
+}
+
+static int handle_store_inline(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    struct kvp_ref_req req;
+
+    if (kvp_decode_ref_req(c->body, h->body_len, &req))
+        return malformed(c, h);
+    struct kvp_hold *hold = kvp_conn_hold_find(c, req.id, req.handle, false);
+    if (!hold) {
+        fail(c, h, -ENOENT, "no reservation %" PRIu64 " for this instance on this connection",
+             req.id);
+        return -ENOENT; /* the payload that follows cannot be skipped safely */
+    }
+    uint64_t want = (uint64_t)hold->n * hold->chunk_bytes;
+    if (h->payload_len != want) {
+        fail(c, h, -EINVAL, "payload of %" PRIu64 " bytes; reservation %" PRIu64 " needs %" PRIu64,
+             h->payload_len, req.id, want);
+        kvp_conn_hold_release(c, hold);
+        return -EINVAL;
+    }
+    /* Straight into the reserved slots: the hold keeps them ours, and no lock is needed. */
+    for (uint32_t i = 0; i < hold->n; i++) {
+        int rc = kvp_conn_recv(c, s->seg.base + hold->objs[i]->offset, hold->chunk_bytes);
+        if (rc) {
+            kvp_conn_hold_release(c, hold);
+            return rc;
+        }
+    }
+    KVP_COUNT(inline_bytes_in, want);
+    int rc = kvp_store_commit(&s->store, hold->objs, hold->n);
+    kvp_conn_hold_drop(c, hold);
+    if (rc < 0)
+        return fail(c, h, rc, "reservation %" PRIu64 " expired before commit; nothing stored",
+                    req.id);
+    KVP_COUNT(store_chunks_committed, rc);
+    kvp_encode_count_reply(&c->out, (uint32_t)rc);
+    return ok(c, h);
+}
+
+static int handle_prepare_retrieve(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    struct keyed k;
+    uint64_t id = 0;
+
+    int rc = keyed_prepare(c, h, &k, false);
+    if (rc)
+        return rc < 0 ? rc : 0;
+    if (k.inst.transport != KVP_WIRE_SHM)
+        return fail(c, h, -EOPNOTSUPP, "instance %s uses the inline transport; use "
+                                       "RETRIEVE_INLINE", k.inst.req.instance_id);
+    if (c->nholds == KVP_MAX_HOLDS)
+        return fail(c, h, -EMFILE, "too many open reservations and pins on this connection "
+                                   "(max %d)", KVP_MAX_HOLDS);
+    uint32_t n = kvp_store_pin(&s->store, c->keys, k.n, c->objs);
+    if (n) {
+        struct kvp_hold *hold = kvp_conn_hold_add(c, k.inst.handle, true, c->objs, n,
+                                                  k.inst.layout.bytes);
+        if (!hold) {
+            kvp_store_unpin(&s->store, c->objs, n);
+            return fail(c, h, -ENOMEM, "out of memory while pinning");
+        }
+        id = hold->id;
+    }
+    KVP_COUNT(retrieve_chunks, n);
+    encode_slots(c, id, k.n, NULL, c->objs, NULL, n);
+    return ok(c, h);
+}
+
+static int handle_commit_retrieve(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_ref_req req;
+    if (kvp_decode_ref_req(c->body, h->body_len, &req))
+        return malformed(c, h);
+    struct kvp_hold *hold = kvp_conn_hold_find(c, req.id, req.handle, true);
+    if (!hold)
+        return fail(c, h, -ENOENT, "no pin %" PRIu64 " for this instance on this connection",
+                    req.id);
+    uint32_t n = hold->n;
+    kvp_conn_hold_release(c, hold);
+    kvp_encode_count_reply(&c->out, n);
+    return ok(c, h);
+}
+
+static int handle_retrieve_inline(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    struct keyed k;
+
+    int rc = keyed_prepare(c, h, &k, false);
+    if (rc)
+        return rc < 0 ? rc : 0;
+    uint32_t n = kvp_store_pin(&s->store, c->keys, k.n, c->objs);
+    struct iovec *iov = n ? malloc(sizeof(*iov) * n) : NULL;
+    if (n && !iov) {
+        kvp_store_unpin(&s->store, c->objs, n);
+        return fail(c, h, -ENOMEM, "out of memory while sending");
+    }
+    for (uint32_t i = 0; i < n; i++)
+        iov[i] = (struct iovec){s->seg.base + c->objs[i]->offset, c->objs[i]->length};
+    encode_slots(c, 0, k.n, NULL, c->objs, NULL, n);
+    /* The pins keep the objects from eviction while the bytes go out unlocked. */
+    uint64_t bytes = (uint64_t)n * k.inst.layout.bytes;
+    rc = kvp_conn_reply(c, h, 0, iov, (int)n, bytes);
+    kvp_store_unpin(&s->store, c->objs, n);
+    free(iov);
+    if (rc == 0) {
+        KVP_COUNT(retrieve_chunks, n);
+        KVP_COUNT(inline_bytes_out, bytes);
+    }
+    return rc;
+}
+
+int kvp_handle_request(struct kvp_conn *c, const struct kvp_header *h)
+{
+    switch (h->opcode) {
+    case KVP_OP_HELLO:
+        return handle_hello(c, h);
+    case KVP_OP_PING:
+        return h->body_len ? malformed(c, h) : ok(c, h);
+    case KVP_OP_STATS:
+        return handle_stats(c, h);
+    case KVP_OP_REGISTER:
+        return handle_register(c, h);
+    case KVP_OP_UNREGISTER:
+        return handle_unregister(c, h);
+    case KVP_OP_LOOKUP:
+        return handle_lookup(c, h);
+    case KVP_OP_PREPARE_STORE:
+        return handle_prepare_store(c, h);
+    case KVP_OP_COMMIT_STORE:
+        return handle_finish_store(c, h, true);
+    case KVP_OP_ABORT_STORE:
+        return handle_finish_store(c, h, false);
+    case KVP_OP_STORE_INLINE:
+        return handle_store_inline(c, h);
+    case KVP_OP_PREPARE_RETRIEVE:
+        return handle_prepare_retrieve(c, h);
+    case KVP_OP_COMMIT_RETRIEVE:
+        return handle_commit_retrieve(c, h);
+    case KVP_OP_RETRIEVE_INLINE:
+        return handle_retrieve_inline(c, h);
+    default:
+        return malformed(c, h);
+    }
+}

@@ -1,0 +1,185 @@
+/*
+ * segment.c - creation and teardown of the pool's memory.
+ *
+ * Shared case, in order:
+ *   1. shm_open(O_CREAT|O_EXCL, 0600). If the name exists, open it and try a non-blocking
+ *      exclusive flock: if that fails a live daemon holds it and we refuse to start (-EBUSY); if
+ *      it succeeds the owner is dead (flocks die with their process), so the stale segment is
+ *      unlinked and creation is retried once. Liveness, not the name, decides.
+ *   2. flock(LOCK_EX) on our new segment, held until exit: this is what step 1 of the next
+ *      daemon tests.
+ *   3. posix_fallocate the whole size (EINTR retried). On tmpfs this allocates every page, so
+ *      success means no later write can hit ENOSPC/SIGBUS; failure (ENOSPC because /dev/shm was
+ *      filled after the capacity gate) unlinks the segment and the daemon goes inline.
+ *   4. mmap(MAP_SHARED|MAP_POPULATE): the pages are already allocated and are now mapped, so the
+ *      first worker request does not pay the first-touch cost.
+ *   5. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
+ *      it mapped this daemon's segment and not a namesake in another IPC namespace.
+ *
+ * Attach-only processes (workers) never unlink; only the owner does, in kvp_segment_destroy().
+ */
+#include "segment.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static void write_header(struct kvp_segment *seg)
+{
+    uint8_t *h = seg->base;
+    uint32_t version = 1, hsize = KVP_SEG_HEADER, pid = (uint32_t)getpid();
+
+    memset(h, 0, KVP_SEG_HEADER);
+    memcpy(h, KVP_SEG_MAGIC, 8);
+    for (int i = 0; i < 4; i++) {
+        h[8 + i] = (uint8_t)(version >> (8 * i));
+        h[12 + i] = (uint8_t)(hsize >> (8 * i));
+        h[40 + i] = (uint8_t)(pid >> (8 * i));
+    }
+    memcpy(h + 16, seg->nonce, sizeof(seg->nonce));
+    for (int i = 0; i < 8; i++)
+        h[32 + i] = (uint8_t)(seg->size >> (8 * i));
+}
+
+/* Reads the owner pid recorded in an existing segment's header, 0 if unreadable. */
+static uint32_t header_pid(int fd)
+{
+    uint8_t h[48];
+    if (pread(fd, h, sizeof(h), 0) != (ssize_t)sizeof(h) || memcmp(h, KVP_SEG_MAGIC, 8) != 0)
+        return 0;
+    return (uint32_t)h[40] | ((uint32_t)h[41] << 8) | ((uint32_t)h[42] << 16) |
+           ((uint32_t)h[43] << 24);
+}
+
+/* Handles an existing name: -EBUSY if a live daemon holds it, 0 once a stale one is removed. */
+static int replace_stale(const char *path, char *why, size_t why_size)
+{
+    int fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+        int err = errno;
+        /* It vanished meanwhile: fine, retry the creation. */
+        if (err == ENOENT)
+            return 0;
+        snprintf(why, why_size, "cannot inspect existing segment /dev/shm%s: %s", path,
+                 strerror(err));
+        return -err;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        uint32_t pid = header_pid(fd);
+        close(fd);
+        if (err == EWOULDBLOCK) {
+            snprintf(why, why_size,
+                     "segment /dev/shm%s is in use by a running kvpoold (pid %u); choose "
+                     "another --shm-name",
+                     path, pid);
+            return -EBUSY;
+        }
+        snprintf(why, why_size, "cannot lock /dev/shm%s: %s", path, strerror(err));
+        return -err;
+    }
+    log_warn("Replacing stale segment /dev/shm%s left by a dead kvpoold (pid %u)", path,
+             header_pid(fd));
+    shm_unlink(path);
+    close(fd);
+    return 0;
+}
+
+int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_t size,
+                              char *why, size_t why_size)
+{
+    char path[130];
+    int fd = -1, rc;
+
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    why[0] = '\0';
+    snprintf(path, sizeof(path), "/%s", name);
+
+    for (int attempt = 0;; attempt++) {
+        fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            break;
+        if (errno != EEXIST || attempt > 0) {
+            rc = -errno;
+            snprintf(why, why_size, "cannot create /dev/shm%s: %s", path, strerror(errno));
+            return rc;
+        }
+        rc = replace_stale(path, why, why_size);
+        if (rc)
+            return rc;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        rc = -errno;
+        snprintf(why, why_size, "cannot lock /dev/shm%s: %s", path, strerror(errno));
+        goto out_unlink;
+    }
+
+    do {
+        rc = posix_fallocate(fd, 0, (off_t)size);
+    } while (rc == EINTR);
+    if (rc != 0) {
+        snprintf(why, why_size, "cannot reserve %llu bytes for /dev/shm%s: %s",
+                 (unsigned long long)size, path, strerror(rc));
+        rc = -rc;
+        goto out_unlink;
+    }
+
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = -errno;
+        snprintf(why, why_size, "cannot map /dev/shm%s: %s", path, strerror(errno));
+        goto out_unlink;
+    }
+
+    seg->base = p;
+    seg->size = size;
+    seg->fd = fd;
+    seg->shared = true;
+    snprintf(seg->name, sizeof(seg->name), "%s", name);
+    randombytes_buf(seg->nonce, sizeof(seg->nonce));
+    write_header(seg);
+    return 0;
+
+out_unlink:
+    shm_unlink(path);
+    close(fd);
+    return rc;
+}
+
+int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size)
+{
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    seg->base = p;
+    seg->size = size;
+    randombytes_buf(seg->nonce, sizeof(seg->nonce));
+    write_header(seg);
+    return 0;
+}
+
+void kvp_segment_destroy(struct kvp_segment *seg)
+{
+    if (!seg)
+        return;
+    if (seg->base)
+        munmap(seg->base, seg->size);
+    if (seg->shared && seg->name[0]) {
+        char path[130];
+        snprintf(path, sizeof(path), "/%s", seg->name);
+        shm_unlink(path);
+    }
+    if (seg->fd >= 0)
+        close(seg->fd);
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+}

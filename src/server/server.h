@@ -1,0 +1,65 @@
+/*
+ * server.h - the daemon object: configuration, pool memory, store, registry, listener and the
+ * set of live connections.
+ */
+#ifndef KVP_SERVER_H
+#define KVP_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "registry.h"
+#include "segment.h"
+#include "store.h"
+
+struct kvp_conn;
+
+struct kvp_server {
+    struct kvp_config cfg;
+    struct kvp_segment seg;
+    struct kvp_store store;
+    struct kvp_registry registry;
+    bool store_ready, registry_ready;
+    char shm_reason[KVP_MAX_REASON + 1]; /* why SHM is off, "" when on */
+
+    int listen_fd;
+    bool socket_bound;
+    int wake_fds[2];                     /* self-pipe: stop request and expiry wake-up */
+    atomic_bool stopping;
+
+    pthread_mutex_t conns_lock;          /* guards conns, nconns, next_conn_id */
+    pthread_cond_t conns_cv;             /* signalled when a connection thread exits */
+    struct kvp_conn *conns;
+    uint32_t nconns;
+    uint64_t next_conn_id;
+
+    pthread_t expiry_thread;
+    bool expiry_started;
+    pthread_mutex_t expiry_lock;
+    pthread_cond_t expiry_cv;
+};
+
+/*
+ * Builds everything the daemon needs before serving: capacity gate, segment (or private
+ * memory), store, registry, listening socket. Logs the start-up line. Returns 0, or a negative
+ * errno after logging why (the caller exits non-zero). kvp_server_destroy() undoes any part.
+ */
+int kvp_server_start(struct kvp_server *s, const struct kvp_config *cfg);
+
+/* Accepts and serves connections until kvp_server_stop(). Returns 0 or a negative errno. */
+int kvp_server_run(struct kvp_server *s);
+
+/* Asks the server to stop. Async-signal-safe. */
+void kvp_server_stop(struct kvp_server *s);
+
+/* Closes every connection, waits for their threads, releases memory, unlinks segment and
+ * socket. Safe after a failed or partial start. */
+void kvp_server_destroy(struct kvp_server *s);
+
+/* Connection bookkeeping used by conn.c. */
+void kvp_server_conn_exit(struct kvp_server *s, struct kvp_conn *c);
+
+#endif /* KVP_SERVER_H */
