@@ -1,0 +1,221 @@
+/*
+ * client.c - library entry points that concern the client as a whole: version, error names,
+ * open (connect + HELLO), close, last error, ping and statistics.
+ *
+ * Design. kvp_client_open() resolves the socket path (explicit option, $KVPOOL_SOCKET, then
+ * kvp_default_socket_path()), connects, and says HELLO before returning: a client that exists
+ * has talked to a daemon of a compatible major version and knows whether shared memory is
+ * offered. Nothing is mapped here; the first shm registration maps the segment (instance.c).
+ *
+ * Threads. Every call that talks to the daemon takes c->lock for the whole round trip, so calls
+ * from several threads on one client are serialised and replies can never be mixed up. Close is
+ * not synchronised: the caller must make sure no other call on the client is running.
+ *
+ * Errors. kvp_strerror() is thread-safe and never returns NULL: kvpool codes come from the
+ * KVP_ERRNO_MAP table, errno values from glibc's strerrordesc_np(), and anything unknown is
+ * formatted into a thread-local buffer.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+KVP_EXPORT uint32_t kvp_version(void)
+{
+    return ((uint32_t)KVP_VERSION_MAJOR << 16) | ((uint32_t)KVP_VERSION_MINOR << 8) |
+           (uint32_t)KVP_VERSION_PATCH;
+}
+
+KVP_EXPORT const char *kvp_strerror(int err)
+{
+    static _Thread_local char unknown[48];
+
+    if (err >= 0)
+        return "success";
+    switch (err) {
+#define KVP_STRERROR_CASE(name, val, msg) \
+    case val:                             \
+        return msg;
+        KVP_ERRNO_MAP(KVP_STRERROR_CASE)
+#undef KVP_STRERROR_CASE
+    default:
+        break;
+    }
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+    if (err != INT_MIN) {
+        /* Unlike strerror(), this returns a constant string and is thread-safe. */
+        const char *s = strerrordesc_np(-err);
+        if (s)
+            return s;
+    }
+#elif defined(__GLIBC__)
+    if (err != INT_MIN) {
+        /* The GNU strerror_r may return a static string instead of filling the buffer. */
+        const char *s = strerror_r(-err, unknown, sizeof(unknown));
+        if (s)
+            return s;
+    }
+#else
+    if (err != INT_MIN && strerror_r(-err, unknown, sizeof(unknown)) == 0)
+        return unknown;
+#endif
+    snprintf(unknown, sizeof(unknown), "unknown error %d", err);
+    return unknown;
+}
+
+/* Fills path with the socket to use: the option, $KVPOOL_SOCKET, or the default rule. */
+static int resolve_path(const kvp_opts *opts, char *path, size_t size)
+{
+    const char *p = opts ? opts->socket_path : NULL;
+
+    if (!p) {
+        p = getenv("KVPOOL_SOCKET");
+        if (p && !p[0])
+            p = NULL;
+    }
+    if (!p)
+        return kvp_default_socket_path(path, size);
+    size_t n = strlen(p);
+    if (n == 0)
+        return -EINVAL;
+    if (n >= size)
+        return -ENAMETOOLONG;
+    memcpy(path, p, n + 1);
+    return (int)n;
+}
+
+/* HELLO: the first request on every connection. Fills c->hello. */
+static int say_hello(kvp_client *c)
+{
+    struct kvp_conn *conn = &c->conn;
+    struct kvp_hello_reply *h = &c->hello;
+    int rc;
+
+    rc = kvp_conn_begin(conn);
+    if (rc < 0)
+        return rc;
+    rc = kvp_conn_call(conn, KVP_OP_HELLO, NULL, 0, false);
+    if (rc < 0)
+        return rc;
+    if (kvp_decode_hello_reply(conn->body, conn->body_len, h) < 0)
+        return kvp_conn_fail(conn, KVP_EPROTO, "malformed HELLO reply");
+    if (h->major != KVP_VERSION_MAJOR)
+        return kvp_conn_fail(conn, KVP_EVERSION, "kvpoold speaks version %u.%u, this library "
+                             "%u.%u", h->major, h->minor, KVP_VERSION_MAJOR, KVP_VERSION_MINOR);
+    if (h->chunk_tokens == 0)
+        return kvp_conn_fail(conn, KVP_EPROTO, "kvpoold announced a chunk size of 0 tokens");
+    return 0;
+}
+
+KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
+{
+    kvp_client *c;
+    int rc;
+
+    if (!ret)
+        return -EINVAL;
+    *ret = NULL;
+
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->conn = (struct kvp_conn)KVP_CONN_INIT;
+    rc = pthread_mutex_init(&c->lock, NULL);
+    if (rc) {
+        free(c);
+        return -rc;
+    }
+
+    rc = resolve_path(opts, c->socket_path, sizeof(c->socket_path));
+    if (rc < 0)
+        goto out_free;
+    rc = kvp_conn_connect(&c->conn, c->socket_path, opts ? opts->timeout_ms : 0);
+    if (rc < 0)
+        goto out_free;
+    rc = say_hello(c);
+    if (rc < 0)
+        goto out_free;
+
+    *ret = c;
+    return 0;
+
+out_free:
+    kvp_client_close(c);
+    return rc;
+}
+
+KVP_EXPORT void kvp_client_close(kvp_client *c)
+{
+    if (!c)
+        return;
+    /* Closing the socket is what releases our reservations, pins and instances daemon-side;
+     * the mapping can go afterwards since nothing of ours is reserved any more. */
+    kvp_instances_free_all(c);
+    kvp_conn_close(&c->conn);
+    kvp_shm_map_close(&c->shm);
+    free(c->slot_buf);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+KVP_EXPORT const char *kvp_last_error(const kvp_client *c)
+{
+    return c ? c->conn.errmsg : "";
+}
+
+KVP_EXPORT int kvp_ping(kvp_client *c)
+{
+    int rc;
+
+    if (!c)
+        return -EINVAL;
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0)
+        rc = kvp_conn_call(&c->conn, KVP_OP_PING, NULL, 0, false);
+    if (rc == 0 && c->conn.body_len != 0)
+        rc = kvp_conn_fail(&c->conn, KVP_EPROTO, "PING reply has a %zu-byte body",
+                           c->conn.body_len);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+KVP_EXPORT int kvp_stats(kvp_client *c, kvp_stat *out, size_t cap)
+{
+    struct kvp_stat_entry *e = NULL;
+    int rc;
+
+    if (!c || (!out && cap))
+        return -EINVAL;
+    if (cap > KVP_MAX_STATS)
+        cap = KVP_MAX_STATS;
+    /* kvp_stat and the wire entry have the same fields, but the public struct is not ours to
+     * decode into directly: go through a scratch array. */
+    if (cap) {
+        e = calloc(cap, sizeof(*e));
+        if (!e)
+            return -ENOMEM;
+    }
+
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0)
+        rc = kvp_conn_call(&c->conn, KVP_OP_STATS, NULL, 0, false);
+    if (rc == 0) {
+        rc = kvp_decode_stats_reply(c->conn.body, c->conn.body_len, e, cap);
+        if (rc < 0)
+            rc = kvp_conn_fail(&c->conn, KVP_EPROTO, "malformed STATS reply");
+    }
+    pthread_mutex_unlock(&c->lock);
+
+    for (int i = 0; rc > 0 && (size_t)i < cap && i < rc; i++) {
+        _Static_assert(sizeof(out[i].name) == sizeof(e[i].name), "stat name sizes differ");
+        memcpy(out[i].name, e[i].name, sizeof(out[i].name));
+        out[i].value = e[i].value;
+    }
+    free(e);
+    return rc;
+}

@@ -1,0 +1,445 @@
+/*
+ * conn.c - the client's Unix-socket connection to kvpoold.
+ *
+ * Design. The protocol is strictly request/reply in order (docs/PROTOCOL.md), so a connection is
+ * a blocking socket plus a little state: the next request id, a reusable request-body buffer and
+ * a reusable reply-body buffer. kvp_conn_call() writes header, body and an optional bulk payload
+ * with one sendmsg() loop whose iovecs point at the caller's chunk buffers, and reads the reply
+ * header and body. A bulk reply payload is left in the socket so that the caller can receive it
+ * straight into its own buffers with kvp_conn_read_payload(): no intermediate copy either way.
+ *
+ * Timeouts are SO_RCVTIMEO/SO_SNDTIMEO (they also bound a blocking connect() on a Unix socket);
+ * the resulting EAGAIN is reported as -ETIMEDOUT. MSG_NOSIGNAL on every send: a daemon that goes
+ * away yields -EPIPE, never SIGPIPE.
+ *
+ * Invariant: once a read or write fails halfway, or a reply cannot be trusted (wrong magic,
+ * opcode or request id, malformed body), the byte stream position is unknown. The connection is
+ * then marked broken and every later call fails at once with -ENOTCONN; the daemon sees the
+ * close and releases everything the client held.
+ *
+ * Threads: none of this locks; the owning kvp_client's mutex serialises all use.
+ */
+#include "conn.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/msg.h"
+#include "kvpool.h"
+
+/* Request and reply buffers above this size are freed before the next call, not kept. */
+#define KVP_KEEP_BUFFER (256u << 10)
+
+/* Small payload iovec arrays live on the stack; bigger ones are allocated. */
+#define KVP_STACK_IOV 8
+
+static int set_msg(char *dst, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+
+static int set_msg(char *dst, const char *fmt, va_list ap)
+{
+    vsnprintf(dst, KVP_ERRMSG_SIZE, fmt, ap);
+    return 0;
+}
+
+int kvp_conn_error(struct kvp_conn *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_msg(c->errmsg, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+int kvp_conn_break(struct kvp_conn *c, int err)
+{
+    if (!c->broken) {
+        c->broken = err;
+        memcpy(c->broken_msg, c->errmsg, sizeof(c->broken_msg));
+    }
+    return err;
+}
+
+int kvp_conn_fail(struct kvp_conn *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_msg(c->errmsg, fmt, ap);
+    va_end(ap);
+    return kvp_conn_break(c, err);
+}
+
+/* Maps the errno of a failed send/recv to the library's return code. */
+static int io_errno(int e)
+{
+    return (e == EAGAIN || e == EWOULDBLOCK) ? -ETIMEDOUT : -e;
+}
+
+KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size)
+{
+    const char *dir = getenv("XDG_RUNTIME_DIR");
+    int n;
+
+    if (!buf || size == 0)
+        return -EINVAL;
+    /* An empty XDG_RUNTIME_DIR is treated as unset: "/kvpool.sock" is never what was meant. */
+    if (dir && dir[0])
+        n = snprintf(buf, size, "%s/kvpool.sock", dir);
+    else
+        n = snprintf(buf, size, "/tmp/kvpool-%lu.sock", (unsigned long)getuid());
+    if (n < 0 || (size_t)n >= size) {
+        buf[0] = '\0';
+        return -ENAMETOOLONG;
+    }
+    return n;
+}
+
+int kvp_conn_connect(struct kvp_conn *c, const char *path, uint32_t timeout_ms)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    size_t len = strlen(path);
+    int fd, rc;
+
+    c->timeout_ms = timeout_ms ? timeout_ms : KVP_DEFAULT_TIMEOUT_MS;
+    if (len == 0)
+        return kvp_conn_error(c, -EINVAL, "empty socket path");
+    if (len >= sizeof(addr.sun_path))
+        return kvp_conn_error(c, -ENAMETOOLONG, "socket path is longer than %zu bytes",
+                              sizeof(addr.sun_path) - 1);
+    memcpy(addr.sun_path, path, len + 1);
+
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return kvp_conn_error(c, -errno, "socket: %s", kvp_strerror(-errno));
+
+    struct timeval tv = {
+        .tv_sec = (time_t)(c->timeout_ms / 1000),
+        .tv_usec = (suseconds_t)(c->timeout_ms % 1000) * 1000,
+    };
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+        rc = kvp_conn_error(c, -errno, "setsockopt: %s", kvp_strerror(-errno));
+        goto out_close_fd;
+    }
+
+    /* A timed-out connect (full backlog) reports EAGAIN; EINTR leaves the connect running in
+     * the background, so wait for it by retrying, which reports EALREADY/EISCONN. */
+    do {
+        rc = connect(fd, (const struct sockaddr *)&addr, sizeof(addr));
+    } while (rc < 0 && (errno == EINTR || errno == EALREADY));
+    if (rc < 0 && errno != EISCONN) {
+        rc = io_errno(errno);
+        kvp_conn_error(c, rc, "cannot connect to %s: %s", path, kvp_strerror(rc));
+        goto out_close_fd;
+    }
+
+    c->fd = fd;
+    c->broken = 0;
+    return 0;
+
+out_close_fd:
+    close(fd);
+    return rc;
+}
+
+void kvp_conn_close(struct kvp_conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    kvp_wbuf_free(&c->req);
+    free(c->body);
+    c->body = NULL;
+    c->body_cap = c->body_len = 0;
+}
+
+int kvp_conn_begin(struct kvp_conn *c)
+{
+    c->errmsg[0] = '\0';
+    if (c->broken || c->fd < 0) {
+        snprintf(c->errmsg, sizeof(c->errmsg), "connection to kvpoold unusable after: %.400s",
+                 c->broken_msg[0] ? c->broken_msg : "no connection");
+        return -ENOTCONN;
+    }
+    /* A reply payload that nobody read would be taken for the next reply header. */
+    if (c->payload_left)
+        return kvp_conn_fail(c, KVP_EPROTO, "unread reply payload left on the connection");
+    /* Do not keep a multi-megabyte token list around between calls. */
+    if (c->req.cap > KVP_KEEP_BUFFER)
+        kvp_wbuf_free(&c->req);
+    if (c->body_cap > KVP_KEEP_BUFFER) {
+        free(c->body);
+        c->body = NULL;
+        c->body_cap = c->body_len = 0;
+    }
+    kvp_wbuf_reset(&c->req);
+    return 0;
+}
+
+/*
+ * Sends every byte of iov[0..n) (the array is consumed: bases and lengths are advanced). At most
+ * IOV_MAX entries go to one sendmsg(); short writes resume where they stopped.
+ */
+static int send_all(int fd, struct iovec *iov, size_t n)
+{
+    size_t i = 0;
+
+    while (i < n) {
+        if (iov[i].iov_len == 0) {
+            i++;
+            continue;
+        }
+        struct msghdr msg = {
+            .msg_iov = iov + i,
+            .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX,
+        };
+        ssize_t r = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return io_errno(errno);
+        }
+        size_t done = (size_t)r;
+        while (done > 0) {
+            if (done >= iov[i].iov_len) {
+                done -= iov[i].iov_len;
+                iov[i].iov_len = 0;
+                i++;
+            } else {
+                iov[i].iov_base = (uint8_t *)iov[i].iov_base + done;
+                iov[i].iov_len -= done;
+                done = 0;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Receives exactly the bytes of iov[0..n) (consumed like send_all). EOF is -ECONNRESET. */
+static int recv_all(int fd, struct iovec *iov, size_t n)
+{
+    size_t i = 0;
+
+    while (i < n) {
+        if (iov[i].iov_len == 0) {
+            i++;
+            continue;
+        }
+        struct msghdr msg = {
+            .msg_iov = iov + i,
+            .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX,
+        };
+        ssize_t r = recvmsg(fd, &msg, MSG_WAITALL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return io_errno(errno);
+        }
+        if (r == 0)
+            return -ECONNRESET;
+        size_t done = (size_t)r;
+        while (done > 0) {
+            if (done >= iov[i].iov_len) {
+                done -= iov[i].iov_len;
+                iov[i].iov_len = 0;
+                i++;
+            } else {
+                iov[i].iov_base = (uint8_t *)iov[i].iov_base + done;
+                iov[i].iov_len -= done;
+                done = 0;
+            }
+        }
+    }
+    return 0;
+}
+
+static int recv_buf(int fd, void *p, size_t len)
+{
+    struct iovec iov = {.iov_base = p, .iov_len = len};
+    return recv_all(fd, &iov, 1);
+}
+
+/* Reads and checks the reply header to request (op, id). Returns 0 or a broken-stream error. */
+static int read_reply_header(struct kvp_conn *c, uint16_t op, uint64_t id, struct kvp_header *h)
+{
+    uint8_t raw[KVP_HEADER_SIZE];
+    const char *name = kvp_opcode_name(op);
+    int rc = recv_buf(c->fd, raw, sizeof(raw));
+
+    if (rc == -ECONNRESET)
+        return kvp_conn_fail(c, rc, "kvpoold closed the connection instead of answering %s",
+                             name);
+    if (rc < 0)
+        return kvp_conn_fail(c, rc, "no reply to %s: %s", name, kvp_strerror(rc));
+
+    rc = kvp_header_decode(raw, h);
+    if (rc == -EPROTONOSUPPORT)
+        return kvp_conn_fail(c, KVP_EVERSION, "kvpoold answered %s with protocol version %u, "
+                             "this library speaks %u", name, h->version, KVP_PROTO_VERSION);
+    if (rc < 0)
+        return kvp_conn_fail(c, KVP_EPROTO, "malformed reply header to %s (magic 0x%08x, "
+                             "opcode 0x%04x, body %u bytes)", name, h->magic, h->opcode,
+                             h->body_len);
+    if (h->opcode != (op | KVP_REPLY_FLAG) || h->request_id != id)
+        return kvp_conn_fail(c, KVP_EPROTO, "reply does not match request %s #%llu "
+                             "(got opcode 0x%04x #%llu)", name, (unsigned long long)id,
+                             h->opcode, (unsigned long long)h->request_id);
+    if (h->status > 0)
+        return kvp_conn_fail(c, KVP_EPROTO, "reply to %s has positive status %d", name,
+                             (int)h->status);
+    return 0;
+}
+
+/*
+ * After a failed send: returns the status of an error reply to (op, id) that the daemon sent
+ * before closing, with its message in errmsg, or send_rc when there is none. The connection is
+ * already broken; this only reads what is left in the receive queue.
+ */
+static int salvage_error_reply(struct kvp_conn *c, uint16_t op, uint64_t id, int send_rc)
+{
+    uint8_t raw[KVP_HEADER_SIZE];
+    uint8_t body[KVP_MAX_ERRMSG + 2];
+    char msg[KVP_MAX_ERRMSG + 1];
+    struct kvp_header h;
+
+    if (recv_buf(c->fd, raw, sizeof(raw)) < 0 || kvp_header_decode(raw, &h) < 0)
+        return send_rc;
+    if (h.opcode != (op | KVP_REPLY_FLAG) || h.request_id != id || h.status >= 0 ||
+        h.payload_len != 0 || h.body_len > sizeof(body))
+        return send_rc;
+    if (recv_buf(c->fd, body, h.body_len) < 0 ||
+        kvp_decode_error(body, h.body_len, msg, sizeof(msg)) < 0)
+        return send_rc;
+    snprintf(c->errmsg, sizeof(c->errmsg), "%s", msg);
+    return h.status;
+}
+
+int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size_t niov,
+                  bool reply_payload)
+{
+    struct iovec stack_iov[KVP_STACK_IOV + 2];
+    struct iovec *v = stack_iov;
+    uint8_t raw[KVP_HEADER_SIZE];
+    struct kvp_header h;
+    const char *name = kvp_opcode_name(op);
+    uint64_t id = c->next_id++;
+    uint64_t payload = 0;
+    int rc;
+
+    if (c->req.err) {
+        rc = c->req.err;
+        kvp_wbuf_reset(&c->req);
+        return kvp_conn_error(c, rc, "cannot encode %s request: %s", name, kvp_strerror(rc));
+    }
+    if (c->req.len > KVP_MAX_BODY) {
+        kvp_wbuf_reset(&c->req);
+        return kvp_conn_error(c, -EMSGSIZE, "%s request body exceeds %u bytes", name,
+                              KVP_MAX_BODY);
+    }
+    for (size_t i = 0; i < niov; i++)
+        payload += iov[i].iov_len;
+
+    if (niov > KVP_STACK_IOV) {
+        v = malloc((niov + 2) * sizeof(*v));
+        if (!v) {
+            kvp_wbuf_reset(&c->req);
+            return kvp_conn_error(c, -ENOMEM, "out of memory");
+        }
+    }
+    h = (struct kvp_header){
+        .magic = KVP_MAGIC,
+        .version = KVP_PROTO_VERSION,
+        .opcode = op,
+        .request_id = id,
+        .body_len = (uint32_t)c->req.len,
+        .payload_len = payload,
+    };
+    kvp_header_encode(&h, raw);
+    v[0] = (struct iovec){.iov_base = raw, .iov_len = sizeof(raw)};
+    v[1] = (struct iovec){.iov_base = c->req.data, .iov_len = c->req.len};
+    if (niov)
+        memcpy(v + 2, iov, niov * sizeof(*v));
+
+    rc = send_all(c->fd, v, niov + 2);
+    if (v != stack_iov)
+        free(v);
+    /* The next request of this call (prepare then store, say) starts from an empty body. */
+    kvp_wbuf_reset(&c->req);
+    if (rc < 0) {
+        kvp_conn_fail(c, rc, "cannot send %s: %s", name, kvp_strerror(rc));
+        /*
+         * The daemon may have rejected the request and closed before reading all of it (an
+         * inline payload it does not want). Its error reply can still be waiting in our
+         * receive queue and explains the failure better than EPIPE does.
+         */
+        if (rc == -EPIPE || rc == -ECONNRESET)
+            rc = salvage_error_reply(c, op, id, rc);
+        return rc;
+    }
+
+    rc = read_reply_header(c, op, id, &h);
+    if (rc < 0)
+        return rc;
+    if (h.payload_len && (!reply_payload || h.status < 0))
+        return kvp_conn_fail(c, KVP_EPROTO, "unexpected %llu-byte payload in reply to %s",
+                             (unsigned long long)h.payload_len, name);
+
+    if (h.body_len > c->body_cap) {
+        free(c->body);
+        c->body_cap = 0;
+        c->body = malloc(h.body_len);
+        if (!c->body)
+            return kvp_conn_fail(c, -ENOMEM, "out of memory for a %u-byte reply",
+                                 h.body_len);
+        c->body_cap = h.body_len;
+    }
+    c->body_len = h.body_len;
+    rc = recv_buf(c->fd, c->body, h.body_len);
+    if (rc < 0)
+        return kvp_conn_fail(c, rc, "cannot read reply to %s: %s", name, kvp_strerror(rc));
+
+    if (h.status < 0) {
+        char msg[KVP_MAX_ERRMSG + 1];
+        if (kvp_decode_error(c->body, c->body_len, msg, sizeof(msg)) < 0)
+            return kvp_conn_fail(c, KVP_EPROTO, "malformed error reply to %s", name);
+        /* After a framing error the daemon closes the connection: mirror that. */
+        if (h.status == -EPROTO || h.status == -EPROTONOSUPPORT)
+            return kvp_conn_fail(c, h.status == -EPROTO ? h.status : KVP_EVERSION, "%s", msg);
+        return kvp_conn_error(c, h.status, "%s", msg);
+    }
+    c->payload_left = h.payload_len;
+    return 0;
+}
+
+int kvp_conn_read_payload(struct kvp_conn *c, const struct iovec *iov, size_t niov)
+{
+    uint64_t total = 0;
+    struct iovec *v;
+    int rc;
+
+    for (size_t i = 0; i < niov; i++)
+        total += iov[i].iov_len;
+    if (total != c->payload_left)
+        return kvp_conn_fail(c, KVP_EPROTO, "reply payload is %llu bytes, expected %llu",
+                             (unsigned long long)c->payload_left, (unsigned long long)total);
+    if (niov == 0)
+        return 0;
+
+    v = malloc(niov * sizeof(*v));
+    if (!v)
+        return kvp_conn_fail(c, -ENOMEM, "out of memory");
+    memcpy(v, iov, niov * sizeof(*v));
+    rc = recv_all(c->fd, v, niov);
+    free(v);
+    if (rc < 0)
+        return kvp_conn_fail(c, rc, "cannot read reply payload: %s", kvp_strerror(rc));
+    c->payload_left = 0;
+    return 0;
+}

@@ -1,0 +1,84 @@
+/*
+ * conn.h - the client's socket to kvpoold: connect, framed request/reply, zero-copy payloads.
+ *
+ * Internal to libkvpool. A struct kvp_conn is owned by one kvp_client and used only under that
+ * client's mutex, so nothing here locks.
+ */
+#ifndef KVP_CLIENT_CONN_H
+#define KVP_CLIENT_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "common/wire.h"
+
+#define KVP_DEFAULT_TIMEOUT_MS 30000u
+#define KVP_ERRMSG_SIZE 512
+
+struct kvp_conn {
+    int fd;                      /* -1 when not connected */
+    int broken;                  /* 0, or the error that left the stream unusable */
+    uint32_t timeout_ms;
+    uint64_t next_id;            /* request id of the next request */
+    uint64_t payload_left;       /* reply payload bytes the caller still has to read */
+    struct kvp_wbuf req;         /* request body under construction */
+    uint8_t *body;               /* body of the last reply */
+    size_t body_len;
+    size_t body_cap;
+    char errmsg[KVP_ERRMSG_SIZE];     /* message of the last failed call, "" if none */
+    char broken_msg[KVP_ERRMSG_SIZE]; /* what broke the stream */
+};
+
+#define KVP_CONN_INIT {.fd = -1, .next_id = 1}
+
+/*
+ * Connects to the Unix socket at path with SO_RCVTIMEO/SO_SNDTIMEO set to timeout_ms (0: the
+ * default). Returns 0, -ENAMETOOLONG, -ENOENT / -ECONNREFUSED when nobody listens, -ETIMEDOUT,
+ * or another negative errno; errmsg says what failed.
+ */
+int kvp_conn_connect(struct kvp_conn *c, const char *path, uint32_t timeout_ms);
+
+/* Closes the socket and frees the buffers. Safe on a zeroed or KVP_CONN_INIT connection. */
+void kvp_conn_close(struct kvp_conn *c);
+
+/*
+ * Starts a call: clears errmsg and resets the request body buffer for the caller to encode
+ * into. Returns 0, or -ENOTCONN when an earlier error broke the stream.
+ */
+int kvp_conn_begin(struct kvp_conn *c);
+
+/*
+ * Sends request `op` (body: c->req, emptied once sent so that one call can make several
+ * requests; payload: iov[0..niov), sent straight from the caller's buffers) and reads the reply
+ * header and body into c->body. reply_payload says whether the reply may carry a payload; its
+ * length is left in c->payload_left for kvp_conn_read_payload().
+ *
+ * Returns 0 for a success reply, the daemon's negative status for an error reply (message in
+ * errmsg; the connection stays usable unless the daemon closes it after such errors), or a
+ * local error after which the connection is broken: KVP_EPROTO, KVP_EVERSION, -ETIMEDOUT,
+ * -ECONNRESET, ... A local -ENOMEM while encoding leaves the connection usable.
+ */
+int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size_t niov,
+                  bool reply_payload);
+
+/*
+ * Reads the pending reply payload into iov[0..niov), whose lengths must add up to exactly
+ * c->payload_left. Returns 0 or a negative error (the connection is then broken).
+ */
+int kvp_conn_read_payload(struct kvp_conn *c, const struct iovec *iov, size_t niov);
+
+/* Marks the stream unusable (the caller could not make sense of a reply) and returns err. The
+ * message goes to errmsg. */
+int kvp_conn_fail(struct kvp_conn *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Marks the stream unusable, keeping the current errmsg, and returns err. */
+int kvp_conn_break(struct kvp_conn *c, int err);
+
+/* Sets errmsg for a failure that leaves the connection usable, and returns err. */
+int kvp_conn_error(struct kvp_conn *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif /* KVP_CLIENT_CONN_H */

@@ -1,0 +1,317 @@
+/*
+ * instance.c - registration of a worker's KV layout, and the shm-versus-inline decision.
+ *
+ * Design. The transport is decided here, once per instance, and the daemon is told the truth:
+ *
+ *   requested   daemon offers shm   segment maps and verifies   sent to the daemon
+ *   AUTO        yes                 yes                         shm
+ *   AUTO        yes                 no                          inline, reason = why not
+ *   AUTO        no                  -                           inline, reason = daemon's own
+ *   SHM         yes                 yes                         shm
+ *   SHM         no, or it fails     -                           nothing: KVP_ENOSHM
+ *   INLINE      -                   -                           inline, "requested by worker"
+ *
+ * The segment is mapped at most once per client (the first registration that wants it) and
+ * stays mapped until kvp_client_close(). The daemon's reply is checked for internal consistency
+ * (known dtype, shape and chunk_bytes agree, same segment as HELLO) because chunk_bytes sizes
+ * every later copy.
+ *
+ * If the id was already registered the daemon answers with the existing registration, which may
+ * be on shm even though this process asked for inline; the library then tries to map the
+ * segment and otherwise moves this instance's bytes inline (the daemon accepts inline transfers
+ * for shm instances), reporting that in info.reason.
+ *
+ * Threads: the client's lock is held for the whole registration, including the mapping.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/layout.h"
+
+#define KVP_INFO_DTYPE_SIZE sizeof(((kvp_instance_info *)0)->dtype)
+
+/* Checks a caller-supplied name: -EINVAL when missing or empty, -ENAMETOOLONG when too long. */
+static int check_name(struct kvp_conn *conn, const char *s, const char *field)
+{
+    if (!s || !s[0])
+        return kvp_conn_error(conn, -EINVAL, "%s must be a non-empty string", field);
+    if (strlen(s) > KVP_MAX_NAME)
+        return kvp_conn_error(conn, -ENAMETOOLONG, "%s is longer than %u bytes", field,
+                              KVP_MAX_NAME);
+    return 0;
+}
+
+/* Maps the daemon's segment unless this client already did. Caller holds the lock. */
+static int do_map_segment(kvp_client *c, char *reason, size_t reason_size)
+{
+    if (c->shm.base)
+        return 0;
+    return kvp_shm_map_open(&c->shm, c->hello.shm_name, c->hello.segment_size, c->hello.nonce,
+                            reason, reason_size);
+}
+
+/* Fills req->transport and req->reason. Returns 0, or KVP_ENOSHM for a strict SHM request
+ * that cannot be met. Caller holds the lock. */
+static int do_choose_transport(kvp_client *c, uint32_t want, struct kvp_register_req *req)
+{
+    const struct kvp_hello_reply *h = &c->hello;
+    char why[KVP_MAX_REASON + 1];
+
+    if (want == KVP_TRANSPORT_INLINE) {
+        req->transport = KVP_WIRE_INLINE;
+        snprintf(req->reason, sizeof(req->reason), "requested by worker");
+        return 0;
+    }
+    if (!h->shm_enabled) {
+        if (want == KVP_TRANSPORT_SHM)
+            return kvp_conn_error(&c->conn, KVP_ENOSHM, "kvpoold offers no shared memory: %s",
+                                  h->shm_reason[0] ? h->shm_reason : "disabled");
+        req->transport = KVP_WIRE_INLINE;
+        snprintf(req->reason, sizeof(req->reason), "%s",
+                 h->shm_reason[0] ? h->shm_reason : "kvpoold offers no shared memory");
+        return 0;
+    }
+    if (do_map_segment(c, why, sizeof(why)) < 0) {
+        if (want == KVP_TRANSPORT_SHM)
+            return kvp_conn_error(&c->conn, KVP_ENOSHM, "%s", why);
+        req->transport = KVP_WIRE_INLINE;
+        snprintf(req->reason, sizeof(req->reason), "%s", why);
+        return 0;
+    }
+    req->transport = KVP_WIRE_SHM;
+    req->reason[0] = '\0';
+    return 0;
+}
+
+/* Checks that a REGISTER reply describes a usable layout. Returns 0 or KVP_EPROTO (broken). */
+static int do_check_reply(kvp_client *c, const struct kvp_register_reply *r)
+{
+    struct kvp_conn *conn = &c->conn;
+    const struct kvp_dtype *dt = kvp_dtype_find(r->dtype);
+    struct kvp_chunk_layout l;
+    bool mla = r->ndim == 3;
+    const uint32_t *dims = mla ? r->shape : r->shape + 1; /* layers, tokens, hidden */
+
+    if (r->transport != KVP_WIRE_SHM && r->transport != KVP_WIRE_INLINE)
+        return kvp_conn_fail(conn, KVP_EPROTO, "REGISTER reply has transport %u", r->transport);
+    if (!dt || dt->size != r->dtype_size || strlen(r->dtype) >= KVP_INFO_DTYPE_SIZE)
+        return kvp_conn_fail(conn, KVP_EPROTO, "REGISTER reply has dtype \"%s\" of size %u",
+                             r->dtype, r->dtype_size);
+    if ((!mla && r->shape[0] != 2) || dims[1] != r->chunk_tokens ||
+        kvp_chunk_layout(dims[0], dims[1], dims[2], dt->size, mla, 0, &l) < 0 ||
+        l.bytes != r->chunk_bytes || r->chunk_bytes > SIZE_MAX)
+        return kvp_conn_fail(conn, KVP_EPROTO, "REGISTER reply has an inconsistent chunk layout "
+                             "(%u dims, %llu bytes)", r->ndim,
+                             (unsigned long long)r->chunk_bytes);
+    if (r->transport == KVP_WIRE_SHM &&
+        (!c->hello.shm_enabled || strcmp(r->shm_name, c->hello.shm_name) != 0 ||
+         r->segment_size != c->hello.segment_size ||
+         r->chunk_bytes > r->segment_size - KVP_SHM_HEADER_SIZE))
+        return kvp_conn_fail(conn, KVP_EPROTO, "REGISTER reply names segment \"%s\" of %llu "
+                             "bytes, HELLO announced \"%s\" of %llu", r->shm_name,
+                             (unsigned long long)r->segment_size, c->hello.shm_name,
+                             (unsigned long long)c->hello.segment_size);
+    return 0;
+}
+
+/* Drops a registration the library cannot use. Best effort: errors are ignored. Caller holds
+ * the lock. */
+static void do_drop_registration(kvp_client *c, uint32_t handle)
+{
+    struct kvp_ref_req ref = {.handle = handle, .id = 0};
+    char keep[KVP_ERRMSG_SIZE];
+
+    memcpy(keep, c->conn.errmsg, sizeof(keep));
+    if (kvp_conn_begin(&c->conn) == 0) {
+        kvp_encode_ref_req(&c->conn.req, &ref);
+        kvp_conn_call(&c->conn, KVP_OP_UNREGISTER, NULL, 0, false);
+    }
+    memcpy(c->conn.errmsg, keep, sizeof(keep));
+}
+
+/*
+ * Turns a checked REGISTER reply into inst->info and inst->shm, given what was requested.
+ * Returns 0, or KVP_ENOSHM (with the registration dropped if this call created it).
+ */
+static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
+                          const struct kvp_register_reply *r)
+{
+    kvp_instance_info *info = &inst->info;
+    char why[KVP_MAX_REASON + 1] = "";
+
+    *info = (kvp_instance_info){
+        .chunk_tokens = r->chunk_tokens,
+        .ndim = r->ndim,
+        .chunk_bytes = r->chunk_bytes,
+        .dtype_size = r->dtype_size,
+        .existing = r->existing,
+    };
+    memcpy(info->shape, r->shape, sizeof(info->shape));
+    snprintf(info->dtype, sizeof(info->dtype), "%s", r->dtype);
+    inst->handle = r->handle;
+
+    if (r->transport == KVP_WIRE_SHM && want != KVP_TRANSPORT_INLINE &&
+        do_map_segment(c, why, sizeof(why)) == 0) {
+        inst->shm = true;
+        info->transport = KVP_TRANSPORT_SHM;
+        snprintf(info->shm_name, sizeof(info->shm_name), "%s", r->shm_name);
+        return 0;
+    }
+    if (want == KVP_TRANSPORT_SHM) {
+        /* Only an existing registration can come back inline after we said shm; it is not
+         * ours to drop. A new one would be a daemon bug: do not leave it behind. */
+        if (!r->existing)
+            do_drop_registration(c, r->handle);
+        return kvp_conn_error(&c->conn, KVP_ENOSHM, "instance is registered with the inline "
+                              "transport%s", r->existing ? " (existing registration)" : "");
+    }
+    inst->shm = false;
+    info->transport = KVP_TRANSPORT_INLINE;
+    if (r->transport == KVP_WIRE_SHM && want == KVP_TRANSPORT_INLINE)
+        snprintf(info->reason, sizeof(info->reason), "requested by worker");
+    else if (r->transport == KVP_WIRE_SHM)
+        snprintf(info->reason, sizeof(info->reason), "existing shm registration, this process "
+                 "cannot map the segment: %s", why);
+    else
+        snprintf(info->reason, sizeof(info->reason), "%s", r->reason);
+    return 0;
+}
+
+KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *o, kvp_instance **ret)
+{
+    struct kvp_register_req req = {0};
+    struct kvp_register_reply rep;
+    kvp_instance *inst;
+    int rc;
+
+    if (!ret)
+        return -EINVAL;
+    *ret = NULL;
+    if (!c || !o)
+        return -EINVAL;
+    inst = calloc(1, sizeof(*inst));
+    if (!inst)
+        return -ENOMEM;
+    inst->client = c;
+
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc < 0)
+        goto out_unlock;
+    if ((rc = check_name(&c->conn, o->instance_id, "instance_id")) < 0 ||
+        (rc = check_name(&c->conn, o->model_name, "model_name")) < 0 ||
+        (rc = check_name(&c->conn, o->dtype, "dtype")) < 0)
+        goto out_unlock;
+    if (o->transport > KVP_TRANSPORT_INLINE) {
+        rc = kvp_conn_error(&c->conn, -EINVAL, "transport must be 0 (auto), 1 (shm) or "
+                            "2 (inline), not %u", o->transport);
+        goto out_unlock;
+    }
+
+    /* Lengths were checked above, so these copies cannot truncate. */
+    snprintf(req.instance_id, sizeof(req.instance_id), "%s", o->instance_id);
+    snprintf(req.model_name, sizeof(req.model_name), "%s", o->model_name);
+    snprintf(req.dtype, sizeof(req.dtype), "%s", o->dtype);
+    req.world_size = o->world_size;
+    req.worker_rank = o->worker_rank;
+    req.block_size = o->block_size;
+    req.num_layers = o->num_layers;
+    req.hidden_dim = o->hidden_dim;
+    req.use_mla = o->use_mla ? 1 : 0;
+    rc = do_choose_transport(c, o->transport, &req);
+    if (rc < 0)
+        goto out_unlock;
+
+    kvp_encode_register_req(&c->conn.req, &req);
+    rc = kvp_conn_call(&c->conn, KVP_OP_REGISTER, NULL, 0, false);
+    if (rc == -EOPNOTSUPP && req.transport == KVP_WIRE_SHM)
+        rc = KVP_ENOSHM;
+    if (rc < 0)
+        goto out_unlock;
+    if (kvp_decode_register_reply(c->conn.body, c->conn.body_len, &rep) < 0) {
+        rc = kvp_conn_fail(&c->conn, KVP_EPROTO, "malformed REGISTER reply");
+        goto out_unlock;
+    }
+    rc = do_check_reply(c, &rep);
+    if (rc < 0)
+        goto out_unlock;
+    rc = do_adopt_reply(c, inst, o->transport, &rep);
+    if (rc < 0)
+        goto out_unlock;
+
+    inst->next = c->instances;
+    if (c->instances)
+        c->instances->prev = inst;
+    c->instances = inst;
+    pthread_mutex_unlock(&c->lock);
+    *ret = inst;
+    return 0;
+
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    free(inst);
+    return rc;
+}
+
+/* Unlinks an instance from its client's list. Caller holds the lock. */
+static void do_unlink(kvp_instance *inst)
+{
+    kvp_client *c = inst->client;
+
+    if (inst->prev)
+        inst->prev->next = inst->next;
+    else
+        c->instances = inst->next;
+    if (inst->next)
+        inst->next->prev = inst->prev;
+    inst->prev = inst->next = NULL;
+}
+
+KVP_EXPORT int kvp_unregister(kvp_instance *inst)
+{
+    struct kvp_ref_req ref;
+    kvp_client *c;
+    int rc;
+
+    if (!inst)
+        return 0;
+    c = inst->client;
+    ref = (struct kvp_ref_req){.handle = inst->handle, .id = 0};
+
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0) {
+        kvp_encode_ref_req(&c->conn.req, &ref);
+        rc = kvp_conn_call(&c->conn, KVP_OP_UNREGISTER, NULL, 0, false);
+    }
+    if (rc == 0 && c->conn.body_len != 0)
+        rc = kvp_conn_fail(&c->conn, KVP_EPROTO, "UNREGISTER reply has a %zu-byte body",
+                           c->conn.body_len);
+    /* The instance is gone for the caller whatever the daemon said: on a broken connection the
+     * daemon has already dropped it. */
+    do_unlink(inst);
+    pthread_mutex_unlock(&c->lock);
+    free(inst);
+    return rc;
+}
+
+KVP_EXPORT const kvp_instance_info *kvp_instance_get_info(const kvp_instance *inst)
+{
+    return inst ? &inst->info : NULL;
+}
+
+void kvp_instances_free_all(kvp_client *c)
+{
+    kvp_instance *inst = c->instances;
+
+    while (inst) {
+        kvp_instance *next = inst->next;
+        free(inst);
+        inst = next;
+    }
+    c->instances = NULL;
+}

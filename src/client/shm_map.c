@@ -1,0 +1,124 @@
+/*
+ * shm_map.c - attach to the daemon's shared-memory pool and check every slot against it.
+ *
+ * Design. The daemon creates, sizes, pre-faults and unlinks the segment; a client only attaches
+ * (shm_open O_RDWR, never O_CREAT, never shm_unlink), so a client can neither leak a segment nor
+ * remove the daemon's. Attaching by name is not proof of identity: another IPC namespace or a
+ * stale namesake may answer to the same name. The header page therefore has to carry the magic
+ * and the random nonce that this daemon sent in HELLO before the mapping is used.
+ *
+ * The file must be at least as large as announced before it is mapped: touching a mapping past
+ * the end of a shorter file is SIGBUS, which a library must never cause.
+ *
+ * Every failure produces a one-line reason ("cannot open /dev/shm/NAME: Permission denied"); the
+ * client sends it to the daemon as the inline fallback reason, so the daemon's log says why this
+ * worker is not on shm.
+ *
+ * Slots: offsets and lengths come from another process and are checked (header page excluded,
+ * exact chunk length, no wrap-around) before any pointer is formed.
+ */
+#include "shm_map.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvpool.h"
+
+int kvp_shm_map_open(struct kvp_shm_map *m, const char *name, uint64_t size,
+                     const uint8_t nonce[KVP_NONCE_SIZE], char *reason, size_t reason_size)
+{
+    char path[KVP_MAX_NAME + 2];
+    struct stat st;
+    void *base;
+    int fd, rc;
+
+    *m = (struct kvp_shm_map){0};
+    size_t len = strlen(name);
+    if (len == 0 || len > KVP_MAX_NAME || strchr(name, '/')) {
+        snprintf(reason, reason_size, "daemon announced an invalid segment name \"%.*s\"",
+                 (int)(len > 64 ? 64 : len), name);
+        return -EINVAL;
+    }
+    if (size < KVP_SHM_HEADER_SIZE || size > SIZE_MAX) {
+        snprintf(reason, reason_size, "daemon announced an invalid segment size %llu",
+                 (unsigned long long)size);
+        return -EINVAL;
+    }
+    snprintf(path, sizeof(path), "/%s", name);
+
+    fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+        rc = -errno;
+        snprintf(reason, reason_size, "cannot open /dev/shm/%s: %s", name, kvp_strerror(rc));
+        return rc;
+    }
+    if (fstat(fd, &st) < 0) {
+        rc = -errno;
+        snprintf(reason, reason_size, "cannot stat /dev/shm/%s: %s", name, kvp_strerror(rc));
+        goto out_close_fd;
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size < size) {
+        snprintf(reason, reason_size, "segment /dev/shm/%s is %lld bytes, daemon announced %llu",
+                 name, (long long)st.st_size, (unsigned long long)size);
+        rc = KVP_ENOSHM;
+        goto out_close_fd;
+    }
+
+    base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        rc = -errno;
+        snprintf(reason, reason_size, "cannot map /dev/shm/%s (%llu bytes): %s", name,
+                 (unsigned long long)size, kvp_strerror(rc));
+        goto out_close_fd;
+    }
+    /* The mapping keeps the segment alive; the descriptor is not needed any more. */
+    close(fd);
+
+    if (memcmp(base, KVP_SHM_MAGIC, KVP_SHM_MAGIC_LEN) != 0) {
+        snprintf(reason, reason_size, "segment /dev/shm/%s has no kvpool header", name);
+        rc = KVP_ENOSHM;
+        goto out_unmap;
+    }
+    if (memcmp((const uint8_t *)base + KVP_SHM_NONCE_OFFSET, nonce, KVP_NONCE_SIZE) != 0) {
+        snprintf(reason, reason_size, "segment nonce mismatch: not this daemon's pool");
+        rc = KVP_ENOSHM;
+        goto out_unmap;
+    }
+
+    m->base = base;
+    m->size = size;
+    memcpy(m->name, name, len + 1);
+    if (reason_size)
+        reason[0] = '\0';
+    return 0;
+
+out_unmap:
+    munmap(base, (size_t)size);
+    return rc;
+out_close_fd:
+    close(fd);
+    return rc;
+}
+
+void kvp_shm_map_close(struct kvp_shm_map *m)
+{
+    if (m->base)
+        munmap(m->base, (size_t)m->size);
+    *m = (struct kvp_shm_map){0};
+}
+
+uint8_t *kvp_shm_slot(const struct kvp_shm_map *m, uint64_t offset, uint64_t length,
+                      uint64_t chunk_bytes)
+{
+    if (!m->base || length != chunk_bytes || length == 0)
+        return NULL;
+    /* Written as subtractions so that no sum can wrap around. */
+    if (offset < KVP_SHM_HEADER_SIZE || offset > m->size || length > m->size - offset)
+        return NULL;
+    return m->base + offset;
+}

@@ -1,0 +1,49 @@
+/*
+ * shm_map.h - the client's view of the daemon's shared-memory pool.
+ *
+ * Internal to libkvpool. One mapping per kvp_client, used under the client's mutex (mapping and
+ * unmapping) or by any thread holding a slot pointer (copies). The segment's header page layout
+ * is the daemon's (src/server/segment.h):
+ *   0 char[8] "KVPOOLSG"   8 u32 version   12 u32 header size (4096)   16 u8[16] nonce
+ *   32 u64 segment size
+ */
+#ifndef KVP_CLIENT_SHM_MAP_H
+#define KVP_CLIENT_SHM_MAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/msg.h"
+
+#define KVP_SHM_HEADER_SIZE 4096u
+#define KVP_SHM_MAGIC "KVPOOLSG"
+#define KVP_SHM_MAGIC_LEN 8
+#define KVP_SHM_NONCE_OFFSET 16
+
+struct kvp_shm_map {
+    uint8_t *base;                   /* NULL when not mapped */
+    uint64_t size;                   /* bytes mapped: the whole segment */
+    char name[KVP_MAX_NAME + 1];     /* without the leading '/' */
+};
+
+/*
+ * Maps segment `name` (as announced by HELLO, without '/') of `size` bytes read-write and checks
+ * that its header page holds the magic and `nonce`. Returns 0, or a negative error with a
+ * human-readable reason in reason[0..reason_size) (used as the inline fallback reason):
+ * -EINVAL for an unusable name or size, the errno of shm_open/fstat/mmap, KVP_ENOSHM when the
+ * segment is too small or is not this daemon's.
+ */
+int kvp_shm_map_open(struct kvp_shm_map *m, const char *name, uint64_t size,
+                     const uint8_t nonce[KVP_NONCE_SIZE], char *reason, size_t reason_size);
+
+/* Unmaps. Safe on a zeroed, never-mapped map. */
+void kvp_shm_map_close(struct kvp_shm_map *m);
+
+/*
+ * Checks a slot the daemon sent: header page excluded, length == chunk_bytes, inside the mapping
+ * without overflow. Returns a pointer to the slot's bytes, or NULL (caller: KVP_EBADSLOT).
+ */
+uint8_t *kvp_shm_slot(const struct kvp_shm_map *m, uint64_t offset, uint64_t length,
+                      uint64_t chunk_bytes);
+
+#endif /* KVP_CLIENT_SHM_MAP_H */

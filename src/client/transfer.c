@@ -1,0 +1,598 @@
+/*
+ * transfer.c - keyed requests: lookup, two-phase store and retrieve, and the one-call
+ * kvp_store() / kvp_retrieve() that pick the right path for the instance's transport.
+ *
+ * Design. Every keyed request is validated before anything is sent (pointers, token and salt
+ * limits, range alignment, chunk count, and every caller buffer the range needs), so that a bad
+ * argument is a clean -EINVAL and never a half-sent frame. Replies are checked before their
+ * slots are used: the chunk count must be the one the range implies, retrieve slots must be the
+ * leading chunks in order, and on shm every (offset, length) must lie inside the mapped pool
+ * (KVP_EBADSLOT otherwise; the reservation or pin is released first).
+ *
+ * Data paths, none with an intermediate copy:
+ *   shm store      prepare -> memcpy caller -> pool slots -> commit
+ *   shm retrieve   prepare (pins) -> memcpy pool -> caller -> commit (unpins)
+ *   inline store   prepare -> STORE_INLINE whose payload iovecs are the caller's chunks
+ *   inline fetch   RETRIEVE_INLINE whose payload is received straight into the caller's out[]
+ *
+ * Threads. Functions named do_*() run with the client's lock held and after kvp_conn_begin().
+ * The shm copies run without the lock: the slots are reserved or pinned for this client, so no
+ * other thread or process touches them meanwhile.
+ *
+ * Plans own their slot arrays (malloc'd per prepare); commit, abort and store_inline free them
+ * and zero the plan, so releasing a plan twice is harmless.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Checks a sequence argument. Caller holds the lock. */
+static int do_check_seq(kvp_client *c, const kvp_tokens *seq)
+{
+    if (!seq)
+        return kvp_conn_error(&c->conn, -EINVAL, "sequence is NULL");
+    if (seq->count > KVP_MAX_TOKENS)
+        return kvp_conn_error(&c->conn, -EINVAL, "sequence of %u tokens exceeds the limit of "
+                              "%u", seq->count, KVP_MAX_TOKENS);
+    if (seq->count && !seq->ids)
+        return kvp_conn_error(&c->conn, -EINVAL, "sequence has %u tokens but ids is NULL",
+                              seq->count);
+    if (seq->salt_len > KVP_MAX_SALT)
+        return kvp_conn_error(&c->conn, -EINVAL, "salt of %u bytes exceeds the limit of %u",
+                              seq->salt_len, KVP_MAX_SALT);
+    if (seq->salt_len && !seq->salt)
+        return kvp_conn_error(&c->conn, -EINVAL, "salt_len is %u but salt is NULL",
+                              seq->salt_len);
+    return 0;
+}
+
+/*
+ * Checks the token range [start, end) of seq (the rules of docs/PROTOCOL.md) and returns the
+ * number of full chunks in it, or a negative error. Caller holds the lock.
+ */
+static int do_check_range(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                          uint32_t end)
+{
+    struct kvp_conn *conn = &inst->client->conn;
+    uint32_t ct = inst->info.chunk_tokens;
+    int rc = do_check_seq(inst->client, seq);
+
+    if (rc < 0)
+        return rc;
+    if (start % ct)
+        return kvp_conn_error(conn, -EINVAL, "start (%u) is not a multiple of the chunk size "
+                              "(%u tokens)", start, ct);
+    if (end > seq->count)
+        return kvp_conn_error(conn, -EINVAL, "end (%u) is beyond the sequence's %u tokens", end,
+                              seq->count);
+    if (end < start)
+        return kvp_conn_error(conn, -EINVAL, "end (%u) is before start (%u)", end, start);
+    /* start is aligned and <= end, so the rounded-down end is >= start. */
+    uint32_t n = (end - end % ct - start) / ct;
+    if (n > KVP_MAX_CHUNKS)
+        return kvp_conn_error(conn, -E2BIG, "range of %u chunks exceeds the limit of %u", n,
+                              KVP_MAX_CHUNKS);
+    return (int)n;
+}
+
+/* Checks that bufs[0..n) are all set. Caller holds the lock. */
+static int do_check_bufs(kvp_client *c, const void *const *bufs, uint32_t n, const char *what)
+{
+    if (n && !bufs)
+        return kvp_conn_error(&c->conn, -EINVAL, "%s is NULL", what);
+    for (uint32_t i = 0; i < n; i++)
+        if (!bufs[i])
+            return kvp_conn_error(&c->conn, -EINVAL, "%s[%u] is NULL", what, i);
+    return 0;
+}
+
+/* Sends a keyed request and reads the reply header and body. */
+static int do_key_call(kvp_instance *inst, uint16_t op, const kvp_tokens *seq, uint32_t start,
+                       uint32_t end, bool payload)
+{
+    struct kvp_conn *conn = &inst->client->conn;
+
+    kvp_encode_key_req(&conn->req, inst->handle, start, end, seq->ids, seq->count, seq->salt,
+                       (uint16_t)seq->salt_len);
+    return kvp_conn_call(conn, op, NULL, 0, payload);
+}
+
+/* Sends a (handle, id) request: COMMIT_STORE, ABORT_STORE, COMMIT_RETRIEVE. Returns the count
+ * the daemon answered, or a negative error. */
+static int do_ref_call(kvp_instance *inst, uint16_t op, uint64_t id)
+{
+    struct kvp_conn *conn = &inst->client->conn;
+    struct kvp_ref_req ref = {.handle = inst->handle, .id = id};
+    struct kvp_count_reply cnt;
+    int rc;
+
+    kvp_encode_ref_req(&conn->req, &ref);
+    rc = kvp_conn_call(conn, op, NULL, 0, false);
+    if (rc < 0)
+        return rc;
+    if (kvp_decode_count_reply(conn->body, conn->body_len, &cnt) < 0 || cnt.count > INT32_MAX)
+        return kvp_conn_fail(conn, KVP_EPROTO, "malformed %s reply", kvp_opcode_name(op));
+    return (int)cnt.count;
+}
+
+/* Decodes a slots reply of a range of nchunks chunks into r (slots: the client's scratch). */
+static int do_decode_slots(kvp_instance *inst, uint16_t op, uint32_t nchunks,
+                           struct kvp_slots_reply *r)
+{
+    kvp_client *c = inst->client;
+
+    if (!c->slot_buf) {
+        c->slot_buf = malloc(KVP_MAX_CHUNKS * sizeof(*c->slot_buf));
+        if (!c->slot_buf)
+            return kvp_conn_fail(&c->conn, -ENOMEM, "out of memory for %s slots",
+                                 kvp_opcode_name(op));
+    }
+    r->slots = c->slot_buf;
+    if (kvp_decode_slots_reply(c->conn.body, c->conn.body_len, r) < 0)
+        return kvp_conn_fail(&c->conn, KVP_EPROTO, "malformed %s reply", kvp_opcode_name(op));
+    if (r->nchunks != nchunks)
+        return kvp_conn_fail(&c->conn, KVP_EPROTO, "%s reply covers %u chunks, the range has "
+                             "%u", kvp_opcode_name(op), r->nchunks, nchunks);
+    for (uint32_t i = 0; i < r->nslots; i++)
+        if (r->slots[i].length != inst->info.chunk_bytes)
+            return kvp_conn_fail(&c->conn, KVP_EBADSLOT, "%s slot %u is %llu bytes, chunks "
+                                 "are %llu", kvp_opcode_name(op), i,
+                                 (unsigned long long)r->slots[i].length,
+                                 (unsigned long long)inst->info.chunk_bytes);
+    return 0;
+}
+
+/*
+ * Builds the caller's slot array from a decoded reply: on shm every slot is checked against the
+ * mapping and gets its pointer. Returns 0, -ENOMEM or KVP_EBADSLOT (message set).
+ */
+static int do_make_slots(kvp_instance *inst, const struct kvp_slots_reply *r, kvp_slot **out)
+{
+    struct kvp_conn *conn = &inst->client->conn;
+    kvp_slot *s;
+
+    *out = NULL;
+    if (r->nslots == 0)
+        return 0;
+    s = calloc(r->nslots, sizeof(*s));
+    if (!s)
+        return kvp_conn_error(conn, -ENOMEM, "out of memory for %u slots", r->nslots);
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        const struct kvp_wire_slot *w = &r->slots[i];
+        s[i] = (kvp_slot){.chunk_index = w->chunk_index, .offset = w->offset,
+                          .length = w->length};
+        if (!inst->shm)
+            continue;
+        s[i].data = kvp_shm_slot(&inst->client->shm, w->offset, w->length,
+                                 inst->info.chunk_bytes);
+        if (!s[i].data) {
+            free(s);
+            return kvp_conn_error(conn, KVP_EBADSLOT, "slot %u (offset %llu, %llu bytes) is "
+                                  "outside the %llu-byte pool", i,
+                                  (unsigned long long)w->offset, (unsigned long long)w->length,
+                                  (unsigned long long)inst->client->shm.size);
+        }
+    }
+    *out = s;
+    return 0;
+}
+
+/* Releases a reservation or pin whose reply could not be used, keeping the error message. */
+static void do_release(kvp_instance *inst, uint16_t op, uint64_t id)
+{
+    struct kvp_conn *conn = &inst->client->conn;
+    char keep[KVP_ERRMSG_SIZE];
+
+    if (!id)
+        return;
+    memcpy(keep, conn->errmsg, sizeof(keep));
+    if (kvp_conn_begin(conn) == 0)
+        do_ref_call(inst, op, id);
+    memcpy(conn->errmsg, keep, sizeof(keep));
+}
+
+/* Retrieve slots must be the leading chunks of the range, in order. */
+static int do_check_leading(kvp_instance *inst, uint16_t op, const struct kvp_slots_reply *r)
+{
+    for (uint32_t i = 0; i < r->nslots; i++)
+        if (r->slots[i].chunk_index != i)
+            return kvp_conn_fail(&inst->client->conn, KVP_EPROTO, "%s slot %u is chunk %u",
+                                 kvp_opcode_name(op), i, r->slots[i].chunk_index);
+    return 0;
+}
+
+static void plan_reset_store(kvp_store_plan *plan)
+{
+    free(plan->slots);
+    *plan = (kvp_store_plan){0};
+}
+
+static void plan_reset_retrieve(kvp_retrieve_plan *plan)
+{
+    free(plan->slots);
+    *plan = (kvp_retrieve_plan){0};
+}
+
+KVP_EXPORT int kvp_lookup(kvp_instance *inst, const kvp_tokens *seq)
+{
+    struct kvp_lookup_reply rep;
+    kvp_client *c;
+    int rc;
+
+    if (!inst)
+        return -EINVAL;
+    c = inst->client;
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc < 0)
+        goto out_unlock;
+    rc = do_check_seq(c, seq);
+    if (rc < 0)
+        goto out_unlock;
+    /* LOOKUP always considers the whole sequence. */
+    rc = do_key_call(inst, KVP_OP_LOOKUP, seq, 0, seq->count, false);
+    if (rc < 0)
+        goto out_unlock;
+    if (kvp_decode_lookup_reply(c->conn.body, c->conn.body_len, &rep) < 0 ||
+        rep.nchunks != seq->count / inst->info.chunk_tokens) {
+        rc = kvp_conn_fail(&c->conn, KVP_EPROTO, "malformed LOOKUP reply");
+        goto out_unlock;
+    }
+    rc = (int)rep.cached;
+
+out_unlock:
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+/* PREPARE_STORE of a checked range of nchunks chunks. Fills plan; returns nslots or an error. */
+static int do_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                            uint32_t end, uint32_t nchunks, kvp_store_plan *plan)
+{
+    struct kvp_slots_reply r;
+    int rc;
+
+    rc = do_key_call(inst, KVP_OP_PREPARE_STORE, seq, start, end, false);
+    if (rc < 0)
+        return rc;
+    rc = do_decode_slots(inst, KVP_OP_PREPARE_STORE, nchunks, &r);
+    if (rc < 0)
+        return rc;
+    /* Every chunk of the range is in exactly one category: that is what lets a worker tell
+     * "cached" from "could not store". */
+    if ((uint64_t)r.cached + r.busy + r.no_space + r.nslots != r.nchunks)
+        return kvp_conn_fail(&inst->client->conn, KVP_EPROTO, "PREPARE_STORE reply counts "
+                             "%u cached + %u busy + %u no_space + %u slots for %u chunks",
+                             r.cached, r.busy, r.no_space, r.nslots, r.nchunks);
+    rc = do_make_slots(inst, &r, &plan->slots);
+    if (rc < 0) {
+        do_release(inst, KVP_OP_ABORT_STORE, r.id);
+        return rc;
+    }
+    plan->reservation = r.id;
+    plan->nchunks = r.nchunks;
+    plan->cached = r.cached;
+    plan->busy = r.busy;
+    plan->no_space = r.no_space;
+    plan->nslots = r.nslots;
+    return (int)r.nslots;
+}
+
+KVP_EXPORT int kvp_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                                 uint32_t end, kvp_store_plan *plan)
+{
+    kvp_client *c;
+    int rc;
+
+    if (!plan)
+        return -EINVAL;
+    *plan = (kvp_store_plan){0};
+    if (!inst)
+        return -EINVAL;
+    c = inst->client;
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0)
+        rc = do_check_range(inst, seq, start, end);
+    if (rc >= 0)
+        rc = do_prepare_store(inst, seq, start, end, (uint32_t)rc, plan);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+/* COMMIT_STORE or ABORT_STORE of a plan, which is released whatever the outcome. */
+static int finish_store(kvp_instance *inst, kvp_store_plan *plan, uint16_t op)
+{
+    kvp_client *c;
+    int rc = 0;
+
+    if (!inst || !plan)
+        return -EINVAL;
+    if (plan->reservation) {
+        c = inst->client;
+        pthread_mutex_lock(&c->lock);
+        rc = kvp_conn_begin(&c->conn);
+        if (rc == 0)
+            rc = do_ref_call(inst, op, plan->reservation);
+        pthread_mutex_unlock(&c->lock);
+    }
+    plan_reset_store(plan);
+    return rc;
+}
+
+KVP_EXPORT int kvp_commit_store(kvp_instance *inst, kvp_store_plan *plan)
+{
+    return finish_store(inst, plan, KVP_OP_COMMIT_STORE);
+}
+
+KVP_EXPORT int kvp_abort_store(kvp_instance *inst, kvp_store_plan *plan)
+{
+    int rc = finish_store(inst, plan, KVP_OP_ABORT_STORE);
+    return rc < 0 ? rc : 0;
+}
+
+/* STORE_INLINE of a plan whose chunk pointers were checked. Returns chunks committed. */
+static int do_store_inline(kvp_instance *inst, const kvp_store_plan *plan,
+                           const void *const *chunks)
+{
+    struct kvp_conn *conn = &inst->client->conn;
+    struct kvp_ref_req ref = {.handle = inst->handle, .id = plan->reservation};
+    struct kvp_count_reply cnt;
+    struct iovec *iov;
+    int rc;
+
+    iov = malloc(plan->nslots * sizeof(*iov));
+    if (!iov)
+        return kvp_conn_error(conn, -ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < plan->nslots; i++)
+        iov[i] = (struct iovec){.iov_base = (void *)chunks[plan->slots[i].chunk_index],
+                                .iov_len = (size_t)inst->info.chunk_bytes};
+    kvp_encode_ref_req(&conn->req, &ref);
+    rc = kvp_conn_call(conn, KVP_OP_STORE_INLINE, iov, plan->nslots, false);
+    free(iov);
+    /* The daemon closes the connection after these errors (the stream position is lost). */
+    if (rc == -EINVAL || rc == -ENOENT)
+        return kvp_conn_break(conn, rc);
+    if (rc < 0)
+        return rc;
+    if (kvp_decode_count_reply(conn->body, conn->body_len, &cnt) < 0 || cnt.count > plan->nslots)
+        return kvp_conn_fail(conn, KVP_EPROTO, "malformed STORE_INLINE reply");
+    return (int)cnt.count;
+}
+
+/* Checks that chunks[] has a buffer for every reserved slot. Caller holds the lock. */
+static int do_check_plan_chunks(kvp_instance *inst, const kvp_store_plan *plan,
+                                const void *const *chunks)
+{
+    struct kvp_conn *conn = &inst->client->conn;
+
+    if (plan->nslots && !plan->slots)
+        return kvp_conn_error(conn, -EINVAL, "plan has %u slots but no slot array",
+                              plan->nslots);
+    if (plan->nslots && !chunks)
+        return kvp_conn_error(conn, -EINVAL, "chunks is NULL");
+    for (uint32_t i = 0; i < plan->nslots; i++)
+        if (!chunks[plan->slots[i].chunk_index])
+            return kvp_conn_error(conn, -EINVAL, "chunks[%u] is NULL",
+                                  plan->slots[i].chunk_index);
+    return 0;
+}
+
+KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan,
+                                const void *const *chunks)
+{
+    kvp_client *c;
+    int rc;
+
+    if (!inst || !plan)
+        return -EINVAL;
+    if (plan->nslots == 0 || !plan->reservation) {
+        plan_reset_store(plan);
+        return 0;
+    }
+    c = inst->client;
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0) {
+        rc = do_check_plan_chunks(inst, plan, chunks);
+        /* A bad argument leaves the plan alone: the caller can still abort it. */
+        if (rc < 0) {
+            pthread_mutex_unlock(&c->lock);
+            return rc;
+        }
+        rc = do_store_inline(inst, plan, chunks);
+    }
+    pthread_mutex_unlock(&c->lock);
+    plan_reset_store(plan);
+    return rc;
+}
+
+/* PREPARE_RETRIEVE of a checked range. Fills plan; returns nslots or an error. */
+static int do_prepare_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                               uint32_t end, uint32_t nchunks, kvp_retrieve_plan *plan)
+{
+    struct kvp_slots_reply r;
+    int rc;
+
+    if (!inst->shm)
+        return kvp_conn_error(&inst->client->conn, KVP_ENOSHM, "instance uses the inline "
+                              "transport: use kvp_retrieve()");
+    rc = do_key_call(inst, KVP_OP_PREPARE_RETRIEVE, seq, start, end, false);
+    if (rc == -EOPNOTSUPP)
+        rc = KVP_ENOSHM;
+    if (rc < 0)
+        return rc;
+    rc = do_decode_slots(inst, KVP_OP_PREPARE_RETRIEVE, nchunks, &r);
+    if (rc == 0)
+        rc = do_check_leading(inst, KVP_OP_PREPARE_RETRIEVE, &r);
+    if (rc < 0)
+        return rc;
+    rc = do_make_slots(inst, &r, &plan->slots);
+    if (rc < 0) {
+        do_release(inst, KVP_OP_COMMIT_RETRIEVE, r.id);
+        return rc;
+    }
+    plan->pin = r.id;
+    plan->nchunks = r.nchunks;
+    plan->nslots = r.nslots;
+    return (int)r.nslots;
+}
+
+KVP_EXPORT int kvp_prepare_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                                    uint32_t end, kvp_retrieve_plan *plan)
+{
+    kvp_client *c;
+    int rc;
+
+    if (!plan)
+        return -EINVAL;
+    *plan = (kvp_retrieve_plan){0};
+    if (!inst)
+        return -EINVAL;
+    c = inst->client;
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0)
+        rc = do_check_range(inst, seq, start, end);
+    if (rc >= 0)
+        rc = do_prepare_retrieve(inst, seq, start, end, (uint32_t)rc, plan);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+KVP_EXPORT int kvp_commit_retrieve(kvp_instance *inst, kvp_retrieve_plan *plan)
+{
+    kvp_client *c;
+    int rc = 0;
+
+    if (!inst || !plan)
+        return -EINVAL;
+    if (plan->pin) {
+        c = inst->client;
+        pthread_mutex_lock(&c->lock);
+        rc = kvp_conn_begin(&c->conn);
+        if (rc == 0)
+            rc = do_ref_call(inst, KVP_OP_COMMIT_RETRIEVE, plan->pin);
+        pthread_mutex_unlock(&c->lock);
+    }
+    plan_reset_retrieve(plan);
+    return rc < 0 ? rc : 0;
+}
+
+KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end,
+                         const void *const *chunks, kvp_store_result *result)
+{
+    kvp_store_plan plan = {0};
+    kvp_client *c;
+    int rc;
+
+    if (result)
+        *result = (kvp_store_result){0};
+    if (!inst)
+        return -EINVAL;
+    c = inst->client;
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0)
+        rc = do_check_range(inst, seq, start, end);
+    if (rc >= 0) {
+        uint32_t nchunks = (uint32_t)rc;
+        rc = do_check_bufs(c, (const void *const *)chunks, nchunks, "chunks");
+        if (rc == 0)
+            rc = do_prepare_store(inst, seq, start, end, nchunks, &plan);
+    }
+    if (rc > 0 && !inst->shm) {
+        rc = do_store_inline(inst, &plan, chunks);
+        pthread_mutex_unlock(&c->lock);
+    } else if (rc > 0) {
+        /* The slots are ours until commit: copy without holding the client lock. */
+        pthread_mutex_unlock(&c->lock);
+        for (uint32_t i = 0; i < plan.nslots; i++)
+            memcpy(plan.slots[i].data, chunks[plan.slots[i].chunk_index],
+                   (size_t)plan.slots[i].length);
+        pthread_mutex_lock(&c->lock);
+        rc = kvp_conn_begin(&c->conn);
+        if (rc == 0)
+            rc = do_ref_call(inst, KVP_OP_COMMIT_STORE, plan.reservation);
+        pthread_mutex_unlock(&c->lock);
+    } else {
+        pthread_mutex_unlock(&c->lock);
+    }
+
+    if (rc >= 0 && result)
+        *result = (kvp_store_result){.nchunks = plan.nchunks, .stored = (uint32_t)rc,
+                                     .cached = plan.cached, .busy = plan.busy,
+                                     .no_space = plan.no_space};
+    plan_reset_store(&plan);
+    return rc;
+}
+
+/* RETRIEVE_INLINE of a checked range of nchunks chunks into out[]. Returns chunks received. */
+static int do_retrieve_inline(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                              uint32_t end, uint32_t nchunks, void *const *out)
+{
+    struct kvp_conn *conn = &inst->client->conn;
+    struct kvp_slots_reply r;
+    struct iovec *iov;
+    int rc;
+
+    rc = do_key_call(inst, KVP_OP_RETRIEVE_INLINE, seq, start, end, true);
+    if (rc < 0)
+        return rc;
+    rc = do_decode_slots(inst, KVP_OP_RETRIEVE_INLINE, nchunks, &r);
+    if (rc == 0)
+        rc = do_check_leading(inst, KVP_OP_RETRIEVE_INLINE, &r);
+    if (rc < 0)
+        return rc;
+    if (r.nslots == 0)
+        return kvp_conn_read_payload(conn, NULL, 0);
+
+    iov = malloc(r.nslots * sizeof(*iov));
+    if (!iov)
+        return kvp_conn_fail(conn, -ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < r.nslots; i++)
+        iov[i] = (struct iovec){.iov_base = out[i], .iov_len = (size_t)inst->info.chunk_bytes};
+    rc = kvp_conn_read_payload(conn, iov, r.nslots);
+    free(iov);
+    return rc < 0 ? rc : (int)r.nslots;
+}
+
+KVP_EXPORT int kvp_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
+                            uint32_t end, void *const *out)
+{
+    kvp_retrieve_plan plan = {0};
+    kvp_client *c;
+    uint32_t nchunks = 0;
+    int rc;
+
+    if (!inst)
+        return -EINVAL;
+    c = inst->client;
+    pthread_mutex_lock(&c->lock);
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0)
+        rc = do_check_range(inst, seq, start, end);
+    if (rc >= 0) {
+        nchunks = (uint32_t)rc;
+        rc = do_check_bufs(c, (const void *const *)out, nchunks, "out");
+    }
+    if (rc < 0 || !inst->shm) {
+        if (rc == 0)
+            rc = do_retrieve_inline(inst, seq, start, end, nchunks, out);
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+
+    rc = do_prepare_retrieve(inst, seq, start, end, nchunks, &plan);
+    pthread_mutex_unlock(&c->lock);
+    if (rc < 0)
+        return rc;
+    /* Pinned chunks cannot be evicted or rewritten until the commit below. */
+    for (uint32_t i = 0; i < plan.nslots; i++)
+        memcpy(out[i], plan.slots[i].data, (size_t)plan.slots[i].length);
+    int n = (int)plan.nslots;
+    rc = kvp_commit_retrieve(inst, &plan);
+    return rc < 0 ? rc : n;
+}
