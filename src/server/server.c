@@ -182,7 +182,7 @@ static void log_startup(const struct kvp_server *s)
                  KVP_DAEMON_VERSION, cfg->l1_size, s->seg.name, cfg->socket_path,
                  cfg->chunk_tokens);
     else
-        log_info("kvpoold %s ready: pool %" PRIu64 " bytes, SHM disabled (%s), socket %s, "
+        log_info("kvpoold %s ready: pool %" PRIu64 " bytes, %s, socket %s, "
                  "chunk size %" PRIu32 " tokens",
                  KVP_DAEMON_VERSION, cfg->l1_size, s->shm_reason, cfg->socket_path,
                  cfg->chunk_tokens);
