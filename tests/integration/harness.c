@@ -130,8 +130,8 @@ int kvpt_daemon_signal_wait(struct kvpt_daemon *d, int sig)
 void kvpt_daemon_stop(struct kvpt_daemon *d)
 {
     char cmd[160];
-    int rc = kvpt_daemon_signal_wait(d, SIGTERM);
-    assert_int_equal(rc, 0);
+    if (d->pid > 0)
+        assert_int_equal(kvpt_daemon_signal_wait(d, SIGTERM), 0);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
     if (system(cmd) != 0)
         fprintf(stderr, "cannot remove %s\n", d->dir);

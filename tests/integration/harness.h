@@ -29,7 +29,7 @@ void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args);
 /* Sends sig and waits up to 20 s for exit. Returns the exit status (or 128+signal). */
 int kvpt_daemon_signal_wait(struct kvpt_daemon *d, int sig);
 
-/* SIGTERM, wait, assert a clean exit, remove the temporary directory. */
+/* SIGTERM, wait, assert a clean exit (unless already stopped), remove the temporary directory. */
 void kvpt_daemon_stop(struct kvpt_daemon *d);
 
 /* True if the daemon's log contains s (waits up to timeout_ms for it to appear). */
