@@ -259,6 +259,10 @@ const void *kvp_get_blob(struct kvp_rbuf *r, uint16_t *len, size_t max)
 void kvp_get_str(struct kvp_rbuf *r, char *out, size_t size, size_t max)
 {
     uint16_t n;
+    if (size == 0) {
+        r->err = -EPROTO;
+        return;
+    }
     out[0] = '\0';
     if (max >= size) {
         r->err = -EPROTO;
