@@ -1,0 +1,126 @@
+/*
+ * test_layout.c - the dtype table and the chunk shape rule (layout.c).
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "common/kvp_assert.h"
+#include "common/layout.h"
+
+static void test_dtype_sizes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        uint32_t size;
+    } want[] = {
+        {"float16", 2}, {"bfloat16", 2}, {"float32", 4},       {"float64", 8},
+        {"int8", 1},    {"uint8", 1},    {"float8_e4m3fn", 1}, {"float8_e5m2", 1},
+    };
+
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        const struct kvp_dtype *d = kvp_dtype_find(want[i].name);
+        if (!d)
+            fail_msg("dtype %s not found", want[i].name);
+        assert_string_equal(d->name, want[i].name);
+        assert_int_equal(d->size, want[i].size);
+        /* The list used in messages and --help names every dtype. */
+        assert_non_null(strstr(kvp_dtype_names(), want[i].name));
+    }
+}
+
+static void test_dtype_unknown(void **state)
+{
+    (void)state;
+    assert_null(kvp_dtype_find(NULL));
+    assert_null(kvp_dtype_find(""));
+    assert_null(kvp_dtype_find("float"));
+    assert_null(kvp_dtype_find("Float16"));
+    assert_null(kvp_dtype_find("float16 "));
+    assert_null(kvp_dtype_find("half"));
+    assert_null(kvp_dtype_find("float8"));
+}
+
+static void test_shape_kv(void **state)
+{
+    (void)state;
+    struct kvp_chunk_layout l;
+
+    assert_rc(kvp_chunk_layout(32, 256, 1024, 2, false, 0, &l), 0);
+    assert_int_equal(l.ndim, 4);
+    assert_int_equal(l.shape[0], 2);
+    assert_int_equal(l.shape[1], 32);
+    assert_int_equal(l.shape[2], 256);
+    assert_int_equal(l.shape[3], 1024);
+    assert_int_equal(l.bytes, 2ull * 32 * 256 * 1024 * 2);
+}
+
+static void test_shape_mla(void **state)
+{
+    (void)state;
+    struct kvp_chunk_layout l;
+
+    assert_rc(kvp_chunk_layout(61, 256, 576, 2, true, 0, &l), 0);
+    assert_int_equal(l.ndim, 3);
+    assert_int_equal(l.shape[0], 61);
+    assert_int_equal(l.shape[1], 256);
+    assert_int_equal(l.shape[2], 576);
+    assert_int_equal(l.shape[3], 0);
+    /* No factor 2: one latent instead of K and V. */
+    assert_int_equal(l.bytes, 61ull * 256 * 576 * 2);
+}
+
+static void test_zero_dims(void **state)
+{
+    (void)state;
+    struct kvp_chunk_layout l;
+
+    assert_rc(kvp_chunk_layout(0, 256, 1024, 2, false, 0, &l), -EINVAL);
+    assert_rc(kvp_chunk_layout(32, 0, 1024, 2, false, 0, &l), -EINVAL);
+    assert_rc(kvp_chunk_layout(32, 256, 0, 2, false, 0, &l), -EINVAL);
+    assert_rc(kvp_chunk_layout(32, 256, 1024, 0, false, 0, &l), -EINVAL);
+    assert_rc(kvp_chunk_layout(0, 256, 1024, 2, true, 0, &l), -EINVAL);
+}
+
+static void test_overflow(void **state)
+{
+    (void)state;
+    struct kvp_chunk_layout l;
+
+    /* 2 * 2^32 * 2^32 * ... cannot fit 64 bits. */
+    assert_rc(kvp_chunk_layout(UINT32_MAX, UINT32_MAX, UINT32_MAX, 8, false, 0, &l), -EOVERFLOW);
+    assert_rc(kvp_chunk_layout(UINT32_MAX, UINT32_MAX, 1, 1, true, 0, &l), 0);
+    assert_int_equal(l.bytes, (uint64_t)UINT32_MAX * UINT32_MAX);
+    assert_rc(kvp_chunk_layout(UINT32_MAX, UINT32_MAX, 2, 1, true, 0, &l), -EOVERFLOW);
+    assert_rc(kvp_chunk_layout(UINT32_MAX, UINT32_MAX, UINT32_MAX, 1, true, 0, &l), -EOVERFLOW);
+    /* 2^63 fits, 2^64 does not: 2 * 2^31 * 2^31 * 2 * 1 = 2^64 overflows. */
+    assert_rc(kvp_chunk_layout(1u << 31, 1u << 31, 2, 1, false, 0, &l), -EOVERFLOW);
+    assert_rc(kvp_chunk_layout(1u << 31, 1u << 31, 1, 1, false, 0, &l), 0);
+    assert_int_equal(l.bytes, 1ull << 63);
+}
+
+static void test_max_bytes(void **state)
+{
+    (void)state;
+    struct kvp_chunk_layout l;
+    uint64_t bytes = 2ull * 4 * 16 * 64 * 2; /* 16 KiB */
+
+    assert_rc(kvp_chunk_layout(4, 16, 64, 2, false, bytes, &l), 0);
+    assert_int_equal(l.bytes, bytes);
+    assert_rc(kvp_chunk_layout(4, 16, 64, 2, false, bytes - 1, &l), -EOVERFLOW);
+    assert_rc(kvp_chunk_layout(4, 16, 64, 2, false, bytes + 1, &l), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dtype_sizes),
+        cmocka_unit_test(test_dtype_unknown),
+        cmocka_unit_test(test_shape_kv),
+        cmocka_unit_test(test_shape_mla),
+        cmocka_unit_test(test_zero_dims),
+        cmocka_unit_test(test_overflow),
+        cmocka_unit_test(test_max_bytes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
