@@ -91,7 +91,8 @@ int kvp_header_decode(const uint8_t in[KVP_HEADER_SIZE], struct kvp_header *h)
     if (h->version != KVP_PROTO_VERSION)
         return -EPROTONOSUPPORT;
     uint16_t op = h->opcode & (uint16_t)~KVP_REPLY_FLAG;
-    if (op == 0 || op >= KVP_OP_MAX_)
+    /* Opcode 0 exists only as a reply: the answer to a header that could not be decoded. */
+    if (op >= KVP_OP_MAX_ || (op == 0 && !(h->opcode & KVP_REPLY_FLAG)))
         return -EPROTO;
     if (h->body_len > KVP_MAX_BODY)
         return -EPROTO;
