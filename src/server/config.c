@@ -47,7 +47,7 @@ struct opt_desc {
 static const struct opt_desc opts[] = {
     {"socket", "KVPOOL_SOCKET", "PATH",
      "Unix socket to listen on.\n"
-     "  Default: $XDG_RUNTIME_DIR/kvpool.sock, else /tmp/kvpool-<uid>.sock", OPT_SOCKET},
+     "Default: $XDG_RUNTIME_DIR/kvpool.sock, else /tmp/kvpool-<uid>.sock", OPT_SOCKET},
     {"socket-mode", "KVPOOL_SOCKET_MODE", "MODE",
      "Permission bits of the socket file, octal. Default: 0600 (owner only)", OPT_SOCKET_MODE},
     {"l1-size", "KVPOOL_L1_SIZE", "SIZE",
@@ -56,7 +56,7 @@ static const struct opt_desc opts[] = {
      OPT_CHUNK_SIZE},
     {"shm-name", "KVPOOL_SHM_NAME", "NAME",
      "POSIX shared-memory segment of the pool; '/' stripped, prefix kvpool_l1_pool_ added.\n"
-     "  \"\" disables shared memory (inline transport only). Default: kvpool_l1_pool_<pid>",
+     "\"\" disables shared memory (inline transport only). Default: kvpool_l1_pool_<pid>",
      OPT_SHM_NAME},
     {"log-level", "KVPOOL_LOG_LEVEL", "LEVEL", "debug, info, warn or error. Default: info",
      OPT_LOG_LEVEL},
@@ -225,9 +225,15 @@ static void usage(FILE *out)
     for (size_t i = 0; i < NOPTS; i++) {
         fprintf(out, "  --%s%s%s\n", opts[i].name, opts[i].arg ? " " : "",
                 opts[i].arg ? opts[i].arg : "");
-        fprintf(out, "  %s\n", opts[i].help);
+        /* Each line of the help text is indented under its option. */
+        for (const char *line = opts[i].help; *line;) {
+            const char *nl = strchr(line, '\n');
+            int len = nl ? (int)(nl - line) : (int)strlen(line);
+            fprintf(out, "      %.*s\n", len, line);
+            line += len + (nl ? 1 : 0);
+        }
         if (opts[i].env)
-            fprintf(out, "  Environment: %s\n", opts[i].env);
+            fprintf(out, "      Environment: %s\n", opts[i].env);
         fputc('\n', out);
     }
     fprintf(out, "Signals: SIGINT and SIGTERM stop the daemon cleanly and remove the segment.\n");
