@@ -1,0 +1,321 @@
+/*
+ * fake_daemon.h - a scripted stand-in for kvpoold, for client library unit tests.
+ *
+ * A test lists the replies it wants (fake_add_*()), starts the fake, drives libkvpool against its
+ * socket, closes the client, then joins the fake and inspects what the library sent (f->reqs:
+ * header, body and payload of every request, in order). The fake serves one connection on a
+ * Unix socket in a fresh temporary directory, runs in its own thread, and gives up after a few
+ * seconds of silence, so a broken test cannot hang.
+ *
+ * Each step expects one request opcode and then acts: a normal reply (status, body, payload),
+ * 32 bytes of garbage, silence, closing the connection, a reply with a wrong request id, or a
+ * reply whose header claims another protocol version.
+ */
+#ifndef KVP_TEST_FAKE_DAEMON_H
+#define KVP_TEST_FAKE_DAEMON_H
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/kvp_assert.h"
+#include "common/msg.h"
+
+#define FAKE_MAX_STEPS 16
+#define FAKE_IDLE_MS 5000
+
+enum fake_action {
+    FAKE_REPLY,
+    FAKE_GARBAGE,
+    FAKE_SILENT,
+    FAKE_CLOSE,
+    FAKE_BAD_ID,
+    FAKE_BAD_VERSION,
+};
+
+struct fake_step {
+    uint16_t op;               /* expected request opcode */
+    enum fake_action action;
+    int32_t status;
+    uint8_t *body;             /* reply body (owned) */
+    size_t body_len;
+    uint8_t *payload;          /* reply payload (owned) */
+    size_t payload_len;
+    uint64_t claim_payload;    /* payload_len written in the header; payload_len if ~0 */
+};
+
+struct fake_req {
+    struct kvp_header h;
+    uint8_t *body;
+    uint8_t *payload;
+};
+
+struct fake_daemon {
+    char dir[64];
+    char path[108];
+    int listen_fd;
+    pthread_t thread;
+    bool started;
+    struct fake_step steps[FAKE_MAX_STEPS];
+    int nsteps;
+    struct fake_req reqs[FAKE_MAX_STEPS + 4];
+    int nreqs;
+    char error[256];           /* what went wrong in the fake, "" if nothing */
+};
+
+static inline void fake_init(struct fake_daemon *f)
+{
+    memset(f, 0, sizeof(*f));
+    f->listen_fd = -1;
+    snprintf(f->dir, sizeof(f->dir), "/tmp/kvp-test-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof(f->path), "%s/kvpool.sock", f->dir);
+}
+
+static inline struct fake_step *fake_add(struct fake_daemon *f, uint16_t op,
+                                         enum fake_action action)
+{
+    assert_true(f->nsteps < FAKE_MAX_STEPS);
+    struct fake_step *s = &f->steps[f->nsteps++];
+    *s = (struct fake_step){.op = op, .action = action, .claim_payload = ~0ull};
+    return s;
+}
+
+/* A success reply whose body is w's content (w is freed). */
+static inline struct fake_step *fake_add_reply(struct fake_daemon *f, uint16_t op,
+                                               struct kvp_wbuf *w)
+{
+    struct fake_step *s = fake_add(f, op, FAKE_REPLY);
+    if (w) {
+        assert_rc(w->err, 0);
+        s->body = w->data;
+        s->body_len = w->len;
+        kvp_wbuf_init(w);
+    }
+    return s;
+}
+
+static inline void fake_add_error(struct fake_daemon *f, uint16_t op, int32_t status,
+                                  const char *msg)
+{
+    struct kvp_wbuf w;
+    kvp_wbuf_init(&w);
+    kvp_encode_error(&w, msg);
+    fake_add_reply(f, op, &w)->status = status;
+}
+
+static inline void fake_add_count(struct fake_daemon *f, uint16_t op, uint32_t count)
+{
+    struct kvp_wbuf w;
+    kvp_wbuf_init(&w);
+    kvp_encode_count_reply(&w, count);
+    fake_add_reply(f, op, &w);
+}
+
+/* A HELLO answer: major 1, 16 tokens per chunk, shm as given. */
+static inline struct kvp_hello_reply fake_hello_msg(const char *shm_name, uint64_t seg_size,
+                                                    const uint8_t *nonce, const char *reason)
+{
+    struct kvp_hello_reply h = {.major = 1, .minor = 0, .pid = 4242, .chunk_tokens = 16};
+    if (shm_name) {
+        h.shm_enabled = 1;
+        h.segment_size = seg_size;
+        snprintf(h.shm_name, sizeof(h.shm_name), "%s", shm_name);
+        memcpy(h.nonce, nonce, KVP_NONCE_SIZE);
+    } else {
+        snprintf(h.shm_reason, sizeof(h.shm_reason), "%s", reason ? reason : "");
+    }
+    return h;
+}
+
+static inline void fake_add_hello_msg(struct fake_daemon *f, const struct kvp_hello_reply *h)
+{
+    struct kvp_wbuf w;
+    kvp_wbuf_init(&w);
+    kvp_encode_hello_reply(&w, h);
+    fake_add_reply(f, KVP_OP_HELLO, &w);
+}
+
+/* HELLO without shared memory. */
+static inline void fake_add_hello(struct fake_daemon *f)
+{
+    struct kvp_hello_reply h = fake_hello_msg(NULL, 0, NULL, "SHM disabled by configuration");
+    fake_add_hello_msg(f, &h);
+}
+
+static inline int fake_io(int fd, void *p, size_t n, bool write_it)
+{
+    uint8_t *b = p;
+    while (n) {
+        ssize_t r = write_it ? send(fd, b, n, MSG_NOSIGNAL) : recv(fd, b, n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r == 0 ? -ECONNRESET : -errno;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Reads one request into f->reqs. Returns 0, or <0 at EOF / error. */
+static inline int fake_read_req(struct fake_daemon *f, int fd)
+{
+    uint8_t raw[KVP_HEADER_SIZE];
+    struct fake_req *q;
+
+    if (fake_io(fd, raw, sizeof(raw), false) < 0)
+        return -1;
+    if (f->nreqs >= FAKE_MAX_STEPS + 4) {
+        snprintf(f->error, sizeof(f->error), "too many requests");
+        return -1;
+    }
+    q = &f->reqs[f->nreqs++];
+    if (kvp_header_decode(raw, &q->h) < 0 || q->h.payload_len > (64u << 20)) {
+        snprintf(f->error, sizeof(f->error), "client sent a malformed header");
+        return -1;
+    }
+    q->body = malloc(q->h.body_len + 1);
+    q->payload = malloc(q->h.payload_len + 1);
+    if (!q->body || !q->payload || fake_io(fd, q->body, q->h.body_len, false) < 0 ||
+        fake_io(fd, q->payload, q->h.payload_len, false) < 0)
+        return -1;
+    return 0;
+}
+
+static inline int fake_reply(int fd, const struct fake_req *q, const struct fake_step *s)
+{
+    uint8_t raw[KVP_HEADER_SIZE];
+    struct kvp_header h = {
+        .magic = KVP_MAGIC,
+        .version = KVP_PROTO_VERSION,
+        .opcode = (uint16_t)(q->h.opcode | KVP_REPLY_FLAG),
+        .request_id = q->h.request_id,
+        .body_len = (uint32_t)s->body_len,
+        .status = s->status,
+        .payload_len = s->claim_payload != ~0ull ? s->claim_payload : s->payload_len,
+    };
+
+    if (s->action == FAKE_GARBAGE) {
+        memset(raw, 0xab, sizeof(raw));
+        return fake_io(fd, raw, sizeof(raw), true);
+    }
+    if (s->action == FAKE_BAD_ID)
+        h.request_id++;
+    if (s->action == FAKE_BAD_VERSION)
+        h.version = KVP_PROTO_VERSION + 1;
+    kvp_header_encode(&h, raw);
+    if (fake_io(fd, raw, sizeof(raw), true) < 0 ||
+        fake_io(fd, s->body, s->body_len, true) < 0 ||
+        fake_io(fd, s->payload, s->payload_len, true) < 0)
+        return -1;
+    return 0;
+}
+
+static inline void *fake_main(void *arg)
+{
+    struct fake_daemon *f = arg;
+    struct pollfd p = {.fd = f->listen_fd, .events = POLLIN};
+    struct timeval tv = {.tv_sec = FAKE_IDLE_MS / 1000};
+    int fd;
+
+    if (poll(&p, 1, FAKE_IDLE_MS) != 1) {
+        snprintf(f->error, sizeof(f->error), "no client connected");
+        return NULL;
+    }
+    fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+        snprintf(f->error, sizeof(f->error), "accept: %s", strerror(errno));
+        return NULL;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+
+    for (int i = 0; i < f->nsteps; i++) {
+        const struct fake_step *s = &f->steps[i];
+        if (fake_read_req(f, fd) < 0)
+            goto out; /* the client went away early; the test checks f->nreqs */
+        const struct fake_req *q = &f->reqs[f->nreqs - 1];
+        if (q->h.opcode != s->op) {
+            snprintf(f->error, sizeof(f->error), "step %d: got %s, expected %s", i,
+                     kvp_opcode_name(q->h.opcode), kvp_opcode_name(s->op));
+            goto out;
+        }
+        if (s->action == FAKE_CLOSE)
+            goto out;
+        if (s->action == FAKE_SILENT)
+            break;
+        if (fake_reply(fd, q, s) < 0)
+            goto out;
+    }
+    /* Record whatever else arrives until the client closes (unexpected requests show up in
+     * f->nreqs). */
+    while (fake_read_req(f, fd) == 0)
+        ;
+out:
+    close(fd);
+    return NULL;
+}
+
+static inline void fake_start(struct fake_daemon *f)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+
+    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", f->path);
+    f->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(f->listen_fd >= 0);
+    assert_rc(bind(f->listen_fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    assert_rc(listen(f->listen_fd, 4), 0);
+    assert_rc(pthread_create(&f->thread, NULL, fake_main, f), 0);
+    f->started = true;
+}
+
+/* Waits for the fake to finish (the client must be closed) and checks it had no trouble. */
+static inline void fake_join(struct fake_daemon *f)
+{
+    if (f->started) {
+        pthread_join(f->thread, NULL);
+        f->started = false;
+    }
+    if (f->error[0])
+        fail_msg("fake daemon: %s", f->error);
+}
+
+static inline void fake_cleanup(struct fake_daemon *f)
+{
+    if (f->started) {
+        pthread_join(f->thread, NULL);
+        f->started = false;
+    }
+    if (f->listen_fd >= 0)
+        close(f->listen_fd);
+    unlink(f->path);
+    rmdir(f->dir);
+    for (int i = 0; i < f->nsteps; i++) {
+        free(f->steps[i].body);
+        free(f->steps[i].payload);
+    }
+    for (int i = 0; i < f->nreqs; i++) {
+        free(f->reqs[i].body);
+        free(f->reqs[i].payload);
+    }
+    memset(f, 0, sizeof(*f));
+    f->listen_fd = -1;
+}
+
+static inline uint64_t fake_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+#endif /* KVP_TEST_FAKE_DAEMON_H */
