@@ -7,7 +7,7 @@ set -eu
 
 group=${1:-build}
 
-build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev util-linux python3"
+build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev util-linux python3 python3-numpy"
 bench_pkgs="redis-server libhiredis-dev gnuplot-nox"
 case "$group" in
 build) want="$build_pkgs" ;;

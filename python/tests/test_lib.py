@@ -1,0 +1,153 @@
+"""Library discovery, version check and the error classes.
+
+Discovery tests run in subprocesses, because the binding loads the library once per process.
+"""
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import kvpool
+from kvpool import errors
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code, **env):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = PYTHON_DIR
+    e.update(env)
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e,
+                       capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+class TestDiscovery(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        try:
+            cls.lib = os.path.realpath(kvpool.library_path())
+        except kvpool.LibraryError as e:
+            raise unittest.SkipTest("libkvpool.so not usable: %s" % e)
+        cls.tmp = tempfile.mkdtemp(prefix="kvpool-pylib-")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_env_file_and_directory(self):
+        d = os.path.join(self.tmp, "dir")
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(self.lib, os.path.join(d, "libkvpool.so"))
+        for value in (self.lib, d):
+            rc, out = run_python("""
+                import kvpool
+                print(kvpool.library_path(), kvpool.library_version())
+            """, KVPOOL_LIB=value)
+            self.assertEqual(rc, 0, out)
+            self.assertIn("(1, ", out)
+
+    def test_import_is_lazy_and_missing_library_is_clear(self):
+        rc, out = run_python("""
+            import kvpool
+            try:
+                kvpool.Client("/nonexistent.sock")
+            except kvpool.LibraryError as e:
+                assert isinstance(e, ImportError)
+                print("LibraryError:", e)
+        """, KVPOOL_LIB="/nonexistent/libkvpool.so")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("LibraryError:", out)
+        self.assertIn("/nonexistent/libkvpool.so", out)
+
+    def test_other_major_version_refused(self):
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            self.skipTest("no C compiler to build a fake library")
+        src = os.path.join(self.tmp, "fake.c")
+        so = os.path.join(self.tmp, "libkvpool_v2.so")
+        with open(src, "w") as f:
+            f.write("unsigned kvp_version(void) { return (2u << 16) | (3u << 8) | 1u; }\n")
+        subprocess.run([cc, "-shared", "-fPIC", "-o", so, src], check=True)
+        rc, out = run_python("""
+            import kvpool
+            try:
+                kvpool.library_path()
+            except kvpool.LibraryError as e:
+                print("refused:", e)
+        """, KVPOOL_LIB=so)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("refused:", out)
+        self.assertIn("2.3.1", out)
+        self.assertIn("major version 1", out)
+
+    def test_not_a_kvpool_library(self):
+        libm = None
+        for cand in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6",
+                     "/lib64/libm.so.6", "/usr/lib/aarch64-linux-gnu/libm.so.6"):
+            if os.path.exists(cand):
+                libm = cand
+                break
+        if not libm:
+            self.skipTest("no libm to load")
+        rc, out = run_python("""
+            import kvpool
+            try:
+                kvpool.library_path()
+            except kvpool.LibraryError as e:
+                print("refused:", e)
+        """, KVPOOL_LIB=libm)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("not a kvpool client library", out)
+
+
+class TestErrors(unittest.TestCase):
+    def make(self, code, **kw):
+        return errors.from_code(code, "op", "desc", "the daemon's message", **kw)
+
+    def test_mapping(self):
+        cases = [
+            (-errno.EINVAL, kvpool.InvalidArgument, ValueError),
+            (-errno.ENOENT, kvpool.NotFound, LookupError),
+            (-errno.ECONNREFUSED, kvpool.DaemonUnavailable, ConnectionError),
+            (-errno.EPIPE, kvpool.DaemonUnavailable, ConnectionError),
+            (-errno.ECONNRESET, kvpool.DaemonUnavailable, ConnectionError),
+            (-errno.ETIMEDOUT, kvpool.Timeout, TimeoutError),
+            (-errno.ENOSPC, kvpool.NoSpace, MemoryError),
+            (-errno.E2BIG, kvpool.TooBig, ValueError),
+            (-errno.EOPNOTSUPP, kvpool.ShmUnavailable, kvpool.Error),
+            (errors.KVP_ENOSHM, kvpool.ShmUnavailable, kvpool.Error),
+            (errors.KVP_EPROTO, kvpool.ProtocolError, kvpool.Error),
+            (errors.KVP_EVERSION, kvpool.ProtocolError, kvpool.Error),
+            (errors.KVP_EBADSLOT, kvpool.BadSlot, kvpool.ProtocolError),
+            (-errno.EXDEV, kvpool.Error, Exception),
+        ]
+        for code, cls, builtin in cases:
+            e = self.make(code)
+            self.assertIs(type(e), cls, code)
+            self.assertIsInstance(e, builtin)
+            self.assertIsInstance(e, kvpool.Error)
+            self.assertEqual(e.code, code)
+            self.assertEqual(e.errno, -code)
+            self.assertEqual(e.message, "the daemon's message")
+            self.assertIn(e.name, str(e))
+            self.assertIn("the daemon's message", str(e))
+        self.assertEqual(self.make(errors.KVP_ENOSHM).name, "KVP_ENOSHM")
+        self.assertEqual(self.make(-errno.EINVAL).name, "EINVAL")
+        # While connecting, -ENOENT means "no socket", not "no such instance".
+        self.assertIs(type(self.make(-errno.ENOENT, connecting=True)), kvpool.DaemonUnavailable)
+
+    def test_raise_and_catch(self):
+        with self.assertRaises(TimeoutError):
+            raise self.make(-errno.ETIMEDOUT)
+        with self.assertRaises(kvpool.Error):
+            raise self.make(-errno.ECONNREFUSED)
+
+
+if __name__ == "__main__":
+    unittest.main()
