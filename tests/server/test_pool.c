@@ -173,6 +173,30 @@ static void test_einval_for_zero(void **state)
     kvp_pool_destroy(&p);
 }
 
+/*
+ * BUG (src/server/pool.c, kvp_pool_alloc(): "need = (len + KVP_POOL_PAGE - 1) / KVP_POOL_PAGE"):
+ * for len > UINT64_MAX - 4095 the addition wraps, need becomes 0, and the call returns 0 with
+ * an offset for an allocation of no pages. pool.h documents -ENOSPC when no free run is long
+ * enough, which is the only correct answer for a length larger than any pool.
+ */
+static void test_huge_length(void **state)
+{
+    (void)state;
+    struct kvp_pool p;
+    init_pool(&p, BASE, 8 * PG);
+    static const uint64_t lens[] = {UINT64_MAX, UINT64_MAX - 1, UINT64_MAX - PG + 2,
+                                    UINT64_MAX - PG + 1, UINT64_MAX / 2};
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        uint64_t off = 4242;
+        int rc = kvp_pool_alloc(&p, lens[i], &off);
+        if (rc != -ENOSPC)
+            fail_msg("kvp_pool_alloc(len=%llu) = %d (offset %llu), expected -ENOSPC",
+                     (unsigned long long)lens[i], rc, (unsigned long long)off);
+        assert_int_equal(kvp_pool_used(&p), 0);
+    }
+    kvp_pool_destroy(&p);
+}
+
 /* A, B and C fill the pool exactly; freeing A and B must give one run of A + B pages. */
 static void check_coalesce(bool free_a_first)
 {
@@ -492,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_first_fit_lowest_offset),
         cmocka_unit_test(test_enospc_when_full),
         cmocka_unit_test(test_einval_for_zero),
+        cmocka_unit_test(test_huge_length),
         cmocka_unit_test(test_coalesce_a_then_b),
         cmocka_unit_test(test_coalesce_b_then_a),
         cmocka_unit_test(test_fragmentation),
