@@ -318,6 +318,7 @@ static int salvage_error_reply(struct kvp_conn *c, uint16_t op, uint64_t id, int
         kvp_decode_error(body, h.body_len, msg, sizeof(msg)) < 0)
         return send_rc;
     snprintf(c->errmsg, sizeof(c->errmsg), "%s", msg);
+    memcpy(c->broken_msg, c->errmsg, sizeof(c->broken_msg));
     return h.status;
 }
 
