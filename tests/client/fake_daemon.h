@@ -8,8 +8,9 @@
  * seconds of silence, so a broken test cannot hang.
  *
  * Each step expects one request opcode and then acts: a normal reply (status, body, payload),
- * 32 bytes of garbage, silence, closing the connection, a reply with a wrong request id, or a
- * reply whose header claims another protocol version.
+ * 32 bytes of garbage, silence, closing the connection, a reply with a wrong request id, a reply
+ * whose header claims another protocol version, or a reply sent without reading the request's
+ * payload followed by a hang-up (what kvpoold does with an unwanted STORE_INLINE payload).
  */
 #ifndef KVP_TEST_FAKE_DAEMON_H
 #define KVP_TEST_FAKE_DAEMON_H
@@ -29,7 +30,7 @@
 #include "common/kvp_assert.h"
 #include "common/msg.h"
 
-#define FAKE_MAX_STEPS 16
+#define FAKE_MAX_STEPS 64
 #define FAKE_IDLE_MS 5000
 
 enum fake_action {
@@ -39,6 +40,7 @@ enum fake_action {
     FAKE_CLOSE,
     FAKE_BAD_ID,
     FAKE_BAD_VERSION,
+    FAKE_REPLY_EARLY, /* reply before reading the request's payload, then hang up */
 };
 
 struct fake_step {
@@ -166,8 +168,9 @@ static inline int fake_io(int fd, void *p, size_t n, bool write_it)
     return 0;
 }
 
-/* Reads one request into f->reqs. Returns 0, or <0 at EOF / error. */
-static inline int fake_read_req(struct fake_daemon *f, int fd)
+/* Reads one request into f->reqs (its payload only if read_payload). Returns 0, or <0 at EOF
+ * or error. */
+static inline int fake_read_req(struct fake_daemon *f, int fd, bool read_payload)
 {
     uint8_t raw[KVP_HEADER_SIZE];
     struct fake_req *q;
@@ -185,8 +188,9 @@ static inline int fake_read_req(struct fake_daemon *f, int fd)
     }
     q->body = malloc(q->h.body_len + 1);
     q->payload = malloc(q->h.payload_len + 1);
-    if (!q->body || !q->payload || fake_io(fd, q->body, q->h.body_len, false) < 0 ||
-        fake_io(fd, q->payload, q->h.payload_len, false) < 0)
+    if (!q->body || !q->payload || fake_io(fd, q->body, q->h.body_len, false) < 0)
+        return -1;
+    if (read_payload && fake_io(fd, q->payload, q->h.payload_len, false) < 0)
         return -1;
     return 0;
 }
@@ -241,7 +245,7 @@ static inline void *fake_main(void *arg)
 
     for (int i = 0; i < f->nsteps; i++) {
         const struct fake_step *s = &f->steps[i];
-        if (fake_read_req(f, fd) < 0)
+        if (fake_read_req(f, fd, s->action != FAKE_REPLY_EARLY) < 0)
             goto out; /* the client went away early; the test checks f->nreqs */
         const struct fake_req *q = &f->reqs[f->nreqs - 1];
         if (q->h.opcode != s->op) {
@@ -253,12 +257,12 @@ static inline void *fake_main(void *arg)
             goto out;
         if (s->action == FAKE_SILENT)
             break;
-        if (fake_reply(fd, q, s) < 0)
+        if (fake_reply(fd, q, s) < 0 || s->action == FAKE_REPLY_EARLY)
             goto out;
     }
     /* Record whatever else arrives until the client closes (unexpected requests show up in
      * f->nreqs). */
-    while (fake_read_req(f, fd) == 0)
+    while (fake_read_req(f, fd, true) == 0)
         ;
 out:
     close(fd);

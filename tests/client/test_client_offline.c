@@ -362,6 +362,51 @@ static void test_unexpected_payload(void **state)
     fake_join(f);
 }
 
+#define PING_THREADS 4
+#define PINGS_PER_THREAD 12
+
+struct pinger {
+    kvp_client *c;
+    int failures;
+};
+
+static void *ping_loop(void *arg)
+{
+    struct pinger *p = arg;
+    for (int i = 0; i < PINGS_PER_THREAD; i++)
+        if (kvp_ping(p->c) != 0)
+            p->failures++;
+    return NULL;
+}
+
+/* Threads sharing one client: every call gets its own reply, requests never interleave. */
+static void test_concurrent_calls(void **state)
+{
+    struct fake_daemon *f = *state;
+    struct pinger p[PING_THREADS];
+    pthread_t t[PING_THREADS];
+    kvp_client *c = NULL;
+
+    fake_add_hello(f);
+    for (int i = 0; i < PING_THREADS * PINGS_PER_THREAD; i++)
+        fake_add_reply(f, KVP_OP_PING, NULL);
+    fake_start(f);
+    assert_rc(open_fake(f, 2000, &c), 0);
+    for (int i = 0; i < PING_THREADS; i++) {
+        p[i] = (struct pinger){.c = c};
+        assert_rc(pthread_create(&t[i], NULL, ping_loop, &p[i]), 0);
+    }
+    for (int i = 0; i < PING_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        assert_rc(p[i].failures, 0);
+    }
+    kvp_client_close(c);
+    fake_join(f);
+    assert_rc(f->nreqs, 1 + PING_THREADS * PINGS_PER_THREAD);
+    for (int i = 1; i < f->nreqs; i++)
+        assert_true(f->reqs[i].h.request_id > f->reqs[i - 1].h.request_id);
+}
+
 static void test_stats(void **state)
 {
     struct fake_daemon *f = *state;
@@ -418,6 +463,7 @@ int main(void)
                                         teardown_fake),
         cmocka_unit_test_setup_teardown(test_daemon_hangs_up, setup_fake, teardown_fake),
         cmocka_unit_test_setup_teardown(test_unexpected_payload, setup_fake, teardown_fake),
+        cmocka_unit_test_setup_teardown(test_concurrent_calls, setup_fake, teardown_fake),
         cmocka_unit_test_setup_teardown(test_stats, setup_fake, teardown_fake),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -702,6 +702,48 @@ static void test_inline_store_error_breaks(void **state)
     finish(x);
 }
 
+/*
+ * A payload far larger than the socket buffer, which the daemon refuses without reading it: the
+ * send fails halfway (EPIPE), yet the caller gets the daemon's status and message.
+ */
+static void test_inline_store_rejected_early(void **state)
+{
+    struct fixture *x = *state;
+    enum { BIG = 2 * 1 * CT * 4096 * 2, N = 16 }; /* 256 KiB chunks, 4 MiB payload */
+    struct kvp_register_reply r = register_reply(KVP_WIRE_INLINE, NULL, "SHM disabled");
+    struct kvp_wire_slot s[N];
+    struct kvp_slots_reply prep = {.id = 12, .nchunks = N, .nslots = N, .slots = s};
+    static uint32_t ids[N * CT];
+    kvp_tokens seq = {.ids = ids, .count = N * CT};
+    const void *chunks[N];
+    kvp_store_plan plan;
+
+    r.shape[3] = 4096;
+    r.chunk_bytes = BIG;
+    for (int i = 0; i < N; i++)
+        s[i] = (struct kvp_wire_slot){.chunk_index = (uint32_t)i, .offset = 4096 + (uint64_t)i * BIG,
+                                      .length = BIG};
+    uint8_t *data = calloc(1, BIG);
+    assert_non_null(data);
+    for (int i = 0; i < N; i++)
+        chunks[i] = data;
+
+    fake_add_hello(&x->f);
+    add_register_reply(x, &r);
+    add_slots_reply(x, KVP_OP_PREPARE_STORE, &prep);
+    fake_add_error(&x->f, KVP_OP_STORE_INLINE, -ENOENT, "no reservation 12 on this connection");
+    x->f.steps[x->f.nsteps - 1].action = FAKE_REPLY_EARLY;
+    start_and_open(x);
+    kvp_instance *inst = register_inline(x);
+
+    assert_rc(kvp_prepare_store(inst, &seq, 0, N * CT, &plan), N);
+    assert_rc(kvp_store_inline(inst, &plan, chunks), -ENOENT);
+    assert_string_equal(kvp_last_error(x->c), "no reservation 12 on this connection");
+    assert_rc(kvp_ping(x->c), -ENOTCONN);
+    finish(x);
+    free(data);
+}
+
 /* RETRIEVE_INLINE payload lands in out[i]; buffers past the cached run are not touched. */
 static void test_inline_retrieve(void **state)
 {
@@ -866,6 +908,7 @@ int main(void)
         T(test_store_counts_must_add_up),
         T(test_inline_store),
         T(test_inline_store_error_breaks),
+        T(test_inline_store_rejected_early),
         T(test_inline_retrieve),
         T(test_inline_retrieve_payload_mismatch),
         T(test_lookup),
