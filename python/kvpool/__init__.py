@@ -16,7 +16,9 @@ Paged KV caches: :class:`PagedKVCache` with :meth:`Context.store_paged` and
 """
 
 from . import _lib
-from .client import DEFAULT_TIMEOUT, Client, Context, RetrievePlan, StorePlan, StoreResult
+from .client import DEFAULT_TIMEOUT, Client
+from .context import Context, StoreResult
+from .plans import RetrievePlan, StorePlan
 from .errors import (BadSlot, ClosedError, DaemonUnavailable, Error, InvalidArgument,
                      LibraryError, NoSpace, NotFound, ProtocolError, ShmUnavailable, Timeout,
                      TooBig)

@@ -14,7 +14,7 @@ import threading
 import unittest
 
 import kvpool
-from kvpool import client as kvclient
+from kvpool import context as kvcontext
 from tests.daemon import Daemon, require_kvpoold
 
 try:
@@ -214,8 +214,8 @@ class _RoundTrips(_Base):
 
     def test_batched_retrieve(self):
         # Force small batches so that retrieve(out=None) and inline prepare_retrieve loop.
-        saved = kvclient._BATCH_BYTES
-        kvclient._BATCH_BYTES = 2 * self.ctx.chunk_bytes
+        saved = kvcontext._BATCH_BYTES
+        kvcontext._BATCH_BYTES = 2 * self.ctx.chunk_bytes
         try:
             toks = random_tokens(16 * 7)
             data = self.chunks(5)
@@ -224,7 +224,7 @@ class _RoundTrips(_Base):
             with self.ctx.prepare_retrieve(toks) as plan:
                 self.assertEqual([bytes(v) for v in plan], data)
         finally:
-            kvclient._BATCH_BYTES = saved
+            kvcontext._BATCH_BYTES = saved
 
     @needs_numpy
     def test_numpy(self):
