@@ -20,6 +20,7 @@
 #include "common/shm_name.h"
 
 #define MIN_L1 (1ull << 20)
+#define MAX_L1 (1ull << 50) /* 1 PiB: far beyond any host, and rounding cannot overflow */
 #define MAX_CHUNK_TOKENS (1u << 20)
 
 enum opt_id {
@@ -165,11 +166,11 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
     case OPT_L1_SIZE: {
         uint64_t v;
         rc = kvp_parse_size(val, &v);
-        if (!rc && v < MIN_L1)
+        if (!rc && (v < MIN_L1 || v > MAX_L1))
             rc = -EINVAL;
         if (!rc)
             cfg->l1_size = (v + 4095) & ~(uint64_t)4095;
-        want = "a size of at least 1MiB, such as 1GiB, 512MiB or 67108864";
+        want = "a size from 1MiB to 1PiB, such as 1GiB, 512MiB or 67108864";
         break;
     }
     case OPT_CHUNK_SIZE:

@@ -82,7 +82,8 @@ int kvp_pool_alloc(struct kvp_pool *p, uint64_t len, uint64_t *off)
 {
     if (len == 0)
         return -EINVAL;
-    uint64_t need = (len + KVP_POOL_PAGE - 1) / KVP_POOL_PAGE;
+    /* Divide first: rounding up by adding a page could wrap for lengths near 2^64. */
+    uint64_t need = len / KVP_POOL_PAGE + (len % KVP_POOL_PAGE != 0);
     if (need > p->npages - p->used)
         return -ENOSPC;
 

@@ -116,10 +116,24 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
         if (rc)
             return rc;
     }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        rc = -errno;
-        snprintf(why, why_size, "cannot lock /dev/shm%s: %s", path, strerror(errno));
-        goto out_unlink;
+    /*
+     * Between O_EXCL and this lock another daemon starting with the same name could see an
+     * unlocked file, take it for stale and unlink it. So after locking, check that the name
+     * still refers to our file; if it does not (or someone else holds the lock), we lost the
+     * race and refuse, leaving the name to the winner.
+     */
+    struct stat ours, named;
+    char dev_path[sizeof(path) + 8];
+    snprintf(dev_path, sizeof(dev_path), "/dev/shm%s", path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &ours) != 0 ||
+        stat(dev_path, &named) != 0 ||
+        ours.st_ino != named.st_ino || ours.st_dev != named.st_dev) {
+        close(fd);
+        snprintf(why, why_size,
+                 "segment /dev/shm%s was claimed by another kvpoold starting at the same time; "
+                 "choose another --shm-name",
+                 path);
+        return -EBUSY;
     }
 
     do {
@@ -179,7 +193,8 @@ void kvp_segment_destroy(struct kvp_segment *seg)
         snprintf(path, sizeof(path), "/%s", seg->name);
         shm_unlink(path);
     }
-    if (seg->fd >= 0)
+    /* Only a shared segment owns a descriptor; a zeroed struct's fd 0 is somebody else's. */
+    if (seg->shared && seg->fd >= 0)
         close(seg->fd);
     *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
 }

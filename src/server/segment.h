@@ -39,7 +39,8 @@ struct kvp_segment {
 int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_t size,
                               char *why, size_t why_size);
 
-/* Creates private pre-faulted memory of size bytes. Returns 0 or -ENOMEM. */
+/* Creates private pre-faulted memory of size bytes. Returns 0 or the negative errno of mmap
+ * (-ENOMEM when the memory is not available). */
 int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size);
 
 /* Unmaps, unlinks the name if we own it, closes. Safe on a half-built or zeroed segment. */

@@ -131,7 +131,7 @@ static void do_release(struct kvp_store *s, struct kvp_obj *o)
 static bool do_evict_one(struct kvp_store *s)
 {
     for (struct kvp_obj *o = s->lru.prev; o != &s->lru; o = o->prev) {
-        if (o->pins)
+        if (o->pins || o->seen_in == s->prepare_seq)
             continue;
         do_index_remove(s, o);
         do_release(s, o);
@@ -180,12 +180,14 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n,
 {
     *res = (struct kvp_prepare_result){0};
     pthread_mutex_lock(&s->lock);
+    s->prepare_seq++;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *key = keys + (size_t)i * KVP_KEY_SIZE;
         struct kvp_obj *o = do_find(s, key);
         if (o) {
             if (o->state == KVP_OBJ_COMMITTED) {
                 res->cached++;
+                o->seen_in = s->prepare_seq;
                 do_touch(s, o);
             } else {
                 res->busy++;

@@ -33,6 +33,7 @@ struct kvp_obj {
     uint64_t length;
     uint64_t reserved_at_ms;
     uint32_t pins;
+    uint64_t seen_in;        /* last prepare that reported it cached (protects it there) */
     uint8_t state;
     struct kvp_obj *hnext;   /* index chain */
     struct kvp_obj *prev;    /* COMMITTED: LRU list; RESERVED/EXPIRED: pending list */
@@ -47,6 +48,7 @@ struct kvp_store {
     struct kvp_obj lru;      /* sentinel; lru.next is the most recently used */
     struct kvp_obj pending;  /* sentinel of RESERVED and EXPIRED objects */
     uint64_t ncommitted, nreserved, nexpired, npinned;
+    uint64_t prepare_seq;    /* numbers prepares, for kvp_obj.seen_in */
 };
 
 struct kvp_prepare_result {
@@ -64,9 +66,11 @@ void kvp_store_destroy(struct kvp_store *s);
 
 /*
  * Reserves slots for the keys (n x KVP_KEY_SIZE bytes) that are neither committed nor being
- * stored, evicting LRU objects when needed. Reserved objects go to objs[k] with their position
- * in idx[k], k < res->nslots. After the first chunk that cannot get space, every later chunk
- * counts as no_space. Returns 0, or -ENOMEM (nothing reserved).
+ * stored, evicting LRU objects when needed (never one that this same call reported as cached:
+ * the worker skips those). Reserved objects go to objs[k] with their position in idx[k],
+ * k < res->nslots. After the first chunk that cannot get space, every later chunk that needs
+ * space counts as no_space (later cached or busy ones are still reported as such). Returns 0,
+ * or -ENOMEM (nothing reserved).
  */
 int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n,
                       uint64_t chunk_bytes, uint64_t now_ms, struct kvp_obj **objs,
