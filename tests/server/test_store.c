@@ -555,6 +555,31 @@ static void test_lookup_leading_run(void **state)
     kvp_store_destroy(&s);
 }
 
+/*
+ * A chunk that prepare reports as cached must survive that same prepare: the worker skips it,
+ * so evicting it to make room for a later chunk would leave the sequence with a hole.
+ */
+static void test_cached_chunk_not_evicted_by_same_request(void **state)
+{
+    (void)state;
+    struct kvp_store s;
+    init_store(&s, 2);
+    const uint32_t old[] = {9, 0};
+    store_each(&s, old, 2, NULL); /* 9 is the LRU victim, then 0 */
+
+    const uint32_t seq[] = {0, 1, 2};
+    struct prep p;
+    prepare(&s, seq, 3, 0, &p);
+    /* 0 cached; 1 gets 9's space; 2 has nowhere to go but 0, which is protected. */
+    expect_result(&p, 1, 0, 1, 1);
+    assert_int_equal(p.idx[0], 1);
+    assert_true(present(&s, 0));
+    assert_false(present(&s, 9));
+    assert_rc(kvp_store_commit(&s, p.objs, 1), 1);
+    assert_int_equal(lookup(&s, seq, 3), 2);
+    kvp_store_destroy(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -571,6 +596,7 @@ int main(void)
         cmocka_unit_test(test_expire_then_abort),
         cmocka_unit_test(test_expire_only_old_reservations),
         cmocka_unit_test(test_lookup_leading_run),
+        cmocka_unit_test(test_cached_chunk_not_evicted_by_same_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
