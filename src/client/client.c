@@ -87,7 +87,11 @@ static int resolve_path(const kvp_opts *opts, char *path, size_t size)
     return (int)n;
 }
 
-/* HELLO: the first request on every connection. Fills c->hello. */
+/*
+ * HELLO: the first request on every connection. Fills c->hello. Only the major number must
+ * match: minor versions add things a client may ignore. A chunk size of 0 would make every
+ * range computation divide by zero, so it is refused here once.
+ */
 static int say_hello(kvp_client *c)
 {
     struct kvp_conn *conn = &c->conn;
@@ -110,6 +114,10 @@ static int say_hello(kvp_client *c)
     return 0;
 }
 
+/*
+ * The client is fully built (lock, path, connection, HELLO) before it is returned, and torn down
+ * by the ordinary destructor on any failure, so there is exactly one cleanup path.
+ */
 KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
 {
     kvp_client *c;
@@ -161,11 +169,14 @@ KVP_EXPORT void kvp_client_close(kvp_client *c)
     free(c);
 }
 
+/* Read without the lock: the caller only asks after its own call returned, and the buffer is
+ * always NUL-terminated. Concurrent calls on the same client may overwrite it. */
 KVP_EXPORT const char *kvp_last_error(const kvp_client *c)
 {
     return c ? c->conn.errmsg : "";
 }
 
+/* PING has empty request and reply bodies; anything else is a confused peer. */
 KVP_EXPORT int kvp_ping(kvp_client *c)
 {
     int rc;
@@ -183,6 +194,8 @@ KVP_EXPORT int kvp_ping(kvp_client *c)
     return rc;
 }
 
+/* Returns the daemon's count even when it exceeds cap, like snprintf, so that a caller can
+ * size its array and ask again. */
 KVP_EXPORT int kvp_stats(kvp_client *c, kvp_stat *out, size_t cap)
 {
     struct kvp_stat_entry *e = NULL;

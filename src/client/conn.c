@@ -76,12 +76,15 @@ int kvp_conn_fail(struct kvp_conn *c, int err, const char *fmt, ...)
     return kvp_conn_break(c, err);
 }
 
-/* Maps the errno of a failed send/recv to the library's return code. */
+/* Maps the errno of a failed send/recv to the library's return code: with SO_RCVTIMEO or
+ * SO_SNDTIMEO set, a blocking call that runs out of time fails with EAGAIN, which callers should
+ * see as the timeout it is. */
 static int io_errno(int e)
 {
     return (e == EAGAIN || e == EWOULDBLOCK) ? -ETIMEDOUT : -e;
 }
 
+/* Must stay the daemon's rule (see kvpoold --help): both sides find each other by it. */
 KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size)
 {
     const char *dir = getenv("XDG_RUNTIME_DIR");
@@ -101,6 +104,8 @@ KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size)
     return n;
 }
 
+/* Timeouts are set before connect() so that a daemon whose backlog is full cannot block the
+ * caller for longer than timeout_ms either. */
 int kvp_conn_connect(struct kvp_conn *c, const char *path, uint32_t timeout_ms)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -149,6 +154,8 @@ out_close_fd:
     return rc;
 }
 
+/* Closing the socket is the whole protocol for leaving: the daemon then releases everything
+ * this connection held. No goodbye message is needed or sent. */
 void kvp_conn_close(struct kvp_conn *c)
 {
     if (c->fd >= 0)
@@ -160,6 +167,8 @@ void kvp_conn_close(struct kvp_conn *c)
     c->body_cap = c->body_len = 0;
 }
 
+/* Every public call starts here, so a broken connection fails fast (no I/O, no timeout) and
+ * kvp_last_error() still says what originally broke it. */
 int kvp_conn_begin(struct kvp_conn *c)
 {
     c->errmsg[0] = '\0';
@@ -266,7 +275,11 @@ static int recv_buf(int fd, void *p, size_t len)
     return recv_all(fd, &iov, 1);
 }
 
-/* Reads and checks the reply header to request (op, id). Returns 0 or a broken-stream error. */
+/*
+ * Reads and checks the reply header to request (op, id). Returns 0 or a broken-stream error.
+ * Requests are answered in order, so a reply for another opcode or request id means the two
+ * sides disagree about the stream position; nothing after it can be trusted.
+ */
 static int read_reply_header(struct kvp_conn *c, uint16_t op, uint64_t id, struct kvp_header *h)
 {
     uint8_t raw[KVP_HEADER_SIZE];
@@ -347,6 +360,8 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
     for (size_t i = 0; i < niov; i++)
         payload += iov[i].iov_len;
 
+    /* Header, body and payload go out as one gathered write: no copy of the payload, and the
+     * daemon sees the frame without gaps between its parts. */
     if (niov > KVP_STACK_IOV) {
         v = malloc((niov + 2) * sizeof(*v));
         if (!v) {
@@ -392,6 +407,7 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
         return kvp_conn_fail(c, KVP_EPROTO, "unexpected %llu-byte payload in reply to %s",
                              (unsigned long long)h.payload_len, name);
 
+    /* The header check bounds body_len to KVP_MAX_BODY, so this allocation is bounded too. */
     if (h.body_len > c->body_cap) {
         free(c->body);
         c->body_cap = 0;
@@ -419,6 +435,8 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
     return 0;
 }
 
+/* The caller's buffers must take the whole payload: a partial read would leave bytes that the
+ * next call would parse as a header. */
 int kvp_conn_read_payload(struct kvp_conn *c, const struct iovec *iov, size_t niov)
 {
     uint64_t total = 0;

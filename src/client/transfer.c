@@ -88,7 +88,11 @@ static int do_check_bufs(kvp_client *c, const void *const *bufs, uint32_t n, con
     return 0;
 }
 
-/* Sends a keyed request and reads the reply header and body. */
+/*
+ * Sends a keyed request and reads the reply header and body. The token ids are encoded from the
+ * caller's array straight into the request buffer (little-endian, as the daemon hashes them);
+ * salt_len was checked against KVP_MAX_SALT, so the u16 cast cannot truncate.
+ */
 static int do_key_call(kvp_instance *inst, uint16_t op, const kvp_tokens *seq, uint32_t start,
                        uint32_t end, bool payload)
 {
@@ -117,7 +121,12 @@ static int do_ref_call(kvp_instance *inst, uint16_t op, uint64_t id)
     return (int)cnt.count;
 }
 
-/* Decodes a slots reply of a range of nchunks chunks into r (slots: the client's scratch). */
+/*
+ * Decodes a slots reply of a range of nchunks chunks into r (slots: the client's scratch). The
+ * chunk count must match the range we asked for: chunk_index is bounded by the reply's nchunks,
+ * and the caller's chunks[] / out[] arrays by ours, so the two must agree before any index is
+ * used. A length other than chunk_bytes would size a copy wrongly on either transport.
+ */
 static int do_decode_slots(kvp_instance *inst, uint16_t op, uint32_t nchunks,
                            struct kvp_slots_reply *r)
 {
@@ -179,7 +188,10 @@ static int do_make_slots(kvp_instance *inst, const struct kvp_slots_reply *r, kv
     return 0;
 }
 
-/* Releases a reservation or pin whose reply could not be used, keeping the error message. */
+/*
+ * Releases a reservation or pin whose reply could not be used, keeping the error message that
+ * explains why. Best effort: if this fails too, closing the connection releases it anyway.
+ */
 static void do_release(kvp_instance *inst, uint16_t op, uint64_t id)
 {
     struct kvp_conn *conn = &inst->client->conn;
@@ -215,6 +227,8 @@ static void plan_reset_retrieve(kvp_retrieve_plan *plan)
     *plan = (kvp_retrieve_plan){0};
 }
 
+/* LOOKUP: the reply counts the leading committed chunks; nothing is pinned, so the answer can
+ * be stale by the time the caller retrieves (kvp_retrieve returns what is really there). */
 KVP_EXPORT int kvp_lookup(kvp_instance *inst, const kvp_tokens *seq)
 {
     struct kvp_lookup_reply rep;
@@ -280,6 +294,7 @@ static int do_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t 
     return (int)r.nslots;
 }
 
+/* The plan is zeroed first so that a failed prepare leaves nothing for the caller to free. */
 KVP_EXPORT int kvp_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
                                  uint32_t end, kvp_store_plan *plan)
 {
@@ -302,7 +317,11 @@ KVP_EXPORT int kvp_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint
     return rc;
 }
 
-/* COMMIT_STORE or ABORT_STORE of a plan, which is released whatever the outcome. */
+/*
+ * COMMIT_STORE or ABORT_STORE of a plan, which is released whatever the outcome: after an error
+ * the daemon has either dropped the reservation (expired, unknown) or will drop it when the
+ * broken connection closes, so keeping the slots would only invite writes into freed space.
+ */
 static int finish_store(kvp_instance *inst, kvp_store_plan *plan, uint16_t op)
 {
     kvp_client *c;
@@ -333,7 +352,11 @@ KVP_EXPORT int kvp_abort_store(kvp_instance *inst, kvp_store_plan *plan)
     return rc < 0 ? rc : 0;
 }
 
-/* STORE_INLINE of a plan whose chunk pointers were checked. Returns chunks committed. */
+/*
+ * STORE_INLINE of a plan whose chunk pointers were checked. Returns chunks committed. The payload
+ * iovecs point at the caller's chunks in slot order, which is the order the daemon receives
+ * them into its reserved slots.
+ */
 static int do_store_inline(kvp_instance *inst, const kvp_store_plan *plan,
                            const void *const *chunks)
 {
@@ -380,6 +403,7 @@ static int do_check_plan_chunks(kvp_instance *inst, const kvp_store_plan *plan,
     return 0;
 }
 
+/* A plan with nothing reserved needs no round trip: there is nothing to send or commit. */
 KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan,
                                 const void *const *chunks)
 {
@@ -409,7 +433,10 @@ KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan,
     return rc;
 }
 
-/* PREPARE_RETRIEVE of a checked range. Fills plan; returns nslots or an error. */
+/*
+ * PREPARE_RETRIEVE of a checked range. Fills plan; returns nslots or an error. Refused locally
+ * for an instance whose bytes move inline: its slots would have no mapping to point into.
+ */
 static int do_prepare_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
                                uint32_t end, uint32_t nchunks, kvp_retrieve_plan *plan)
 {
@@ -462,6 +489,7 @@ KVP_EXPORT int kvp_prepare_retrieve(kvp_instance *inst, const kvp_tokens *seq, u
     return rc;
 }
 
+/* Unpins; like the store plans, the retrieve plan is released whatever the daemon answers. */
 KVP_EXPORT int kvp_commit_retrieve(kvp_instance *inst, kvp_retrieve_plan *plan)
 {
     kvp_client *c;
@@ -481,6 +509,10 @@ KVP_EXPORT int kvp_commit_retrieve(kvp_instance *inst, kvp_retrieve_plan *plan)
     return rc < 0 ? rc : 0;
 }
 
+/*
+ * One-call store. Every chunk buffer of the range is checked before the prepare, because which
+ * chunks get slots is only known from the reply, and by then a reservation exists.
+ */
 KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end,
                          const void *const *chunks, kvp_store_result *result)
 {
@@ -529,7 +561,11 @@ KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t sta
     return rc;
 }
 
-/* RETRIEVE_INLINE of a checked range of nchunks chunks into out[]. Returns chunks received. */
+/*
+ * RETRIEVE_INLINE of a checked range of nchunks chunks into out[]. Returns chunks received. The
+ * payload is received with one readv-style loop whose iovecs are out[0..nslots): the bytes go
+ * from the socket straight into the caller's buffers.
+ */
 static int do_retrieve_inline(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
                               uint32_t end, uint32_t nchunks, void *const *out)
 {
@@ -559,6 +595,10 @@ static int do_retrieve_inline(kvp_instance *inst, const kvp_tokens *seq, uint32_
     return rc < 0 ? rc : (int)r.nslots;
 }
 
+/*
+ * One-call retrieve. On shm the pin taken by the prepare is what makes the unlocked memcpy safe:
+ * a pinned object is never evicted, so its slot cannot be reused while we copy.
+ */
 KVP_EXPORT int kvp_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
                             uint32_t end, void *const *out)
 {

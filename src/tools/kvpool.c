@@ -23,6 +23,8 @@
 #define MAX_STATS 128
 #define DEFAULT_TIMEOUT_MS 30000u
 
+/* Help goes to stdout for --help (exit 0) and to stderr for usage errors (exit 2). The default
+ * socket shown is the one this invocation would use. */
 static void usage(FILE *f)
 {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -52,7 +54,9 @@ static void usage(FILE *f)
             DEFAULT_TIMEOUT_MS);
 }
 
-/* Parses a timeout in milliseconds: 1..UINT32_MAX, digits only. */
+/* Parses a timeout in milliseconds: 1..UINT32_MAX, digits only. strtoull alone would accept
+ * "-5" (wrapping it) and leading blanks, so the first character is checked by hand. 0 is
+ * refused because the library would read it as "use the default". */
 static int parse_timeout(const char *s, uint32_t *out)
 {
     char *end;
@@ -67,7 +71,8 @@ static int parse_timeout(const char *s, uint32_t *out)
     return 0;
 }
 
-/* The socket the library will use, for messages. */
+/* The socket the library will use, for messages. Resolved here and passed explicitly, so the
+ * path printed is guaranteed to be the path tried. */
 static int resolve_socket(const char *opt, char *buf, size_t size)
 {
     const char *env = getenv("KVPOOL_SOCKET");
@@ -101,6 +106,7 @@ static int unreachable(const char *path, kvp_client *c, int rc)
     return EXIT_FAILURE;
 }
 
+/* The time reported is one PING round trip on an open connection, not connect + HELLO. */
 static int cmd_ping(kvp_client *c, const char *path)
 {
     int64_t t0 = now_us();
@@ -113,6 +119,7 @@ static int cmd_ping(kvp_client *c, const char *path)
     return EXIT_SUCCESS;
 }
 
+/* Prints "name value" lines, a format that shells (awk, grep) and scrapers read easily. */
 static int cmd_stats(kvp_client *c)
 {
     kvp_stat st[MAX_STATS];
@@ -177,6 +184,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
+    /* Validate the whole command line before touching the daemon: a typo must be a usage error
+     * (exit 2), never a connection attempt. */
     const char *cmd = argv[optind];
     if (strcmp(cmd, "ping") != 0 && strcmp(cmd, "stats") != 0) {
         fprintf(stderr, "kvpool: unknown command '%s'\n", cmd);
@@ -195,6 +204,8 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     opts.socket_path = path;
+    /* Opening already proves the daemon is alive and speaks our major version; a failure here is
+     * the "cannot reach" case for every command. */
     rc = kvp_client_open(&opts, &c);
     if (rc < 0)
         return unreachable(path, NULL, rc);
