@@ -17,7 +17,11 @@
  * Conventions (as libuv / liburing):
  *   - Every fallible call returns 0 (or a non-negative count) on success and a negative errno on
  *     failure. errno is never used to report errors. kvp_strerror() names any return code.
- *   - After a failure that the daemon answered, kvp_last_error() holds the daemon's message.
+ *   - After a failure that the daemon answered, kvp_last_error() holds the daemon's message;
+ *     after a failure detected by the library, its own explanation.
+ *   - After an I/O or protocol failure (-ETIMEDOUT, -ECONNRESET, -EPIPE, KVP_EPROTO, ...) the
+ *     connection is unusable: every later call on the client returns -ENOTCONN at once (the
+ *     daemon has released everything the client held). Close it and open a new client.
  *   - Handles are opaque. Destructors accept NULL.
  *   - The library never prints and never calls exit().
  *   - A kvp_client may be shared between threads: calls on one client are serialised by a mutex.
@@ -88,7 +92,8 @@ KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size);
 /*
  * Connects to the daemon and checks protocol versions. opts may be NULL (all defaults).
  * On success *ret is a new client; the caller frees it with kvp_client_close().
- * Returns 0, -ENOENT / -ECONNREFUSED when no daemon listens, -ETIMEDOUT, KVP_EVERSION.
+ * Returns 0, -ENOENT / -ECONNREFUSED when no daemon listens, -ETIMEDOUT, KVP_EVERSION,
+ * KVP_EPROTO (the peer is not a kvpool daemon), -ENAMETOOLONG (socket path too long).
  */
 KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret);
 
@@ -96,8 +101,9 @@ KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret);
  * unregisters its instances. Instances of this client must not be used afterwards. NULL is ok. */
 KVP_EXPORT void kvp_client_close(kvp_client *c);
 
-/* The daemon's message for the last failed call on this client ("" if none). Valid until the
- * next call on the client. */
+/* The daemon's message, or the library's explanation, for the last call on this client if it
+ * failed ("" after a call that talked to the daemon and succeeded). Valid until the next call
+ * on the client. */
 KVP_EXPORT const char *kvp_last_error(const kvp_client *c);
 
 /* Round trip to the daemon. Returns 0 or a negative error. */
@@ -232,7 +238,8 @@ KVP_EXPORT int kvp_abort_store(kvp_instance *inst, kvp_store_plan *plan);
  * Inline transport: sends the bytes of every reserved slot and commits. chunks[i] is the data
  * of chunk i of the request range (as indexed by kvp_slot.chunk_index), chunk_bytes long; only
  * the reserved ones are read. Frees plan->slots. Returns chunks committed or a negative error.
- * Works on the shm transport too (the daemon copies).
+ * Works on the shm transport too (the daemon copies). If chunks (or a chunks[i] that a slot
+ * needs) is NULL it returns -EINVAL and leaves the plan untouched, so it can still be aborted.
  */
 KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan,
                                 const void *const *chunks);
