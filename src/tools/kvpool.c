@@ -156,6 +156,10 @@ int main(int argc, char **argv)
     while ((opt = getopt_long(argc, argv, "+s:t:h", longopts, NULL)) != -1) {
         switch (opt) {
         case 's':
+            if (!optarg[0]) {
+                fprintf(stderr, "kvpool: --socket needs a path\n");
+                return EXIT_USAGE;
+            }
             socket_opt = optarg;
             break;
         case 't':
