@@ -58,17 +58,17 @@ typedef enum {
  * the caller's pointers; the caller keeps the buffers and the layers array alive during a call.
  */
 typedef struct kvp_paged_cache {
-    uint32_t layout;       /* a kvp_paged_layout */
-    uint32_t flags;        /* 0 or KVP_PAGED_KV_FIRST (not allowed with MLA) */
-    uint32_t num_layers;   /* >= 1; entries of layers[] */
-    uint32_t num_blocks;   /* >= 1; valid block ids are [0, num_blocks) */
-    uint32_t block_size;   /* tokens per block, >= 1 */
-    uint32_t heads;        /* KV heads, >= 1 (MLA: 1) */
-    uint32_t head_dim;     /* elements per head, >= 1 (MLA: the latent size) */
-    uint32_t elem_size;    /* bytes per element: 1, 2, 4 or 8 */
-    uint64_t layer_bytes;  /* bytes addressable at each layers[l]; at least the size of the
-                              layout above (extra bytes are ignored) */
-    void *const *layers;   /* num_layers base pointers, one per layer, none NULL */
+    uint32_t layout;      /* a kvp_paged_layout */
+    uint32_t flags;       /* 0 or KVP_PAGED_KV_FIRST (not allowed with MLA) */
+    uint32_t num_layers;  /* >= 1; entries of layers[] */
+    uint32_t num_blocks;  /* >= 1; valid block ids are [0, num_blocks) */
+    uint32_t block_size;  /* tokens per block, >= 1 */
+    uint32_t heads;       /* KV heads, >= 1 (MLA: 1; heads * head_dim = latent) */
+    uint32_t head_dim;    /* elements per head, >= 1 (MLA: the latent size) */
+    uint32_t elem_size;   /* bytes per element: 1, 2, 4 or 8 */
+    uint64_t layer_bytes; /* bytes addressable at each layers[l]; at least the size of the
+                             layout above (extra bytes are ignored) */
+    void *const *layers;  /* num_layers base pointers, one per layer, none NULL */
 } kvp_paged_cache;
 
 /*

@@ -27,16 +27,24 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <string.h>
+
+/* The public struct is mirrored by the Python binding (python/kvpool/_lib.py): keep it stable. */
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(kvp_paged_cache) == 48, "kvp_paged_cache size is ABI");
+_Static_assert(offsetof(kvp_paged_cache, layer_bytes) == 32, "kvp_paged_cache layout is ABI");
+_Static_assert(offsetof(kvp_paged_cache, layers) == 40, "kvp_paged_cache layout is ABI");
+#endif
 
 /* Derived geometry of a validated cache description. */
 struct geom {
-    uint32_t planes;       /* 2 (K and V) or 1 (MLA) */
-    size_t row_bytes;      /* hidden * elem_size */
-    size_t head_bytes;     /* head_dim * elem_size (HND run) */
-    size_t half_bytes;     /* block_size rows: one block's K or V */
-    size_t block_stride;   /* bytes between consecutive blocks */
-    size_t kv_stride;      /* bytes between a block's K and V halves */
+    uint32_t planes;     /* 2 (K and V) or 1 (MLA) */
+    size_t row_bytes;    /* hidden * elem_size */
+    size_t head_bytes;   /* head_dim * elem_size (HND run) */
+    size_t half_bytes;   /* block_size rows: one block's K or V */
+    size_t block_stride; /* bytes between consecutive blocks */
+    size_t kv_stride;    /* bytes between a block's K and V halves */
 };
 
 /* *acc *= f, returning false on 64-bit overflow. */
@@ -126,9 +134,8 @@ int kvp_paged_chunk_bytes(const kvp_paged_cache *cache, uint32_t chunk_tokens, u
  * first = token_start + skip_first_n. Reads each block table entry of the range once.
  */
 static int check_call(const kvp_paged_cache *c, struct geom *g, const int32_t *table,
-                      uint32_t table_len, uint32_t token_start, uint32_t num_tokens,
-                      uint32_t skip, const void *chunk, uint64_t chunk_bytes,
-                      uint32_t chunk_tokens)
+                      uint32_t table_len, uint32_t token_start, uint32_t num_tokens, uint32_t skip,
+                      const void *chunk, uint64_t chunk_bytes, uint32_t chunk_tokens)
 {
     uint64_t need;
     int rc;
@@ -164,10 +171,10 @@ static int check_call(const kvp_paged_cache *c, struct geom *g, const int32_t *t
 static void copy_2d(char *dst, size_t dstride, const char *src, size_t sstride, size_t rows,
                     size_t len)
 {
-#define KVP_COPY_FIXED(n)                                 \
-    case n:                                               \
-        for (size_t r = 0; r < rows; r++)                 \
-            memcpy(dst + r * dstride, src + r * sstride, n); \
+#define KVP_COPY_FIXED(n)                                                                          \
+    case n:                                                                                        \
+        for (size_t r = 0; r < rows; r++)                                                          \
+            memcpy(dst + r * dstride, src + r * sstride, n);                                       \
         return;
     switch (len) {
         KVP_COPY_FIXED(16)
@@ -243,9 +250,9 @@ static void copy_all(const kvp_paged_cache *c, const struct geom *g, const int32
     }
 }
 
-int kvp_paged_gather(const kvp_paged_cache *cache, const int32_t *block_table,
-                     uint32_t table_len, uint32_t token_start, uint32_t num_tokens, void *chunk,
-                     uint64_t chunk_bytes, uint32_t chunk_tokens)
+int kvp_paged_gather(const kvp_paged_cache *cache, const int32_t *block_table, uint32_t table_len,
+                     uint32_t token_start, uint32_t num_tokens, void *chunk, uint64_t chunk_bytes,
+                     uint32_t chunk_tokens)
 {
     struct geom g;
     int rc = check_call(cache, &g, block_table, table_len, token_start, num_tokens, 0, chunk,
@@ -257,10 +264,9 @@ int kvp_paged_gather(const kvp_paged_cache *cache, const int32_t *block_table,
     return 0;
 }
 
-int kvp_paged_scatter(const kvp_paged_cache *cache, const int32_t *block_table,
-                      uint32_t table_len, uint32_t token_start, uint32_t num_tokens,
-                      uint32_t skip_first_n, const void *chunk, uint64_t chunk_bytes,
-                      uint32_t chunk_tokens)
+int kvp_paged_scatter(const kvp_paged_cache *cache, const int32_t *block_table, uint32_t table_len,
+                      uint32_t token_start, uint32_t num_tokens, uint32_t skip_first_n,
+                      const void *chunk, uint64_t chunk_bytes, uint32_t chunk_tokens)
 {
     struct geom g;
     int rc = check_call(cache, &g, block_table, table_len, token_start, num_tokens, skip_first_n,
