@@ -3,6 +3,7 @@
 Discovery tests run in subprocesses, because the binding loads the library once per process.
 """
 
+import ctypes
 import errno
 import os
 import shutil
@@ -104,6 +105,46 @@ class TestDiscovery(unittest.TestCase):
         """, KVPOOL_LIB=libm)
         self.assertEqual(rc, 0, out)
         self.assertIn("not a kvpool client library", out)
+
+
+class TestStructLayouts(unittest.TestCase):
+    """The ctypes mirrors in kvpool/_lib.py against the C compiler's layout of the headers."""
+
+    def test_layouts_match_headers(self):
+        cc = shutil.which("cc") or shutil.which("gcc")
+        include = os.path.join(os.path.dirname(PYTHON_DIR), "include")
+        if not cc or not os.path.exists(os.path.join(include, "kvpool_paged.h")):
+            self.skipTest("no C compiler or no include/ directory")
+        from kvpool import _lib
+        structs = [n for n in dir(_lib) if n.startswith("kvp_")
+                   and isinstance(getattr(_lib, n), type)
+                   and issubclass(getattr(_lib, n), ctypes.Structure)]
+        self.assertIn("kvp_paged_cache", structs)
+        lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "kvpool.h"',
+                 '#include "kvpool_paged.h"', "int main(void) {"]
+        for name in structs:
+            lines.append('printf("%s %%zu\\n", sizeof(%s));' % (name, name))
+            for field, _ in getattr(_lib, name)._fields_:
+                lines.append('printf("%s.%s %%zu\\n", offsetof(%s, %s));'
+                             % (name, field, name, field))
+        lines.append("return 0; }")
+        tmp = tempfile.mkdtemp(prefix="kvpool-layout-")
+        try:
+            src, exe = os.path.join(tmp, "layout.c"), os.path.join(tmp, "layout")
+            with open(src, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            subprocess.run([cc, "-std=c11", "-I", include, "-o", exe, src], check=True)
+            out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        want = {}
+        for name in structs:
+            cls = getattr(_lib, name)
+            want[name] = ctypes.sizeof(cls)
+            for field, _ in cls._fields_:
+                want["%s.%s" % (name, field)] = getattr(cls, field).offset
+        got = {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+        self.assertEqual(got, want)
 
 
 class TestErrors(unittest.TestCase):
