@@ -33,6 +33,10 @@ enum opt_id {
     OPT_MAX_CLIENTS,
     OPT_RESERVE_TIMEOUT,
     OPT_IO_TIMEOUT,
+    OPT_SHM_BACKEND,
+    OPT_SHM_MODE,
+    OPT_ALLOW_UID,
+    OPT_ALLOW_GID,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -59,6 +63,21 @@ static const struct opt_desc opts[] = {
      "POSIX shared-memory segment of the pool; '/' stripped, prefix kvpool_l1_pool_ added.\n"
      "\"\" disables shared memory (inline transport only). Default: kvpool_l1_pool_<pid>",
      OPT_SHM_NAME},
+    {"shm-backend", "KVPOOL_SHM_BACKEND", "BACKEND",
+     "posix: a named segment under /dev/shm, mapped by name (default).\n"
+     "memfd: an anonymous segment handed to each worker over the socket; not limited by\n"
+     "the size of /dev/shm and never left behind, even after SIGKILL. none: inline only.",
+     OPT_SHM_BACKEND},
+    {"shm-mode", "KVPOOL_SHM_MODE", "MODE",
+     "Permission bits of a posix segment, octal: 0600 (default, owner only) or 0660 to let\n"
+     "workers of the daemon's group map it (they can then read and write every chunk).",
+     OPT_SHM_MODE},
+    {"allow-uid", "KVPOOL_ALLOW_UID", "UIDS",
+     "Comma-separated user ids that may connect besides the daemon's own. Default: none",
+     OPT_ALLOW_UID},
+    {"allow-gid", "KVPOOL_ALLOW_GID", "GIDS",
+     "Comma-separated group ids whose members' processes may connect. Default: none",
+     OPT_ALLOW_GID},
     {"log-level", "KVPOOL_LOG_LEVEL", "LEVEL", "debug, info, warn or error. Default: info",
      OPT_LOG_LEVEL},
     {"max-clients", "KVPOOL_MAX_CLIENTS", "N",
@@ -98,6 +117,8 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .max_clients = 256,
         .reserve_timeout_s = 600,
         .io_timeout_ms = 30000,
+        .shm_backend = KVP_SHM_POSIX,
+        .shm_mode = 0600,
     };
     default_socket_path(cfg->socket_path, sizeof(cfg->socket_path));
     kvp_shm_name_default((long)getpid(), cfg->shm_name, sizeof(cfg->shm_name));
@@ -129,6 +150,24 @@ int kvp_parse_size(const char *s, uint64_t *out)
         }
     }
     return -EINVAL;
+}
+
+static int parse_u32(const char *s, uint32_t min, uint32_t max, int base, uint32_t *out);
+
+/* A comma-separated list of numeric ids, at most KVP_MAX_ALLOW. */
+static int parse_id_list(const char *s, uint32_t *ids, uint32_t *n)
+{
+    char buf[512], *save = NULL;
+    if (strlen(s) >= sizeof(buf))
+        return -EINVAL;
+    snprintf(buf, sizeof(buf), "%s", s);
+    *n = 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (*n == KVP_MAX_ALLOW || parse_u32(tok, 0, UINT32_MAX - 1, 10, &ids[*n]))
+            return -EINVAL;
+        (*n)++;
+    }
+    return *n ? 0 : -EINVAL;
 }
 
 static int parse_u32(const char *s, uint32_t min, uint32_t max, int base, uint32_t *out)
@@ -186,6 +225,31 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
             rc = kvp_shm_name_normalize(val, cfg->shm_name, sizeof(cfg->shm_name));
             want = "a name without '/' of at most 127 bytes with the prefix, or \"\"";
         }
+        break;
+    case OPT_SHM_BACKEND:
+        if (strcmp(val, "posix") == 0)
+            cfg->shm_backend = KVP_SHM_POSIX;
+        else if (strcmp(val, "memfd") == 0)
+            cfg->shm_backend = KVP_SHM_MEMFD;
+        else if (strcmp(val, "none") == 0)
+            cfg->shm_backend = KVP_SHM_NONE;
+        else
+            rc = -EINVAL;
+        want = "posix, memfd or none";
+        break;
+    case OPT_SHM_MODE:
+        rc = parse_u32(val, 0, 0777, 8, &cfg->shm_mode);
+        if (!rc && ((cfg->shm_mode & 0600) != 0600 || (cfg->shm_mode & 0007)))
+            rc = -EINVAL;
+        want = "octal bits with owner read/write and nothing for others, such as 0600 or 0660";
+        break;
+    case OPT_ALLOW_UID:
+        rc = parse_id_list(val, cfg->allow_uids, &cfg->n_allow_uids);
+        want = "up to 32 comma-separated numeric user ids";
+        break;
+    case OPT_ALLOW_GID:
+        rc = parse_id_list(val, cfg->allow_gids, &cfg->n_allow_gids);
+        want = "up to 32 comma-separated numeric group ids";
         break;
     case OPT_LOG_LEVEL:
         rc = kvp_log_parse_level(val, &cfg->log_level);

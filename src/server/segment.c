@@ -16,6 +16,10 @@
  *   5. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
  *      it mapped this daemon's segment and not a namesake in another IPC namespace.
  *
+ * memfd case: the same reservation and pre-faulting on an anonymous memfd, sealed against
+ * shrinking and growing; it has no name to collide with, nothing to unlink, and no /dev/shm size
+ * limit (the capacity gate checks available memory instead).
+ *
  * Attach-only processes (workers) never unlink; only the owner does, in kvp_segment_destroy().
  */
 #include "segment.h"
@@ -47,6 +51,37 @@ static void write_header(struct kvp_segment *seg)
     memcpy(h + 16, seg->nonce, sizeof(seg->nonce));
     for (int i = 0; i < 8; i++)
         h[32 + i] = (uint8_t)(seg->size >> (8 * i));
+}
+
+/*
+ * Reserves every page of fd (posix_fallocate, EINTR retried), maps it pre-faulted and writes
+ * the header. On success seg owns fd and the mapping; on failure neither is touched.
+ */
+static int reserve_and_map(struct kvp_segment *seg, int fd, uint64_t size, const char *what,
+                           char *why, size_t why_size)
+{
+    int rc;
+    do {
+        rc = posix_fallocate(fd, 0, (off_t)size);
+    } while (rc == EINTR);
+    if (rc != 0) {
+        snprintf(why, why_size, "cannot reserve %llu bytes for %s: %s",
+                 (unsigned long long)size, what, strerror(rc));
+        return -rc;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = -errno;
+        snprintf(why, why_size, "cannot map %s: %s", what, strerror(errno));
+        return rc;
+    }
+    seg->base = p;
+    seg->size = size;
+    seg->fd = fd;
+    seg->shared = true;
+    randombytes_buf(seg->nonce, sizeof(seg->nonce));
+    write_header(seg);
+    return 0;
 }
 
 /* Reads the owner pid recorded in an existing segment's header, 0 if unreadable. */
@@ -94,7 +129,7 @@ static int replace_stale(const char *path, char *why, size_t why_size)
 }
 
 int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_t size,
-                              char *why, size_t why_size)
+                              uint32_t mode, char *why, size_t why_size)
 {
     char path[130];
     int fd = -1, rc;
@@ -136,36 +171,51 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
         return -EBUSY;
     }
 
-    do {
-        rc = posix_fallocate(fd, 0, (off_t)size);
-    } while (rc == EINTR);
-    if (rc != 0) {
-        snprintf(why, why_size, "cannot reserve %llu bytes for /dev/shm%s: %s",
-                 (unsigned long long)size, path, strerror(rc));
-        rc = -rc;
-        goto out_unlink;
-    }
-
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) {
+    /* shm_open's mode is filtered by the umask; set the configured bits exactly. */
+    if (fchmod(fd, mode) != 0) {
         rc = -errno;
-        snprintf(why, why_size, "cannot map /dev/shm%s: %s", path, strerror(errno));
+        snprintf(why, why_size, "cannot set mode %o on /dev/shm%s: %s", mode, path,
+                 strerror(errno));
         goto out_unlink;
     }
-
-    seg->base = p;
-    seg->size = size;
-    seg->fd = fd;
-    seg->shared = true;
+    char what[160];
+    snprintf(what, sizeof(what), "/dev/shm%s", path);
+    rc = reserve_and_map(seg, fd, size, what, why, why_size);
+    if (rc)
+        goto out_unlink;
     snprintf(seg->name, sizeof(seg->name), "%s", name);
-    randombytes_buf(seg->nonce, sizeof(seg->nonce));
-    write_header(seg);
     return 0;
 
 out_unlink:
     shm_unlink(path);
     close(fd);
     return rc;
+}
+
+int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why,
+                             size_t why_size)
+{
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    why[0] = '\0';
+    int fd = memfd_create("kvpool_l1_pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        int err = errno;
+        snprintf(why, why_size, "memfd_create: %s", strerror(err));
+        return -err;
+    }
+    int rc = reserve_and_map(seg, fd, size, "the memfd segment", why, why_size);
+    if (rc == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        rc = -errno;
+        snprintf(why, why_size, "cannot seal the memfd segment: %s", strerror(errno));
+        munmap(seg->base, size);
+        *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    }
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    seg->memfd = true;
+    return 0;
 }
 
 int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size)
@@ -188,7 +238,7 @@ void kvp_segment_destroy(struct kvp_segment *seg)
         return;
     if (seg->base)
         munmap(seg->base, seg->size);
-    if (seg->shared && seg->name[0]) {
+    if (seg->shared && !seg->memfd && seg->name[0]) {
         char path[130];
         snprintf(path, sizeof(path), "/%s", seg->name);
         shm_unlink(path);

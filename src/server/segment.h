@@ -21,8 +21,9 @@ struct kvp_segment {
     uint8_t *base;      /* mapping of the whole segment */
     uint64_t size;      /* header + pool */
     int fd;             /* shared segment fd (holds our flock), -1 otherwise */
-    bool shared;
-    char name[128];     /* without '/'; "" when private */
+    bool shared;        /* workers can map it (posix or memfd) */
+    bool memfd;         /* anonymous memfd: no name, handed out by fd passing */
+    char name[128];     /* posix: without '/'; "" otherwise */
     uint8_t nonce[16];
 };
 
@@ -37,7 +38,17 @@ struct kvp_segment {
  * the caller falls back to private memory).
  */
 int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_t size,
-                              char *why, size_t why_size);
+                              uint32_t mode, char *why, size_t why_size);
+
+/*
+ * Creates an anonymous memfd segment of size bytes: memfd_create with sealing allowed,
+ * posix_fallocate, seals against shrinking and growing (so a worker holding the fd can never
+ * truncate the pool under the daemon), MAP_POPULATE mapping, header. Nothing appears in
+ * /dev/shm and the memory goes away with the last process holding the fd. Returns 0 or a
+ * negative errno with why filled (the caller falls back to private memory).
+ */
+int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why,
+                             size_t why_size);
 
 /* Creates private pre-faulted memory of size bytes. Returns 0 or the negative errno of mmap
  * (-ENOMEM when the memory is not available). */

@@ -37,27 +37,44 @@
 #include "shm_gate.h"
 #include "stats.h"
 
+/* Logs a gate verdict. Returns true when the segment may be attempted. */
+static bool gate_allows(enum kvp_gate_verdict v, const char *log_line)
+{
+    if (v == KVP_GATE_SKIPPED)
+        log_debug("%s", log_line);
+    else if (v != KVP_GATE_OK)
+        log_warn("%s", log_line);
+    return v == KVP_GATE_OK || v == KVP_GATE_SKIPPED;
+}
+
 static int setup_memory(struct kvp_server *s)
 {
     const struct kvp_config *cfg = &s->cfg;
     uint64_t size = KVP_SEG_HEADER + cfg->l1_size;
     char log_line[512], why[200];
-    int rc;
+    struct kvp_gate_probe probe;
+    int rc = 0;
 
-    if (!cfg->shm_enabled) {
+    if (!cfg->shm_enabled || cfg->shm_backend == KVP_SHM_NONE) {
         snprintf(s->shm_reason, sizeof(s->shm_reason), "SHM disabled by configuration");
+    } else if (cfg->shm_backend == KVP_SHM_MEMFD) {
+        kvp_mem_gate_probe(&probe);
+        if (gate_allows(kvp_mem_gate_decide(size, &probe, log_line, sizeof(log_line),
+                                            s->shm_reason, sizeof(s->shm_reason)),
+                        log_line)) {
+            rc = kvp_segment_create_memfd(&s->seg, size, why, sizeof(why));
+            if (rc) {
+                log_warn("Cannot create the memfd segment (%s). Disabling SHM transport.", why);
+                snprintf(s->shm_reason, sizeof(s->shm_reason), "SHM disabled: %s", why);
+            }
+        }
     } else {
-        struct kvp_gate_probe probe;
         kvp_shm_gate_probe(KVP_SHM_DIR, &probe);
-        enum kvp_gate_verdict v = kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line),
-                                                      s->shm_reason, sizeof(s->shm_reason));
-        if (v == KVP_GATE_SKIPPED)
-            log_debug("%s", log_line);
-        else if (v != KVP_GATE_OK)
-            log_warn("%s", log_line);
-
-        if (v == KVP_GATE_OK || v == KVP_GATE_SKIPPED) {
-            rc = kvp_segment_create_shared(&s->seg, cfg->shm_name, size, why, sizeof(why));
+        if (gate_allows(kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line),
+                                            s->shm_reason, sizeof(s->shm_reason)),
+                        log_line)) {
+            rc = kvp_segment_create_shared(&s->seg, cfg->shm_name, size, cfg->shm_mode, why,
+                                           sizeof(why));
             if (rc == -EBUSY) {
                 log_error("Refusing to start: %s", why);
                 return rc;
@@ -176,7 +193,11 @@ static void *expiry_main(void *arg)
 static void log_startup(const struct kvp_server *s)
 {
     const struct kvp_config *cfg = &s->cfg;
-    if (s->seg.shared)
+    if (s->seg.memfd)
+        log_info("kvpoold %s ready: pool %" PRIu64 " bytes, SHM enabled (memfd), socket %s, "
+                 "chunk size %" PRIu32 " tokens",
+                 KVP_DAEMON_VERSION, cfg->l1_size, cfg->socket_path, cfg->chunk_tokens);
+    else if (s->seg.shared)
         log_info("kvpoold %s ready: pool %" PRIu64 " bytes, SHM enabled (shm_name=%s), "
                  "socket %s, chunk size %" PRIu32 " tokens",
                  KVP_DAEMON_VERSION, cfg->l1_size, s->seg.name, cfg->socket_path,
@@ -261,34 +282,67 @@ void kvp_server_conn_exit(struct kvp_server *s, struct kvp_conn *c)
     pthread_mutex_unlock(&s->conns_lock);
 }
 
-/* Refuses a connection over --max-clients: answers its first request with -EUSERS. */
-static void refuse(struct kvp_server *s, int fd)
+/*
+ * Refuses a connection: answers its first request (if it comes within 200 ms) with status and
+ * msg, then closes. Runs on the accept thread, so it never waits longer than that.
+ */
+static void refuse(int fd, int status, const char *msg)
 {
     uint8_t raw[KVP_HEADER_SIZE];
     struct kvp_header h;
     struct pollfd p = {.fd = fd, .events = POLLIN};
 
-    KVP_COUNT(connections_rejected, 1);
-    log_warn("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
-             s->cfg.max_clients);
     if (poll(&p, 1, 200) == 1 && recv(fd, raw, sizeof(raw), MSG_DONTWAIT) == (ssize_t)sizeof(raw) &&
         kvp_header_decode(raw, &h) == 0) {
         struct kvp_wbuf w;
         uint8_t out[KVP_HEADER_SIZE];
         kvp_wbuf_init(&w);
-        kvp_encode_error(&w, "too many clients connected (--max-clients)");
+        kvp_encode_error(&w, msg);
         struct kvp_header r = {.magic = KVP_MAGIC,
                                .version = KVP_PROTO_VERSION,
                                .opcode = (uint16_t)(h.opcode | KVP_REPLY_FLAG),
                                .request_id = h.request_id,
                                .body_len = (uint32_t)w.len,
-                               .status = -EUSERS};
+                               .status = status};
         kvp_header_encode(&r, out);
         if (!w.err && send(fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof(out))
             send(fd, w.data, w.len, MSG_NOSIGNAL | MSG_DONTWAIT);
         kvp_wbuf_free(&w);
     }
     close(fd);
+}
+
+/* Peer-credential policy: the daemon's own uid, --allow-uid, or a member of --allow-gid. */
+static bool peer_allowed(const struct kvp_config *cfg, const struct ucred *cr)
+{
+    if ((uid_t)cr->uid == geteuid())
+        return true;
+    for (uint32_t i = 0; i < cfg->n_allow_uids; i++)
+        if ((uint32_t)cr->uid == cfg->allow_uids[i])
+            return true;
+    if (cfg->n_allow_gids == 0)
+        return false;
+    /* The peer's primary gid from SO_PEERCRED, then its supplementary groups from /proc. */
+    for (uint32_t i = 0; i < cfg->n_allow_gids; i++)
+        if ((uint32_t)cr->gid == cfg->allow_gids[i])
+            return true;
+    char path[64], line[1024];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)cr->pid);
+    FILE *f = fopen(path, "re");
+    bool ok = false;
+    while (f && !ok && fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "Groups:", 7) != 0)
+            continue;
+        char *p = line + 7, *end;
+        for (unsigned long g = strtoul(p, &end, 10); end != p; g = strtoul(p, &end, 10)) {
+            for (uint32_t i = 0; i < cfg->n_allow_gids; i++)
+                ok |= g == cfg->allow_gids[i];
+            p = end;
+        }
+    }
+    if (f)
+        fclose(f);
+    return ok;
 }
 
 static void accept_one(struct kvp_server *s)
@@ -302,11 +356,28 @@ static void accept_one(struct kvp_server *s)
         }
         return;
     }
+    struct ucred cr;
+    socklen_t crlen = sizeof(cr);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 ||
+        !peer_allowed(&s->cfg, &cr)) {
+        char msg[128];
+        KVP_COUNT(connections_rejected, 1);
+        snprintf(msg, sizeof(msg), "uid %d is not allowed to use this kvpoold (see --allow-uid)",
+                 (int)cr.uid);
+        log_warn("Refusing a connection from pid %d uid %d gid %d: not allowed by "
+                 "--allow-uid/--allow-gid",
+                 (int)cr.pid, (int)cr.uid, (int)cr.gid);
+        refuse(fd, -EACCES, msg);
+        return;
+    }
     pthread_mutex_lock(&s->conns_lock);
     bool full = s->nconns >= s->cfg.max_clients;
     pthread_mutex_unlock(&s->conns_lock);
     if (full) {
-        refuse(s, fd);
+        KVP_COUNT(connections_rejected, 1);
+        log_warn("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
+                 s->cfg.max_clients);
+        refuse(fd, -EUSERS, "too many clients connected (--max-clients)");
         return;
     }
 

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef __linux__
@@ -69,4 +70,83 @@ enum kvp_gate_verdict kvp_shm_gate_decide(uint64_t need, const struct kvp_gate_p
     }
     return KVP_GATE_OK;
 #endif
+}
+
+uint64_t kvp_cgroup_headroom(const char *memory_max, const char *memory_current)
+{
+    if (strncmp(memory_max, "max", 3) == 0)
+        return UINT64_MAX;
+    uint64_t max = strtoull(memory_max, NULL, 10);
+    uint64_t cur = strtoull(memory_current, NULL, 10);
+    return cur >= max ? 0 : max - cur;
+}
+
+/* Reads a small text file into buf. Returns 0 or -errno. */
+static int read_small(const char *path, char *buf, size_t size)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -errno;
+    size_t n = fread(buf, 1, size - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return 0;
+}
+
+void kvp_mem_gate_probe(struct kvp_gate_probe *probe)
+{
+    char buf[4096], path[512], max[64], cur[64];
+    *probe = (struct kvp_gate_probe){.err = ENOENT, .free_bytes = UINT64_MAX};
+
+    if (read_small("/proc/meminfo", buf, sizeof(buf)) == 0) {
+        const char *p = strstr(buf, "MemAvailable:");
+        if (p) {
+            probe->free_bytes = strtoull(p + 13, NULL, 10) * 1024;
+            probe->err = 0;
+        }
+    }
+    /* cgroup v2: "0::/some/path" in /proc/self/cgroup. */
+    if (read_small("/proc/self/cgroup", buf, sizeof(buf)) == 0 && strncmp(buf, "0::", 3) == 0) {
+        buf[strcspn(buf, "\n")] = '\0';
+        const char *rel = strcmp(buf + 3, "/") == 0 ? "" : buf + 3;
+        snprintf(path, sizeof(path), "/sys/fs/cgroup%.400s/memory.max", rel);
+        if (read_small(path, max, sizeof(max)) == 0) {
+            snprintf(path, sizeof(path), "/sys/fs/cgroup%.400s/memory.current", rel);
+            if (read_small(path, cur, sizeof(cur)) != 0)
+                snprintf(cur, sizeof(cur), "0");
+            uint64_t room = kvp_cgroup_headroom(max, cur);
+            if (room < probe->free_bytes)
+                probe->free_bytes = room;
+            probe->err = 0;
+        }
+    }
+}
+
+enum kvp_gate_verdict kvp_mem_gate_decide(uint64_t need, const struct kvp_gate_probe *probe,
+                                          char *log, size_t log_size, char *reason,
+                                          size_t reason_size)
+{
+    log[0] = '\0';
+    reason[0] = '\0';
+    if (probe->err) {
+        snprintf(log, log_size,
+                 "Cannot verify available memory required for the memfd segment; disabling "
+                 "SHM mode. (%s)",
+                 strerror(probe->err));
+        snprintf(reason, reason_size, "SHM disabled: cannot verify available memory (%s)",
+                 strerror(probe->err));
+        return KVP_GATE_UNVERIFIABLE;
+    }
+    if (probe->free_bytes < need) {
+        snprintf(log, log_size,
+                 "Insufficient memory for the memfd segment: need %" PRIu64 " bytes, have %" PRIu64
+                 " bytes. Disabling SHM transport.",
+                 need, probe->free_bytes);
+        snprintf(reason, reason_size,
+                 "SHM disabled: insufficient memory for the memfd segment (need %" PRIu64
+                 " bytes, have %" PRIu64 ")",
+                 need, probe->free_bytes);
+        return KVP_GATE_INSUFFICIENT;
+    }
+    return KVP_GATE_OK;
 }

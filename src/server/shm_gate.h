@@ -36,4 +36,19 @@ enum kvp_gate_verdict kvp_shm_gate_decide(uint64_t need, const struct kvp_gate_p
                                           char *log, size_t log_size, char *reason,
                                           size_t reason_size);
 
+/*
+ * The memfd backend's gate: memory this process may still use, the smaller of MemAvailable
+ * (/proc/meminfo) and the headroom of its cgroup v2 memory.max, when there is one.
+ * err is set when neither can be read.
+ */
+void kvp_mem_gate_probe(struct kvp_gate_probe *probe);
+
+/* Decides for a memfd segment of need bytes; same outputs as kvp_shm_gate_decide(). */
+enum kvp_gate_verdict kvp_mem_gate_decide(uint64_t need, const struct kvp_gate_probe *probe,
+                                          char *log, size_t log_size, char *reason,
+                                          size_t reason_size);
+
+/* Parses cgroup v2 files; exposed for tests. "max" means unlimited (UINT64_MAX). */
+uint64_t kvp_cgroup_headroom(const char *memory_max, const char *memory_current);
+
 #endif /* KVP_SHM_GATE_H */

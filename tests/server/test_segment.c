@@ -114,7 +114,7 @@ static void test_create_shared(void **state)
     struct stat st;
     uint8_t h[64];
 
-    assert_rc(kvp_segment_create_shared(&seg, c->name, size, why, sizeof(why)), 0);
+    assert_rc(kvp_segment_create_shared(&seg, c->name, size, 0600, why, sizeof(why)), 0);
     assert_string_equal(why, "");
     assert_true(seg.shared);
     assert_non_null(seg.base);
@@ -166,8 +166,8 @@ static void test_two_segments_have_different_nonces(void **state)
     char why[256], name_b[128];
 
     snprintf(name_b, sizeof(name_b), "%s_b", c->name);
-    assert_rc(kvp_segment_create_shared(&a, c->name, KVP_SEG_HEADER + MIB, why, sizeof(why)), 0);
-    int rc = kvp_segment_create_shared(&b, name_b, KVP_SEG_HEADER + MIB, why, sizeof(why));
+    assert_rc(kvp_segment_create_shared(&a, c->name, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why)), 0);
+    int rc = kvp_segment_create_shared(&b, name_b, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why));
     if (rc != 0) {
         kvp_segment_destroy(&a);
         fail_msg("second segment: %d %s", rc, why);
@@ -185,8 +185,8 @@ static void test_busy_same_process(void **state)
     char why[256] = "", pid[32];
     uint8_t h[64];
 
-    assert_rc(kvp_segment_create_shared(&a, c->name, size, why, sizeof(why)), 0);
-    assert_rc(kvp_segment_create_shared(&b, c->name, 2 * size, why, sizeof(why)), -EBUSY);
+    assert_rc(kvp_segment_create_shared(&a, c->name, size, 0600, why, sizeof(why)), 0);
+    assert_rc(kvp_segment_create_shared(&b, c->name, 2 * size, 0600, why, sizeof(why)), -EBUSY);
     if (!strstr(why, "in use"))
         fail_msg("why \"%s\" does not say \"in use\"", why);
     /* The message names the holder, read from the header. */
@@ -215,13 +215,13 @@ static void test_busy_other_process(void **state)
     struct kvp_segment a = KVP_SEGMENT_INIT;
     char why[256];
 
-    assert_rc(kvp_segment_create_shared(&a, c->name, KVP_SEG_HEADER + MIB, why, sizeof(why)), 0);
+    assert_rc(kvp_segment_create_shared(&a, c->name, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why)), 0);
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         struct kvp_segment b = KVP_SEGMENT_INIT;
-        int rc = kvp_segment_create_shared(&b, c->name, KVP_SEG_HEADER + MIB, why, sizeof(why));
+        int rc = kvp_segment_create_shared(&b, c->name, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why));
         if (rc != -EBUSY) {
             fprintf(stderr, "child: create = %d (%s), expected -EBUSY\n", rc, why);
             _exit(1);
@@ -256,7 +256,7 @@ static void test_stale_after_owner_killed(void **state)
     if (pid == 0) {
         struct kvp_segment s = KVP_SEGMENT_INIT;
         close(pfd[0]);
-        if (kvp_segment_create_shared(&s, c->name, size, why, sizeof(why)) != 0) {
+        if (kvp_segment_create_shared(&s, c->name, size, 0600, why, sizeof(why)) != 0) {
             fprintf(stderr, "child: create failed: %s\n", why);
             _exit(1);
         }
@@ -278,7 +278,7 @@ static void test_stale_after_owner_killed(void **state)
     read_file_header(c->path, h);
     check_header(h, old_nonce, size, pid);
 
-    assert_rc(kvp_segment_create_shared(&seg, c->name, size, why, sizeof(why)), 0);
+    assert_rc(kvp_segment_create_shared(&seg, c->name, size, 0600, why, sizeof(why)), 0);
     assert_memory_not_equal(seg.nonce, old_nonce, sizeof(old_nonce));
     read_file_header(c->path, h);
     check_header(h, seg.nonce, size, getpid());
@@ -303,7 +303,7 @@ static void test_stale_unlocked_file(void **state)
     assert_int_equal(pwrite(fd, "not a kvpool segment", 20, 0), 20);
     close(fd);
 
-    assert_rc(kvp_segment_create_shared(&seg, c->name, size, why, sizeof(why)), 0);
+    assert_rc(kvp_segment_create_shared(&seg, c->name, size, 0600, why, sizeof(why)), 0);
     assert_int_equal(stat(c->path, &st), 0);
     assert_int_equal(st.st_size, size);
     assert_int_equal(st.st_mode & 07777, 0600);
@@ -319,7 +319,7 @@ static void test_invalid_name(void **state)
     struct kvp_segment seg = KVP_SEGMENT_INIT;
     char why[256] = "";
 
-    int rc = kvp_segment_create_shared(&seg, "kvpool_l1_pool_a/b", KVP_SEG_HEADER + MIB, why,
+    int rc = kvp_segment_create_shared(&seg, "kvpool_l1_pool_a/b", KVP_SEG_HEADER + MIB, 0600, why,
                                        sizeof(why));
     assert_true(rc < 0);
     assert_true(rc != -EBUSY);
@@ -456,7 +456,7 @@ static int expect_enospc(const char *name, uint64_t size)
     struct kvp_segment seg = KVP_SEGMENT_INIT;
     char why[256] = "", path[128];
 
-    int rc = kvp_segment_create_shared(&seg, name, size, why, sizeof(why));
+    int rc = kvp_segment_create_shared(&seg, name, size, 0600, why, sizeof(why));
     if (rc != -ENOSPC) {
         fprintf(stderr, "child: create(%llu) = %d (%s), expected -ENOSPC\n",
                 (unsigned long long)size, rc, why);
@@ -528,7 +528,7 @@ static int child_filled_after_gate(const char *name)
     /* With the space back, the same creation succeeds: it was only the space. */
     unlink(filler);
     struct kvp_segment seg = KVP_SEGMENT_INIT;
-    if (kvp_segment_create_shared(&seg, name, size, log, sizeof(log)) != 0) {
+    if (kvp_segment_create_shared(&seg, name, size, 0600, log, sizeof(log)) != 0) {
         fprintf(stderr, "child: create after freeing space failed: %s\n", log);
         return 23;
     }
