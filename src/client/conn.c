@@ -161,6 +161,9 @@ void kvp_conn_close(struct kvp_conn *c)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    if (c->passed_fd >= 0)
+        close(c->passed_fd);
+    c->passed_fd = -1;
     kvp_wbuf_free(&c->req);
     free(c->body);
     c->body = NULL;
@@ -275,6 +278,53 @@ static int recv_buf(int fd, void *p, size_t len)
     return recv_all(fd, &iov, 1);
 }
 
+int kvp_conn_take_fd(struct kvp_conn *c)
+{
+    int fd = c->passed_fd;
+    c->passed_fd = -1;
+    return fd;
+}
+
+/*
+ * Reads a reply header with recvmsg, so that a descriptor the daemon attached to its first byte
+ * (SCM_RIGHTS, MAP_SEGMENT) lands in c->passed_fd instead of being dropped. Returns 0 or a
+ * negative errno (-ECONNRESET on EOF).
+ */
+static int recv_header(struct kvp_conn *c, uint8_t *raw)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    size_t got = 0;
+
+    while (got < KVP_HEADER_SIZE) {
+        struct iovec iov = {raw + got, KVP_HEADER_SIZE - got};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                            .msg_controllen = sizeof(ctl.buf)};
+        ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return io_errno(errno);
+        }
+        if (n == 0)
+            return -ECONNRESET;
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS ||
+                cm->cmsg_len != CMSG_LEN(sizeof(int)))
+                continue;
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm), sizeof(fd));
+            if (c->passed_fd >= 0)
+                close(c->passed_fd);
+            c->passed_fd = fd;
+        }
+        got += (size_t)n;
+    }
+    return 0;
+}
+
 /*
  * Reads and checks the reply header to request (op, id). Returns 0 or a broken-stream error.
  * Requests are answered in order, so a reply for another opcode or request id means the two
@@ -284,7 +334,7 @@ static int read_reply_header(struct kvp_conn *c, uint16_t op, uint64_t id, struc
 {
     uint8_t raw[KVP_HEADER_SIZE];
     const char *name = kvp_opcode_name(op);
-    int rc = recv_buf(c->fd, raw, sizeof(raw));
+    int rc = recv_header(c, raw);
 
     if (rc == -ECONNRESET)
         return kvp_conn_fail(c, rc, "kvpoold closed the connection instead of answering %s",

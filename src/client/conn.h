@@ -29,9 +29,10 @@ struct kvp_conn {
     size_t body_cap;
     char errmsg[KVP_ERRMSG_SIZE];     /* message of the last failed call, "" if none */
     char broken_msg[KVP_ERRMSG_SIZE]; /* what broke the stream */
+    int passed_fd;               /* descriptor received with the last reply (SCM_RIGHTS), or -1 */
 };
 
-#define KVP_CONN_INIT {.fd = -1, .next_id = 1}
+#define KVP_CONN_INIT {.fd = -1, .next_id = 1, .passed_fd = -1}
 
 /*
  * Connects to the Unix socket at path with SO_RCVTIMEO/SO_SNDTIMEO set to timeout_ms (0: the
@@ -68,6 +69,9 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
  * c->payload_left. Returns 0 or a negative error (the connection is then broken).
  */
 int kvp_conn_read_payload(struct kvp_conn *c, const struct iovec *iov, size_t niov);
+
+/* Takes the descriptor that came with the last reply: the caller owns it. -1 if none. */
+int kvp_conn_take_fd(struct kvp_conn *c);
 
 /* Marks the stream unusable (the caller could not make sense of a reply) and returns err. The
  * message goes to errmsg. */

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/layout.h"
 
@@ -50,8 +51,28 @@ static int do_map_segment(kvp_client *c, char *reason, size_t reason_size)
 {
     if (c->shm.base)
         return 0;
-    return kvp_shm_map_open(&c->shm, c->hello.shm_name, c->hello.segment_size, c->hello.nonce,
-                            reason, reason_size);
+    if (c->hello.shm_backend == KVP_WIRE_BACKEND_POSIX)
+        return kvp_shm_map_open(&c->shm, c->hello.shm_name, c->hello.segment_size,
+                                c->hello.nonce, reason, reason_size);
+
+    /* memfd: the daemon hands the descriptor over the socket; there is no name to open. */
+    int rc = kvp_conn_begin(&c->conn);
+    if (rc == 0)
+        rc = kvp_conn_call(&c->conn, KVP_OP_MAP_SEGMENT, NULL, 0, false);
+    int fd = kvp_conn_take_fd(&c->conn);
+    if (rc == 0 && fd < 0)
+        rc = -EBADF;
+    if (rc < 0) {
+        snprintf(reason, reason_size, "cannot receive the memfd segment: %.200s",
+                 c->conn.errmsg[0] ? c->conn.errmsg : kvp_strerror(rc));
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    rc = kvp_shm_map_fd(&c->shm, fd, c->hello.segment_size, c->hello.nonce, "the memfd segment",
+                        reason, reason_size);
+    close(fd);
+    return rc;
 }
 
 /* Fills req->transport and req->reason. Returns 0, or KVP_ENOSHM for a strict SHM request
@@ -66,7 +87,7 @@ static int do_choose_transport(kvp_client *c, uint32_t want, struct kvp_register
         snprintf(req->reason, sizeof(req->reason), "requested by worker");
         return 0;
     }
-    if (!h->shm_enabled) {
+    if (!h->shm_backend) {
         if (want == KVP_TRANSPORT_SHM)
             return kvp_conn_error(&c->conn, KVP_ENOSHM, "kvpoold offers no shared memory: %s",
                                   h->shm_reason[0] ? h->shm_reason : "disabled");
@@ -108,7 +129,7 @@ static int do_check_reply(kvp_client *c, const struct kvp_register_reply *r)
                              "(%u dims, %llu bytes)", r->ndim,
                              (unsigned long long)r->chunk_bytes);
     if (r->transport == KVP_WIRE_SHM &&
-        (!c->hello.shm_enabled || strcmp(r->shm_name, c->hello.shm_name) != 0 ||
+        (!c->hello.shm_backend || strcmp(r->shm_name, c->hello.shm_name) != 0 ||
          r->segment_size != c->hello.segment_size ||
          r->chunk_bytes > r->segment_size - KVP_SHM_HEADER_SIZE))
         return kvp_conn_fail(conn, KVP_EPROTO, "REGISTER reply names segment \"%s\" of %llu "

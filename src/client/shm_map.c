@@ -32,9 +32,7 @@
 int kvp_shm_map_open(struct kvp_shm_map *m, const char *name, uint64_t size,
                      const uint8_t nonce[KVP_NONCE_SIZE], char *reason, size_t reason_size)
 {
-    char path[KVP_MAX_NAME + 2];
-    struct stat st;
-    void *base;
+    char path[KVP_MAX_NAME + 2], label[KVP_MAX_NAME + 16];
     int fd, rc;
 
     *m = (struct kvp_shm_map){0};
@@ -42,11 +40,6 @@ int kvp_shm_map_open(struct kvp_shm_map *m, const char *name, uint64_t size,
     if (len == 0 || len > KVP_MAX_NAME || strchr(name, '/')) {
         snprintf(reason, reason_size, "daemon announced an invalid segment name \"%.*s\"",
                  (int)(len > 64 ? 64 : len), name);
-        return -EINVAL;
-    }
-    if (size < KVP_SHM_HEADER_SIZE || size > SIZE_MAX) {
-        snprintf(reason, reason_size, "daemon announced an invalid segment size %llu",
-                 (unsigned long long)size);
         return -EINVAL;
     }
     snprintf(path, sizeof(path), "/%s", name);
@@ -57,30 +50,49 @@ int kvp_shm_map_open(struct kvp_shm_map *m, const char *name, uint64_t size,
         snprintf(reason, reason_size, "cannot open /dev/shm/%s: %s", name, kvp_strerror(rc));
         return rc;
     }
+    snprintf(label, sizeof(label), "/dev/shm/%s", name);
+    rc = kvp_shm_map_fd(m, fd, size, nonce, label, reason, reason_size);
+    close(fd);
+    if (rc == 0)
+        memcpy(m->name, name, len + 1);
+    return rc;
+}
+
+int kvp_shm_map_fd(struct kvp_shm_map *m, int fd, uint64_t size,
+                   const uint8_t nonce[KVP_NONCE_SIZE], const char *label, char *reason,
+                   size_t reason_size)
+{
+    struct stat st;
+    void *base;
+    int rc;
+
+    *m = (struct kvp_shm_map){0};
+    if (size < KVP_SHM_HEADER_SIZE || size > SIZE_MAX) {
+        snprintf(reason, reason_size, "daemon announced an invalid segment size %llu",
+                 (unsigned long long)size);
+        return -EINVAL;
+    }
     if (fstat(fd, &st) < 0) {
         rc = -errno;
-        snprintf(reason, reason_size, "cannot stat /dev/shm/%s: %s", name, kvp_strerror(rc));
-        goto out_close_fd;
+        snprintf(reason, reason_size, "cannot stat %s: %s", label, kvp_strerror(rc));
+        return rc;
     }
     if (st.st_size < 0 || (uint64_t)st.st_size < size) {
-        snprintf(reason, reason_size, "segment /dev/shm/%s is %lld bytes, daemon announced %llu",
-                 name, (long long)st.st_size, (unsigned long long)size);
-        rc = KVP_ENOSHM;
-        goto out_close_fd;
+        snprintf(reason, reason_size, "segment %s is %lld bytes, daemon announced %llu", label,
+                 (long long)st.st_size, (unsigned long long)size);
+        return KVP_ENOSHM;
     }
 
     base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
         rc = -errno;
-        snprintf(reason, reason_size, "cannot map /dev/shm/%s (%llu bytes): %s", name,
+        snprintf(reason, reason_size, "cannot map %s (%llu bytes): %s", label,
                  (unsigned long long)size, kvp_strerror(rc));
-        goto out_close_fd;
+        return rc;
     }
-    /* The mapping keeps the segment alive; the descriptor is not needed any more. */
-    close(fd);
-
+    /* The caller closes fd: the mapping alone keeps the segment alive. */
     if (memcmp(base, KVP_SHM_MAGIC, KVP_SHM_MAGIC_LEN) != 0) {
-        snprintf(reason, reason_size, "segment /dev/shm/%s has no kvpool header", name);
+        snprintf(reason, reason_size, "segment %s has no kvpool header", label);
         rc = KVP_ENOSHM;
         goto out_unmap;
     }
@@ -92,16 +104,12 @@ int kvp_shm_map_open(struct kvp_shm_map *m, const char *name, uint64_t size,
 
     m->base = base;
     m->size = size;
-    memcpy(m->name, name, len + 1);
     if (reason_size)
         reason[0] = '\0';
     return 0;
 
 out_unmap:
     munmap(base, (size_t)size);
-    return rc;
-out_close_fd:
-    close(fd);
     return rc;
 }
 

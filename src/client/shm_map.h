@@ -36,6 +36,14 @@ struct kvp_shm_map {
 int kvp_shm_map_open(struct kvp_shm_map *m, const char *name, uint64_t size,
                      const uint8_t nonce[KVP_NONCE_SIZE], char *reason, size_t reason_size);
 
+/*
+ * Maps an already open segment descriptor (the memfd backend's, received over the socket) with
+ * the same checks; label names it in reasons. fd stays the caller's to close.
+ */
+int kvp_shm_map_fd(struct kvp_shm_map *m, int fd, uint64_t size,
+                   const uint8_t nonce[KVP_NONCE_SIZE], const char *label, char *reason,
+                   size_t reason_size);
+
 /* Unmaps. Safe on a zeroed, never-mapped map. */
 void kvp_shm_map_close(struct kvp_shm_map *m);
 

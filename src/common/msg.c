@@ -19,7 +19,7 @@ void kvp_encode_hello_reply(struct kvp_wbuf *w, const struct kvp_hello_reply *m)
     kvp_put_u16(w, m->minor);
     kvp_put_u32(w, m->pid);
     kvp_put_u32(w, m->chunk_tokens);
-    kvp_put_u32(w, m->shm_enabled);
+    kvp_put_u32(w, m->shm_backend);
     kvp_put_u64(w, m->segment_size);
     kvp_put_bytes(w, m->nonce, KVP_NONCE_SIZE);
     kvp_put_str(w, m->shm_name);
@@ -34,7 +34,9 @@ int kvp_decode_hello_reply(const void *body, size_t len, struct kvp_hello_reply 
     m->minor = kvp_get_u16(&r);
     m->pid = kvp_get_u32(&r);
     m->chunk_tokens = kvp_get_u32(&r);
-    m->shm_enabled = kvp_get_u32(&r);
+    m->shm_backend = kvp_get_u32(&r);
+    if (!r.err && m->shm_backend > KVP_WIRE_BACKEND_MEMFD)
+        return -EPROTO;
     m->segment_size = kvp_get_u64(&r);
     const void *nonce = kvp_get_bytes(&r, KVP_NONCE_SIZE);
     if (nonce)

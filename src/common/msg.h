@@ -14,11 +14,14 @@
 /* Transport codes on the wire (same values as kvp_transport in kvpool.h). */
 enum { KVP_WIRE_AUTO = 0, KVP_WIRE_SHM = 1, KVP_WIRE_INLINE = 2 };
 
+/* Shared-memory backends in HELLO: none, a named POSIX segment, a memfd passed by MAP_SEGMENT. */
+enum { KVP_WIRE_BACKEND_NONE = 0, KVP_WIRE_BACKEND_POSIX = 1, KVP_WIRE_BACKEND_MEMFD = 2 };
+
 struct kvp_hello_reply {
     uint16_t major, minor;
     uint32_t pid;
     uint32_t chunk_tokens;
-    uint32_t shm_enabled;
+    uint32_t shm_backend;                  /* KVP_WIRE_BACKEND_*: how a worker maps the pool */
     uint64_t segment_size;                 /* bytes of the shared segment (0 if disabled) */
     uint8_t nonce[KVP_NONCE_SIZE];         /* also stored in the segment's header page */
     char shm_name[KVP_MAX_NAME + 1];       /* without leading '/' */

@@ -40,7 +40,8 @@
     XX(STORE_INLINE, 10)          \
     XX(PREPARE_RETRIEVE, 11)      \
     XX(COMMIT_RETRIEVE, 12)       \
-    XX(RETRIEVE_INLINE, 13)
+    XX(RETRIEVE_INLINE, 13)      \
+    XX(MAP_SEGMENT, 14)
 
 enum kvp_opcode {
 #define KVP_OPCODE_ENUM(name, val) KVP_OP_##name = (val),

@@ -143,6 +143,46 @@ int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
     return rc;
 }
 
+int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd)
+{
+    uint8_t hdr[KVP_HEADER_SIZE];
+    struct kvp_header h = {
+        .magic = KVP_MAGIC,
+        .version = KVP_PROTO_VERSION,
+        .opcode = (uint16_t)(req->opcode | KVP_REPLY_FLAG),
+        .request_id = req->request_id,
+    };
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {hdr, sizeof(hdr)};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                        .msg_controllen = sizeof(ctl.buf)};
+
+    kvp_header_encode(&h, hdr);
+    memset(ctl.buf, 0, sizeof(ctl.buf));
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+
+    /* The descriptor rides on the first byte; the rest of the header may follow separately. */
+    ssize_t n;
+    do {
+        n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+    KVP_COUNT(requests, 1);
+    if ((size_t)n < sizeof(hdr)) {
+        struct iovec rest = {hdr + n, sizeof(hdr) - (size_t)n};
+        return send_all(c, &rest, 1);
+    }
+    return 0;
+}
+
 struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_pin,
                                    struct kvp_obj **objs, uint32_t n, uint64_t chunk_bytes)
 {

@@ -61,6 +61,9 @@ int kvp_conn_recv(struct kvp_conn *c, void *buf, size_t len);
 int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
                    const struct iovec *payload, int npayload, uint64_t payload_len);
 
+/* Sends an empty success reply with fd attached (SCM_RIGHTS). Returns 0 or a negative errno. */
+int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd);
+
 /* Hold table. */
 struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_pin,
                                    struct kvp_obj **objs, uint32_t n, uint64_t chunk_bytes);

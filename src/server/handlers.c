@@ -67,7 +67,9 @@ static int handle_hello(struct kvp_conn *c, const struct kvp_header *h)
         .minor = 0,
         .pid = (uint32_t)getpid(),
         .chunk_tokens = s->cfg.chunk_tokens,
-        .shm_enabled = s->seg.shared,
+        .shm_backend = !s->seg.shared ? KVP_WIRE_BACKEND_NONE
+                       : s->seg.memfd ? KVP_WIRE_BACKEND_MEMFD
+                                      : KVP_WIRE_BACKEND_POSIX,
         .segment_size = s->seg.shared ? s->seg.size : 0,
     };
     if (h->body_len != 0)
@@ -471,6 +473,17 @@ static int handle_retrieve_inline(struct kvp_conn *c, const struct kvp_header *h
     return rc;
 }
 
+/* MAP_SEGMENT: the memfd segment's descriptor travels as SCM_RIGHTS with the reply header. */
+static int handle_map_segment(struct kvp_conn *c, const struct kvp_header *h)
+{
+    struct kvp_server *s = c->srv;
+    if (h->body_len != 0)
+        return malformed(c, h);
+    if (!s->seg.memfd)
+        return fail(c, h, -EOPNOTSUPP, "this kvpoold does not use the memfd backend");
+    return kvp_conn_reply_fd(c, h, s->seg.fd);
+}
+
 int kvp_handle_request(struct kvp_conn *c, const struct kvp_header *h)
 {
     switch (h->opcode) {
@@ -500,6 +513,8 @@ int kvp_handle_request(struct kvp_conn *c, const struct kvp_header *h)
         return handle_commit_retrieve(c, h);
     case KVP_OP_RETRIEVE_INLINE:
         return handle_retrieve_inline(c, h);
+    case KVP_OP_MAP_SEGMENT:
+        return handle_map_segment(c, h);
     default:
         return malformed(c, h);
     }

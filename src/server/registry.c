@@ -122,7 +122,11 @@ static int do_find_handle(struct kvp_registry *r, uint32_t handle)
 
 static void log_transport(const struct kvp_instance *inst, const struct kvp_offer *offer)
 {
-    if (inst->transport == KVP_WIRE_SHM)
+    if (inst->transport == KVP_WIRE_SHM && offer->memfd)
+        log_info("Instance %s non-GPU context using SHM transport (backend=memfd, "
+                 "pool_size=%" PRIu64 ")",
+                 inst->req.instance_id, offer->pool_size);
+    else if (inst->transport == KVP_WIRE_SHM)
         log_info("Instance %s non-GPU context using SHM transport (shm_name=%s, "
                  "pool_size=%" PRIu64 ")",
                  inst->req.instance_id, offer->shm_name, offer->pool_size);

@@ -29,6 +29,7 @@ struct kvp_instance {
 /* What the daemon offers, fixed at start-up. */
 struct kvp_offer {
     bool shm_enabled;
+    bool memfd;              /* the segment is a memfd handed out by MAP_SEGMENT */
     const char *shm_name;
     const char *shm_reason;  /* why SHM is disabled */
     uint64_t pool_size;

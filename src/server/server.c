@@ -238,6 +238,7 @@ int kvp_server_start(struct kvp_server *s, const struct kvp_config *cfg)
 
     struct kvp_offer offer = {
         .shm_enabled = s->seg.shared,
+        .memfd = s->seg.memfd,
         .shm_name = s->seg.name,
         .shm_reason = s->shm_reason,
         .pool_size = cfg->l1_size,

@@ -128,7 +128,7 @@ static inline struct kvp_hello_reply fake_hello_msg(const char *shm_name, uint64
 {
     struct kvp_hello_reply h = {.major = 1, .minor = 0, .pid = 4242, .chunk_tokens = 16};
     if (shm_name) {
-        h.shm_enabled = 1;
+        h.shm_backend = 1;
         h.segment_size = seg_size;
         snprintf(h.shm_name, sizeof(h.shm_name), "%s", shm_name);
         memcpy(h.nonce, nonce, KVP_NONCE_SIZE);

@@ -53,7 +53,7 @@ static void check_strict(decode_fn fn, const struct kvp_wbuf *w)
 static struct kvp_hello_reply sample_hello(void)
 {
     struct kvp_hello_reply m = {
-        .major = 1, .minor = 3, .pid = 4242, .chunk_tokens = 256, .shm_enabled = 1,
+        .major = 1, .minor = 3, .pid = 4242, .chunk_tokens = 256, .shm_backend = 1,
         .segment_size = (1ull << 33) + 4096,
     };
     for (int i = 0; i < KVP_NONCE_SIZE; i++)
@@ -82,7 +82,7 @@ static void test_hello(void **state)
     assert_int_equal(d.minor, 3);
     assert_int_equal(d.pid, 4242);
     assert_int_equal(d.chunk_tokens, 256);
-    assert_int_equal(d.shm_enabled, 1);
+    assert_int_equal(d.shm_backend, 1);
     assert_int_equal(d.segment_size, m.segment_size);
     assert_memory_equal(d.nonce, m.nonce, KVP_NONCE_SIZE);
     assert_string_equal(d.shm_name, m.shm_name);
@@ -92,7 +92,7 @@ static void test_hello(void **state)
     /* Disabled, with a reason. */
     strcpy(m.shm_name, "");
     strcpy(m.shm_reason, "Insufficient /dev/shm capacity");
-    m.shm_enabled = 0;
+    m.shm_backend = 0;
     kvp_wbuf_reset(&w);
     kvp_encode_hello_reply(&w, &m);
     assert_rc(kvp_decode_hello_reply(w.data, w.len, &d), 0);

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -140,6 +141,48 @@ static void test_second_pool_does_not_fit(void **state)
     kvpt_daemon_stop(&a);
 }
 
+/*
+ * The memfd backend does not live in /dev/shm: a 1 GiB pool still gets the zero-copy transport
+ * in the 64 MiB namespace, and a SIGKILLed daemon leaves nothing behind.
+ */
+static void test_memfd_backend(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    const char *args[] = {"--l1-size", "1GiB", "--chunk-size", "16", "--shm-backend", "memfd",
+                          NULL};
+    kvpt_daemon_start(&d, args);
+    assert_true(kvpt_log_wait(&d, "SHM enabled (memfd)", 5000));
+    assert_int_equal(kvpt_log_count(&d, "Insufficient"), 0);
+
+    kvp_client *c = kvpt_connect(&d);
+    kvp_register_opts o = kvpt_layout("memfd-worker", KVP_TRANSPORT_SHM);
+    kvp_instance *inst = NULL;
+    assert_int_equal(kvp_register(c, &o, &inst), 0);
+    assert_int_equal(kvp_instance_get_info(inst)->transport, KVP_TRANSPORT_SHM);
+    assert_true(kvpt_log_wait(&d,
+                              "Instance memfd-worker non-GPU context using SHM transport "
+                              "(backend=memfd, pool_size=1073741824)",
+                              5000));
+    store_and_check(inst, 15, 32);
+
+    /* Zero copy for real: prepared slots point into the mapping. */
+    kvp_store_plan sp;
+    uint32_t *tok = kvpt_tokens(16, 2 * C);
+    kvp_tokens t = {.ids = tok, .count = 2 * C};
+    assert_int_equal(kvp_prepare_store(inst, &t, 0, 2 * C, &sp), 2);
+    assert_non_null(sp.slots[0].data);
+    assert_int_equal(kvp_abort_store(inst, &sp), 0);
+    free(tok);
+
+    /* /dev/shm holds nothing of it, before and after a SIGKILL. */
+    assert_int_equal(system("test -z \"$(ls -A /dev/shm)\""), 0);
+    kvp_client_close(c);
+    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGKILL), 128 + SIGKILL);
+    assert_int_equal(system("test -z \"$(ls -A /dev/shm)\""), 0);
+    kvpt_daemon_stop(&d);
+}
+
 int main(void)
 {
     if (unshare(CLONE_NEWNS) != 0) {
@@ -157,6 +200,7 @@ int main(void)
         cmocka_unit_test(test_gate_refuses_big_pool),
         cmocka_unit_test(test_pool_that_fits_gets_shm),
         cmocka_unit_test(test_second_pool_does_not_fit),
+        cmocka_unit_test(test_memfd_backend),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
