@@ -28,6 +28,10 @@ _TRANSPORT_NAMES = {_lib.KVP_TRANSPORT_SHM: "shm", _lib.KVP_TRANSPORT_INLINE: "i
 # range up front.
 _BATCH_BYTES = 64 << 20
 
+# Inline staging buffers kept for reuse by a context. Fresh memory is slow to touch the first
+# time (page faults), so plans on the inline transport recycle their staging buffers.
+_STAGING_KEEP_BYTES = 256 << 20
+
 StoreResult = namedtuple("StoreResult", "nchunks stored cached busy no_space")
 StoreResult.__doc__ = """Outcome of :meth:`Context.store` with ``details=True``: full chunks in
 the range, newly stored, already cached, being stored by another worker, not stored for lack of
@@ -119,6 +123,7 @@ class Context:
         self._inst = inst
         self._plans = set()
         self._view_plan = {}
+        self._staging_free = []
         self.instance_id = instance_id
         self.model_name = model_name
         self.world_size = world_size
@@ -200,6 +205,20 @@ class Context:
         plan._release_views(readonly_derived)
         self._plans.discard(plan)
 
+    def _take_staging(self):
+        """A chunk-sized staging buffer (contents undefined). Caller holds the client lock."""
+        if self._staging_free:
+            return self._staging_free.pop()
+        return bytearray(self.chunk_bytes)
+
+    def _return_staging(self, bufs):
+        """Keeps staging buffers for reuse, up to _STAGING_KEEP_BYTES. Caller holds the lock."""
+        keep = max(1, _STAGING_KEEP_BYTES // max(1, self.chunk_bytes))
+        for b in bufs:
+            if len(self._staging_free) >= keep:
+                break
+            self._staging_free.append(b)
+
     def _abandon_plans(self):
         """Ends every open plan (best effort; errors are ignored): frees the library's slot
         arrays and releases the views. Called before unregister and close."""
@@ -216,6 +235,7 @@ class Context:
         self._inst = None
         self._plans.clear()
         self._view_plan.clear()
+        self._staging_free = []
 
     def _unregister_now(self, handle_alive):
         inst, self._inst = self._inst, None
@@ -317,7 +337,8 @@ class Context:
 
     def _retrieve_batches(self, key, start, nchunks, new, emit):
         """Retrieves in batches of bounded size into buffers from new(), passing each retrieved
-        buffer to emit() in order; stops at the first missing chunk. Returns the count."""
+        buffer to emit() in order; stops at the first missing chunk. Returns the buffers that
+        were allocated but not filled."""
         batch = max(1, _BATCH_BYTES // max(1, self.chunk_bytes))
         done = 0
         while done < nchunks:
@@ -329,8 +350,8 @@ class Context:
                 emit(b)
             done += got
             if got < n:
-                break
-        return done
+                return bufs[got:]
+        return []
 
     # -- two-phase store -----------------------------------------------------------------------
 
@@ -357,12 +378,13 @@ class Context:
                         arr, mv = self._pool_view(slot, readonly=False)
                         arrays.append(arr)
                     else:
-                        buf = bytearray(self.chunk_bytes)
+                        buf = self._take_staging()
                         staging.append(buf)
                         mv = memoryview(buf)
                     views.append(mv)
             except BaseException:
                 self._lib.kvp_abort_store(self._inst, ctypes.byref(cplan))
+                self._return_staging(staging)
                 raise
             plan = StorePlan(views, indices)
             plan._init_plan(self, cplan, int(cplan.nchunks))
@@ -379,23 +401,28 @@ class Context:
         was published). The plan's views are released, whatever the outcome."""
         self._check_plan(plan, StorePlan, "commit_store")
         with self.client._lock:
-            staging = plan._staging
+            staging, plan._staging = plan._staging, []
             self._finish(plan, readonly_derived=True)
             if self.transport == "shm" or not plan[1]:
                 return self._call("commit_store", self._lib.kvp_commit_store,
                                   ctypes.byref(plan._c))
             ptrs = (ctypes.c_void_p * max(1, plan.nchunks))()
-            with ExitStack() as stack:
-                for idx, buf in zip(plan[1], staging):
-                    ptrs[idx] = stack.enter_context(address_of(buf, False))[0]
-                return self._call("commit_store", self._lib.kvp_store_inline,
-                                  ctypes.byref(plan._c), ptrs)
+            try:
+                with ExitStack() as stack:
+                    for idx, buf in zip(plan[1], staging):
+                        ptrs[idx] = stack.enter_context(address_of(buf, False))[0]
+                    return self._call("commit_store", self._lib.kvp_store_inline,
+                                      ctypes.byref(plan._c), ptrs)
+            finally:
+                self._return_staging(staging)
 
     def abort_store(self, plan):
         """Drops a prepared store: nothing becomes visible. Releases the plan's views."""
         self._check_plan(plan, StorePlan, "abort_store")
         with self.client._lock:
+            staging, plan._staging = plan._staging, []
             self._finish(plan, readonly_derived=True)
+            self._return_staging(staging)
             self._call("abort_store", self._lib.kvp_abort_store, ctypes.byref(plan._c))
 
     # -- two-phase retrieve --------------------------------------------------------------------
@@ -431,8 +458,8 @@ class Context:
                     staging.append(buf)
                     views.append(memoryview(buf).toreadonly())
 
-                self._retrieve_batches(key, start, nchunks,
-                                       lambda: bytearray(self.chunk_bytes), keep)
+                unused = self._retrieve_batches(key, start, nchunks, self._take_staging, keep)
+                self._return_staging(unused)
             plan = RetrievePlan(views)
             plan._init_plan(self, cplan, nchunks)
             plan._views, plan._arrays, plan._staging = list(views), arrays, staging
@@ -446,7 +473,9 @@ class Context:
         self._check_plan(plan, RetrievePlan, "commit_retrieve")
         with self.client._lock:
             n = len(plan)
+            staging, plan._staging = plan._staging, []
             self._finish(plan, readonly_derived=False)
+            self._return_staging(staging)
             if plan._c is not None:
                 self._call("commit_retrieve", self._lib.kvp_commit_retrieve,
                            ctypes.byref(plan._c))
