@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,11 +70,18 @@ void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args)
     }
     argv[argc] = NULL;
 
+    pid_t parent = getpid();
     d->pid = fork();
     assert_true(d->pid >= 0);
     if (d->pid == 0) {
+        /* A failed assertion skips the test's teardown: the daemon must not outlive the test,
+         * nor keep its stdout (ctest's pipe) open. SIGTERM still removes the segment. */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
+            _exit(125);
         int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (fd < 0 || null < 0 || dup2(fd, STDERR_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 ||
+            dup2(null, STDIN_FILENO) < 0)
             _exit(126);
         execv(argv[0], (char *const *)argv);
         _exit(127);
