@@ -14,6 +14,11 @@
  * client sends it to the daemon as the inline fallback reason, so the daemon's log says why this
  * worker is not on shm.
  *
+ * Pre-faulting: the first write through a fresh mapping costs a fault per page (on virtual
+ * machines 0.4 GB/s against 20+ GB/s afterwards), so after the checks every page of the pool is
+ * touched once with an atomic add of zero: a real write access that leaves the bytes unchanged
+ * even while other workers write the same page. Set KVPOOL_PREFAULT=0 to skip it.
+ *
  * Slots: offsets and lengths come from another process and are checked (header page excluded,
  * exact chunk length, no wrap-around) before any pointer is formed.
  */
@@ -22,12 +27,22 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvpool.h"
+
+static void prefault(uint8_t *base, uint64_t size)
+{
+    const char *env = getenv("KVPOOL_PREFAULT");
+    if (env && strcmp(env, "0") == 0)
+        return;
+    for (uint64_t off = KVP_SHM_HEADER_SIZE; off < size; off += 4096)
+        __atomic_fetch_add(base + off, 0, __ATOMIC_RELAXED);
+}
 
 int kvp_shm_map_open(struct kvp_shm_map *m, const char *name, uint64_t size,
                      const uint8_t nonce[KVP_NONCE_SIZE], char *reason, size_t reason_size)
@@ -102,6 +117,7 @@ int kvp_shm_map_fd(struct kvp_shm_map *m, int fd, uint64_t size,
         goto out_unmap;
     }
 
+    prefault(base, size);
     m->base = base;
     m->size = size;
     if (reason_size)

@@ -54,6 +54,18 @@ static void write_header(struct kvp_segment *seg)
 }
 
 /*
+ * Writes one byte of every page. MAP_POPULATE maps the pages, but on virtual machines the first
+ * write through a mapping still costs a fault-sized exit per page (measured: 0.4-0.9 GB/s for a
+ * first pass against 20-30 GB/s afterwards). The pool is all zeroes here, so writing zero is
+ * harmless, and the cost moves from the first requests to start-up.
+ */
+static void touch_pages(uint8_t *base, uint64_t size)
+{
+    for (uint64_t off = 0; off < size; off += 4096)
+        ((volatile uint8_t *)base)[off] = 0;
+}
+
+/*
  * Reserves every page of fd (posix_fallocate, EINTR retried), maps it pre-faulted and writes
  * the header. On success seg owns fd and the mapping; on failure neither is touched.
  */
@@ -75,6 +87,7 @@ static int reserve_and_map(struct kvp_segment *seg, int fd, uint64_t size, const
         snprintf(why, why_size, "cannot map %s: %s", what, strerror(errno));
         return rc;
     }
+    touch_pages(p, size);
     seg->base = p;
     seg->size = size;
     seg->fd = fd;
@@ -225,6 +238,7 @@ int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size)
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
         return -errno;
+    touch_pages(p, size);
     seg->base = p;
     seg->size = size;
     randombytes_buf(seg->nonce, sizeof(seg->nonce));
