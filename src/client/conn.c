@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/msg.h"
+#include "common/socket_path.h"
 #include "kvpool.h"
 
 /* Request and reply buffers above this size are freed before the next call, not kept. */
@@ -84,24 +85,10 @@ static int io_errno(int e)
     return (e == EAGAIN || e == EWOULDBLOCK) ? -ETIMEDOUT : -e;
 }
 
-/* Must stay the daemon's rule (see kvpoold --help): both sides find each other by it. */
+/* The daemon uses the same rule (src/common/socket_path.c): both sides find each other by it. */
 KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size)
 {
-    const char *dir = getenv("XDG_RUNTIME_DIR");
-    int n;
-
-    if (!buf || size == 0)
-        return -EINVAL;
-    /* An empty XDG_RUNTIME_DIR is treated as unset: "/kvpool.sock" is never what was meant. */
-    if (dir && dir[0])
-        n = snprintf(buf, size, "%s/kvpool.sock", dir);
-    else
-        n = snprintf(buf, size, "/tmp/kvpool-%lu.sock", (unsigned long)getuid());
-    if (n < 0 || (size_t)n >= size) {
-        buf[0] = '\0';
-        return -ENAMETOOLONG;
-    }
-    return n;
+    return kvp_socket_path_default(buf, size);
 }
 
 /* Timeouts are set before connect() so that a daemon whose backlog is full cannot block the

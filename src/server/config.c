@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/shm_name.h"
+#include "common/socket_path.h"
 
 #define MIN_L1 (1ull << 20)
 #define MAX_L1 (1ull << 50) /* 1 PiB: far beyond any host, and rounding cannot overflow */
@@ -94,18 +95,6 @@ static const struct opt_desc opts[] = {
 
 #define NOPTS (sizeof(opts) / sizeof(opts[0]))
 
-static void default_socket_path(char *buf, size_t size)
-{
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    int n;
-    if (xdg && xdg[0] == '/')
-        n = snprintf(buf, size, "%s/kvpool.sock", xdg);
-    else
-        n = -1;
-    if (n < 0 || (size_t)n >= size)
-        snprintf(buf, size, "/tmp/kvpool-%u.sock", (unsigned)getuid());
-}
-
 void kvp_config_defaults(struct kvp_config *cfg)
 {
     *cfg = (struct kvp_config){
@@ -120,7 +109,8 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .shm_backend = KVP_SHM_POSIX,
         .shm_mode = 0600,
     };
-    default_socket_path(cfg->socket_path, sizeof(cfg->socket_path));
+    /* The clients' rule. A path too long for a socket stays "" and is reported at bind. */
+    kvp_socket_path_default(cfg->socket_path, sizeof(cfg->socket_path));
     kvp_shm_name_default((long)getpid(), cfg->shm_name, sizeof(cfg->shm_name));
 }
 
@@ -345,6 +335,11 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
     }
     if (optind < argc) {
         fprintf(err, "kvpoold: unexpected argument '%s'\nTry 'kvpoold --help'.\n", argv[optind]);
+        return -EINVAL;
+    }
+    if (!cfg->socket_path[0]) {
+        fprintf(err, "kvpoold: the default socket path ($XDG_RUNTIME_DIR/kvpool.sock) is too "
+                     "long for a Unix socket; set --socket\n");
         return -EINVAL;
     }
     return 0;
