@@ -334,6 +334,19 @@ static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
     return ok(c, h);
 }
 
+/* Publishes a reservation, ends the hold, and answers with the count (or -ETIMEDOUT). */
+static int commit_hold(struct kvp_conn *c, const struct kvp_header *h, struct kvp_hold *hold)
+{
+    uint64_t id = hold->id;
+    int rc = kvp_store_commit(&c->srv->store, hold->objs, hold->n);
+    kvp_conn_hold_drop(c, hold);
+    if (rc < 0)
+        return fail(c, h, rc, "reservation %" PRIu64 " expired before commit; nothing stored", id);
+    KVP_COUNT(store_chunks_committed, rc);
+    kvp_encode_count_reply(&c->out, (uint32_t)rc);
+    return ok(c, h);
+}
+
 /* COMMIT_STORE and ABORT_STORE. */
 static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, bool commit)
 {
@@ -350,14 +363,7 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
         kvp_encode_count_reply(&c->out, n);
         return ok(c, h);
     }
-    int rc = kvp_store_commit(&c->srv->store, hold->objs, hold->n);
-    kvp_conn_hold_drop(c, hold);
-    if (rc < 0)
-        return fail(c, h, rc, "reservation %" PRIu64 " expired before commit; nothing stored",
-                    req.id);
-    KVP_COUNT(store_chunks_committed, rc);
-    kvp_encode_count_reply(&c->out, (uint32_t)rc);
-    return ok(c, h);
+    return commit_hold(c, h, hold);
 }
 
 static int handle_store_inline(struct kvp_conn *c, const struct kvp_header *h)
@@ -389,14 +395,7 @@ static int handle_store_inline(struct kvp_conn *c, const struct kvp_header *h)
         }
     }
     KVP_COUNT(inline_bytes_in, want);
-    int rc = kvp_store_commit(&s->store, hold->objs, hold->n);
-    kvp_conn_hold_drop(c, hold);
-    if (rc < 0)
-        return fail(c, h, rc, "reservation %" PRIu64 " expired before commit; nothing stored",
-                    req.id);
-    KVP_COUNT(store_chunks_committed, rc);
-    kvp_encode_count_reply(&c->out, (uint32_t)rc);
-    return ok(c, h);
+    return commit_hold(c, h, hold);
 }
 
 static int handle_prepare_retrieve(struct kvp_conn *c, const struct kvp_header *h)

@@ -36,39 +36,58 @@ void kvp_shm_gate_probe(const char *dir, struct kvp_gate_probe *probe)
 #endif
 }
 
-enum kvp_gate_verdict kvp_shm_gate_decide(uint64_t need, const struct kvp_gate_probe *probe,
-                                          char *log, size_t log_size, char *reason,
-                                          size_t reason_size)
+/* The wording of one gate's messages. */
+struct gate_words {
+    const char *verify_log;   /* "Cannot verify <this>; disabling SHM mode." */
+    const char *verify_short; /* "SHM disabled: cannot verify <this> (...)" */
+    const char *capacity;     /* "Insufficient <this>: need N bytes, have M bytes." */
+    const char *probe;        /* what failed, before the errno text */
+};
+
+static enum kvp_gate_verdict decide(uint64_t need, const struct kvp_gate_probe *probe,
+                                    const struct gate_words *w, char *log, size_t log_size,
+                                    char *reason, size_t reason_size)
 {
-    log[0] = '\0';
-    reason[0] = '\0';
-#ifndef __linux__
-    (void)need;
-    (void)probe;
-    snprintf(log, log_size, "Skipping the /dev/shm capacity probe on this platform.");
-    return KVP_GATE_SKIPPED;
-#else
     if (probe->err) {
-        snprintf(log, log_size,
-                 "Cannot verify /dev/shm capacity required for SHM transport; disabling SHM "
-                 "mode. (statvfs: %s)",
-                 strerror(probe->err));
-        snprintf(reason, reason_size, "SHM disabled: cannot verify /dev/shm capacity (%s)",
+        snprintf(log, log_size, "Cannot verify %s; disabling SHM mode. (%s%s)", w->verify_log,
+                 w->probe, strerror(probe->err));
+        snprintf(reason, reason_size, "SHM disabled: cannot verify %s (%s)", w->verify_short,
                  strerror(probe->err));
         return KVP_GATE_UNVERIFIABLE;
     }
     if (probe->free_bytes < need) {
         snprintf(log, log_size,
-                 "Insufficient /dev/shm capacity: need %" PRIu64 " bytes, have %" PRIu64
+                 "Insufficient %s: need %" PRIu64 " bytes, have %" PRIu64
                  " bytes. Disabling SHM transport.",
-                 need, probe->free_bytes);
+                 w->capacity, need, probe->free_bytes);
         snprintf(reason, reason_size,
-                 "SHM disabled: insufficient /dev/shm capacity (need %" PRIu64
-                 " bytes, have %" PRIu64 ")",
-                 need, probe->free_bytes);
+                 "SHM disabled: insufficient %s (need %" PRIu64 " bytes, have %" PRIu64 ")",
+                 w->capacity, need, probe->free_bytes);
         return KVP_GATE_INSUFFICIENT;
     }
     return KVP_GATE_OK;
+}
+
+enum kvp_gate_verdict kvp_shm_gate_decide(uint64_t need, const struct kvp_gate_probe *probe,
+                                          char *log, size_t log_size, char *reason,
+                                          size_t reason_size)
+{
+    static const struct gate_words words = {
+        .verify_log = "/dev/shm capacity required for SHM transport",
+        .verify_short = "/dev/shm capacity",
+        .capacity = "/dev/shm capacity",
+        .probe = "statvfs: ",
+    };
+    log[0] = '\0';
+    reason[0] = '\0';
+#ifndef __linux__
+    (void)need;
+    (void)probe;
+    (void)words;
+    snprintf(log, log_size, "Skipping the /dev/shm capacity probe on this platform.");
+    return KVP_GATE_SKIPPED;
+#else
+    return decide(need, probe, &words, log, log_size, reason, reason_size);
 #endif
 }
 
@@ -126,27 +145,13 @@ enum kvp_gate_verdict kvp_mem_gate_decide(uint64_t need, const struct kvp_gate_p
                                           char *log, size_t log_size, char *reason,
                                           size_t reason_size)
 {
+    static const struct gate_words words = {
+        .verify_log = "available memory required for the memfd segment",
+        .verify_short = "available memory",
+        .capacity = "memory for the memfd segment",
+        .probe = "",
+    };
     log[0] = '\0';
     reason[0] = '\0';
-    if (probe->err) {
-        snprintf(log, log_size,
-                 "Cannot verify available memory required for the memfd segment; disabling "
-                 "SHM mode. (%s)",
-                 strerror(probe->err));
-        snprintf(reason, reason_size, "SHM disabled: cannot verify available memory (%s)",
-                 strerror(probe->err));
-        return KVP_GATE_UNVERIFIABLE;
-    }
-    if (probe->free_bytes < need) {
-        snprintf(log, log_size,
-                 "Insufficient memory for the memfd segment: need %" PRIu64 " bytes, have %" PRIu64
-                 " bytes. Disabling SHM transport.",
-                 need, probe->free_bytes);
-        snprintf(reason, reason_size,
-                 "SHM disabled: insufficient memory for the memfd segment (need %" PRIu64
-                 " bytes, have %" PRIu64 ")",
-                 need, probe->free_bytes);
-        return KVP_GATE_INSUFFICIENT;
-    }
-    return KVP_GATE_OK;
+    return decide(need, probe, &words, log, log_size, reason, reason_size);
 }
