@@ -156,6 +156,41 @@ static void test_probe_regular_dir(void **state)
     assert_int_equal(probe.err, ENOTDIR);
 }
 
+/* The memfd backend's gate: available memory instead of /dev/shm. */
+static void test_memory_gate(void **state)
+{
+    (void)state;
+    char log[512], reason[512];
+    struct kvp_gate_probe probe = {.err = 0, .free_bytes = 100};
+
+    assert_int_equal(kvp_mem_gate_decide(100, &probe, log, sizeof(log), reason, sizeof(reason)),
+                     KVP_GATE_OK);
+    assert_string_equal(log, "");
+    assert_int_equal(kvp_mem_gate_decide(101, &probe, log, sizeof(log), reason, sizeof(reason)),
+                     KVP_GATE_INSUFFICIENT);
+    assert_string_equal(log, "Insufficient memory for the memfd segment: need 101 bytes, have "
+                             "100 bytes. Disabling SHM transport.");
+    assert_non_null(strstr(reason, "SHM disabled: insufficient memory"));
+    probe.err = ENOENT;
+    assert_int_equal(kvp_mem_gate_decide(1, &probe, log, sizeof(log), reason, sizeof(reason)),
+                     KVP_GATE_UNVERIFIABLE);
+    assert_non_null(strstr(log, "Cannot verify available memory"));
+
+    /* A real probe on this machine finds some memory. */
+    kvp_mem_gate_probe(&probe);
+    assert_int_equal(probe.err, 0);
+    assert_true(probe.free_bytes > (1u << 20));
+}
+
+static void test_cgroup_headroom(void **state)
+{
+    (void)state;
+    assert_true(kvp_cgroup_headroom("max\n", "12345\n") == UINT64_MAX);
+    assert_true(kvp_cgroup_headroom("1000\n", "400\n") == 600);
+    assert_true(kvp_cgroup_headroom("1000\n", "1000\n") == 0);
+    assert_true(kvp_cgroup_headroom("1000\n", "2000\n") == 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -167,6 +202,8 @@ int main(void)
         cmocka_unit_test(test_probe_dev_shm),
         cmocka_unit_test(test_probe_missing_dir),
         cmocka_unit_test(test_probe_regular_dir),
+        cmocka_unit_test(test_memory_gate),
+        cmocka_unit_test(test_cgroup_headroom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
