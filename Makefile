@@ -24,8 +24,42 @@ build: deps $(BUILD)/CMakeCache.txt
 serve: build
 	$(BUILD)/bin/kvpoold $(ARGS)
 
-test: build
+# `make check` (or test-quick): the normal build's tests, the quick loop. `make test`, which is
+# what CI runs: check, then the suite again under ASan+UBSan and under TSan (separate build
+# directories, the daemon under test sanitized too); it stops at the first failure.
+test:
+	$(MAKE) --no-print-directory check
+	$(MAKE) --no-print-directory test-asan
+	$(MAKE) --no-print-directory test-tsan
+
+check test-quick: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# Sanitizer builds. Python tests load libkvpool.so into an unsanitized interpreter: not run
+# there. scripts/sanitized-ctest.sh also fails on a report from any daemon a test started.
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+SAN_CMAKE_FLAGS = $(CMAKE_FLAGS) -DKVP_BENCH=OFF
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
+
+.PHONY: check test-quick test-asan test-tsan
+
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) $(SAN_CMAKE_FLAGS) -DKVP_ASAN=ON
+
+$(TSAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(TSAN_BUILD) $(SAN_CMAKE_FLAGS) -DKVP_TSAN=ON
+
+test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	$(SAN_ENV) scripts/sanitized-ctest.sh $(ASAN_BUILD) -j $(JOBS) -LE python
+
+# Single-threaded fuzz corpus replays gain nothing under TSan.
+test-tsan: deps $(TSAN_BUILD)/CMakeCache.txt
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	$(SAN_ENV) scripts/sanitized-ctest.sh $(TSAN_BUILD) -j $(JOBS) -LE 'python|fuzz'
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
