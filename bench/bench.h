@@ -1,0 +1,305 @@
+/*
+ * bench.h - kvpool-bench: shared definitions of the benchmark's modules.
+ *
+ * Modules:
+ *   main.c       the order of the measurements, aggregation into rows, start and clean-up
+ *   cli.c        command line and defaults
+ *   worker.c     worker processes: start, command/done pipes, per-worker state and setup
+ *   ops.c        the measured loops (kvpool, memcpy, raw Unix socket, Redis, paged, pressure)
+ *   daemon.c     starting and stopping kvpoold and redis-server as child processes
+ *   redis_cmp.c  the Redis comparator over hiredis (stubs when built without hiredis)
+ *   stats.c      medians, percentiles, growable sample arrays
+ *   report.c     the table on stdout, CSV, JSON and the gnuplot chart
+ *
+ * The benchmark uses only the public client API (kvpool.h, kvpool_paged.h): it measures what a
+ * worker linking libkvpool.so gets.
+ */
+#ifndef KVPB_BENCH_H
+#define KVPB_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvpool.h"
+
+#define KVPB_MAX_WORKERS 16
+#define KVPB_MAX_SAMPLES (1u << 16) /* latency samples per worker and command */
+#define KVPB_MAX_SIZES 16
+#define KVPB_MAX_BATCH 64 /* chunks per operation (--batch) */
+#define KVPB_KiB ((uint64_t)1 << 10)
+#define KVPB_MiB ((uint64_t)1 << 20)
+#define KVPB_GiB ((uint64_t)1 << 30)
+
+/* Transports as they appear in the output ("transport" column). */
+enum kvpb_transport {
+    KVPB_T_SHM,    /* kvpool, shared-memory transport */
+    KVPB_T_INLINE, /* kvpool, bytes over the Unix socket */
+    KVPB_T_KVPOOL, /* kvpool control requests (ping, lookup): transport-independent */
+    KVPB_T_REDIS,  /* redis-server over a private Unix socket, hiredis client */
+    KVPB_T_MEMCPY, /* the physical limit: one memcpy of the same bytes */
+    KVPB_T_UDS,    /* a raw Unix stream socket with a minimal 32-byte framing */
+    KVPB_T_PAGED,  /* kvp_paged_gather / kvp_paged_scatter */
+    KVPB_T_COUNT_
+};
+
+/* Operations ("op" column). */
+enum kvpb_op {
+    KVPB_OP_STORE,    /* worker buffer -> server (SET for Redis) */
+    KVPB_OP_RETRIEVE, /* server -> worker buffer (GET for Redis) */
+    KVPB_OP_COPY,     /* memcpy */
+    KVPB_OP_PING,     /* smallest request and reply, back to back */
+    KVPB_OP_PING_IDLE,/* the same after 500 us of work, long enough for the peer's CPU to idle */
+    KVPB_OP_LOOKUP,   /* kvp_lookup of a one-chunk sequence that is cached */
+    KVPB_OP_GATHER,   /* paged KV cache -> chunk */
+    KVPB_OP_SCATTER,  /* chunk -> paged KV cache */
+    KVPB_OP_PRESSURE, /* retrieve, store on a miss; working set several times the pool */
+    KVPB_OP_COLD,     /* first store pass over the pool after this process mapped it */
+    KVPB_OP_REGISTER, /* a client's first shm registration: maps the pool */
+    KVPB_OP_SETUP,    /* not measured: register instances / build buffers for a size */
+    KVPB_OP_TEARDOWN, /* not measured: drop them */
+    KVPB_OP_COUNT_
+};
+
+/* Names as printed and written (report.c); "?" for an unknown value. */
+const char *kvpb_transport_name(int t);
+const char *kvpb_op_name(int op);
+
+/* One command for the workers, written by the parent into shared memory. */
+struct kvpb_cmd {
+    int transport;
+    int op;
+    uint32_t layout;        /* paged: a kvp_paged_layout */
+    uint32_t nops;          /* operations to run, per worker */
+    uint64_t chunk_bytes;
+    uint64_t seq_base;      /* first key number; keys are seq_base .. seq_base + nops - 1 */
+    uint64_t ws_chunks;     /* pressure: distinct keys per worker */
+    uint64_t rng_seed;      /* pressure: key choice */
+    uint32_t verify;        /* non-zero: check every byte that comes back */
+    uint32_t nworkers;      /* workers taking part (the first nworkers) */
+    uint32_t run_id;        /* part of every key: runs never see each other's chunks */
+    uint32_t batch;         /* chunks per store/retrieve call (1 unless --batch) */
+};
+
+/* One worker's answer to a command. */
+struct kvpb_wres {
+    int rc;                 /* 0, or a negative error (err says what failed) */
+    char err[256];
+    uint64_t t_start_ns;    /* CLOCK_MONOTONIC, comparable across processes */
+    uint64_t t_end_ns;
+    uint64_t bytes;         /* payload bytes moved */
+    uint32_t nops;          /* operations done (= samples written) */
+    uint32_t hits;          /* pressure: retrieves that found the chunk */
+    uint32_t shm;           /* set-up: 1 when this worker has a shm instance */
+    uint64_t minflt;        /* minor page faults of the worker process during the command */
+    uint64_t nivcsw;        /* times the worker was preempted during the command */
+};
+
+/* Benchmark configuration (command line). */
+struct kvpb_config {
+    const char *socket;       /* existing daemon, or NULL to start one */
+    const char *kvpoold;      /* daemon binary */
+    const char *redis_server; /* redis-server binary, or NULL to search PATH */
+    uint64_t l1_size;
+    uint32_t chunk_tokens;    /* --chunk-size of a started daemon */
+    uint32_t workers;
+    uint32_t batch;           /* chunks per store/retrieve call */
+    uint64_t sizes[KVPB_MAX_SIZES];
+    uint32_t nsizes;
+    uint32_t reps;            /* measured repetitions per cell (one warm-up rep before) */
+    uint64_t footprint;       /* bytes of each rotating worker buffer */
+    uint64_t rep_bytes;       /* target bytes per worker and repetition */
+    uint32_t rtt_count;       /* round trips per repetition */
+    uint32_t pressure_factor; /* working set / pool */
+    uint64_t pressure_chunk;
+    uint32_t pressure_reps;
+    bool do_sweep, do_rtt, do_paged, do_pressure, do_redis;
+    bool do_shm, do_inline, do_uds;  /* sweep transports (memcpy always runs) */
+    bool quick;
+    const char *csv, *json, *png;
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* cli.c                                                                                      */
+
+/* Fills cfg with the defaults and the command line; exits with usage on a bad option. */
+void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg);
+
+/* ------------------------------------------------------------------------------------------ */
+/* stats.c                                                                                    */
+
+/* A growable array of doubles (latency samples in microseconds, per-rep rates). */
+struct kvpb_samples {
+    double *v;
+    size_t n, cap;
+};
+
+int kvpb_samples_push(struct kvpb_samples *s, double x);
+int kvpb_samples_append(struct kvpb_samples *s, const double *x, size_t n);
+void kvpb_samples_free(struct kvpb_samples *s);
+
+/* Percentile p in [0, 100] with linear interpolation between closest ranks. Sorts v in place.
+ * Returns NAN for an empty array. */
+double kvpb_percentile(double *v, size_t n, double p);
+
+/* Median, minimum and maximum of v[0..n) (v is sorted in place). NAN for n == 0. */
+void kvpb_summary(double *v, size_t n, double *median, double *min, double *max);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t kvpb_now_ns(void);
+
+/* Formats a byte count as "256 KiB", "4 MiB" (exact binary units, else bytes). */
+const char *kvpb_fmt_size(uint64_t bytes, char *buf, size_t size);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Rows: one line of the results, filled by main.c, printed by report.c.                      */
+
+struct kvpb_row {
+    int transport;          /* enum kvpb_transport */
+    int op;                 /* enum kvpb_op */
+    const char *detail;     /* "" or a qualifier (paged layout, "cold pool") */
+    uint64_t chunk_bytes;   /* 0 for round-trip rows */
+    uint32_t batch;         /* chunks per operation */
+    uint32_t workers;
+    uint32_t reps;
+    uint64_t samples;       /* latency samples behind p50/p99 */
+    double gb_per_s;        /* median over repetitions (1e9 bytes per second) */
+    double gb_min, gb_max;  /* spread over repetitions */
+    double ops_per_s;       /* operations (calls) per second, median over repetitions */
+    double p50_us, p99_us;  /* per operation, over every sample */
+    double ratio_to_memcpy; /* gb_per_s / memcpy's for the same chunk size; NAN if n/a */
+    double ratio_to_uds;    /* round trips: p50 / raw socket ping-pong p50; NAN if n/a */
+    double vs_redis;        /* shm rows: gb_per_s / Redis's same op and size; NAN if n/a */
+    double hit_rate;        /* pressure rows; NAN otherwise */
+    double evictions_per_op;/* pressure rows; NAN otherwise */
+    double load1;           /* 1-minute load average when the row's cell finished */
+    double faults_per_op;   /* the workers' minor page faults per operation */
+    double preempt_per_op;  /* involuntary context switches of the workers per operation */
+};
+
+/* Run description printed above the table and in the chart title. */
+struct kvpb_run_info {
+    char cpu[128];
+    int ncpu;
+    char kernel[128];
+    double load_start, load_end;
+    char redis[256];        /* "redis-server 7.0.15" or why it was skipped */
+    char daemon[512];       /* how the daemon was started / found */
+    uint64_t pool_size;
+    uint32_t chunk_tokens;
+    double seconds;
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* report.c                                                                                   */
+
+/* Sorts rows into the order of the table: groups, chunk size, transport. */
+void kvpb_rows_sort(struct kvpb_row *rows, size_t n);
+
+void kvpb_report_table(const struct kvpb_config *cfg, const struct kvpb_run_info *info,
+                       const struct kvpb_row *rows, size_t n);
+int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n);
+int kvpb_report_json(const char *path, const struct kvpb_row *rows, size_t n);
+/* Writes PATH.gp and PATH.dat next to the PNG and runs gnuplot. Returns 0, 1 when gnuplot is
+ * not installed (said on stdout), or a negative error. */
+int kvpb_report_chart(const char *png, const struct kvpb_config *cfg,
+                      const struct kvpb_run_info *info, const struct kvpb_row *rows, size_t n);
+
+
+/* ------------------------------------------------------------------------------------------ */
+/* daemon.c                                                                                   */
+
+/* A server started as a child process, its output in a log file. */
+struct kvpb_child {
+    pid_t pid;              /* 0 when not running */
+    char name[32];
+    char log[256];
+};
+
+/*
+ * Starts argv[0] with stdout and stderr appended to log; the child gets SIGTERM if the bench
+ * dies. Returns 0 or a negative errno.
+ */
+int kvpb_child_spawn(struct kvpb_child *ch, const char *name, char *const argv[],
+                     const char *log);
+
+/* True while the child runs (reaps it when it has exited). */
+bool kvpb_child_alive(struct kvpb_child *ch);
+
+/* SIGTERM, then SIGKILL after timeout_ms. Returns the exit status, or -1 if killed. */
+int kvpb_child_stop(struct kvpb_child *ch, int timeout_ms);
+
+/* Prints the last lines of the child's log to stderr. */
+void kvpb_child_print_log(const struct kvpb_child *ch, int lines);
+
+/*
+ * Starts kvpoold on dir/kvpoold.sock with the given pool and chunk size and waits (up to
+ * 120 s) until it answers a ping. socket receives the socket path.
+ */
+int kvpb_kvpoold_start(struct kvpb_child *ch, const char *binary, const char *dir,
+                       uint64_t l1_size, uint32_t chunk_tokens, char *socket, size_t size);
+
+/* Finds an executable in PATH (or checks an explicit path). Returns true and fills out. */
+bool kvpb_find_exe(const char *name, char *out, size_t size);
+
+/* Polls kvp_client_open + kvp_ping on socket until it answers or timeout_ms passes. */
+int kvpb_wait_kvpoold(const char *socket, struct kvpb_child *ch, int timeout_ms);
+
+/* Sleeps for ms milliseconds. */
+void kvpb_sleep_ms(int ms);
+
+/* ------------------------------------------------------------------------------------------ */
+/* redis_cmp.c                                                                                */
+
+typedef struct kvpb_redis kvpb_redis;
+
+/* True when the comparator was compiled in (hiredis found by pkg-config). */
+bool kvpb_redis_compiled(void);
+
+/* Starts redis-server (binary) on a private Unix socket in dir: no persistence, no TCP port.
+ * Waits until it answers PING. version receives "redis-server X.Y.Z". */
+int kvpb_redis_start(struct kvpb_child *ch, const char *binary, const char *dir, char *socket,
+                     size_t socket_size, char *version, size_t version_size);
+
+/* Connects; returns NULL with a message in err. */
+kvpb_redis *kvpb_redis_connect(const char *socket, char *err, size_t err_size);
+void kvpb_redis_close(kvpb_redis *r);
+
+/* SET keys[0] (n == 1) or MSET keys[0..n) to values of len bytes. Returns 0 or a negative
+ * error (message in err). */
+int kvpb_redis_set(kvpb_redis *r, const char *const *keys, const void *const *values, size_t n,
+                   size_t len, char *err, size_t err_size);
+
+/* GET (n == 1) or MGET keys[0..n) into dsts[i], each of which must receive exactly len bytes
+ * (copied out of the reply, as a user has to). */
+int kvpb_redis_get(kvpb_redis *r, const char *const *keys, void *const *dsts, size_t n,
+                   size_t len, char *err, size_t err_size);
+
+/* PING. */
+int kvpb_redis_ping(kvpb_redis *r, char *err, size_t err_size);
+
+/* ------------------------------------------------------------------------------------------ */
+/* worker.c and ops.c                                                                         */
+
+/* The worker processes and the memory they share with the parent. */
+struct kvpb_pool;
+
+/*
+ * Forks cfg->workers worker processes. Each opens its own client on socket, connects to Redis
+ * when redis_socket is not NULL, allocates and pre-faults its buffers and starts a raw socket
+ * peer process. Returns the pool, or NULL with a message on stderr.
+ */
+struct kvpb_pool *kvpb_pool_start(const struct kvpb_config *cfg, const char *socket,
+                                  const char *redis_socket, uint32_t chunk_tokens);
+
+/* Runs one command on the first cmd->nworkers workers and waits for them. res receives each
+ * worker's answer; samples[i] points at worker i's latency samples (res[i].nops of them).
+ * Returns 0, or the first worker error (printed on stderr). */
+int kvpb_pool_run(struct kvpb_pool *p, const struct kvpb_cmd *cmd, struct kvpb_wres *res,
+                  const double **samples);
+
+/* Stops the workers (closing their command pipes) and waits for them. NULL is ok. */
+void kvpb_pool_stop(struct kvpb_pool *p);
+
+#endif /* KVPB_BENCH_H */
