@@ -63,3 +63,23 @@ test-tsan: deps $(TSAN_BUILD)/CMakeCache.txt
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+
+# Benchmarks (docs/PERFORMANCE.md): installs the comparators (redis-server, hiredis, gnuplot)
+# through the deps script, reconfigures so that hiredis is found, runs the default sweep and
+# writes results.csv, results.json and throughput.png into $(BUILD)/bench.
+# Extra options through BENCH_ARGS, e.g. make bench BENCH_ARGS="--workers 2".
+BENCH_ARGS ?=
+
+.PHONY: bench demo
+
+bench:
+	@scripts/install-deps.sh bench
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS) --target kvpool-bench
+	mkdir -p $(BUILD)/bench
+	$(BUILD)/bin/kvpool-bench --csv $(BUILD)/bench/results.csv \
+		--json $(BUILD)/bench/results.json --png $(BUILD)/bench/throughput.png $(BENCH_ARGS)
+
+# A first look: a private daemon, one worker on shared memory, one forced inline.
+demo: build
+	$(BUILD)/bin/kvpool-demo
