@@ -18,11 +18,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "common/msg.h"
+#include "common/wire.h"
 
 static uint64_t now_ms(void)
 {
@@ -35,6 +40,51 @@ static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* Forks and execs argv with stderr to d->log (opened with log_flags), then waits for a ping. */
+static void spawn_and_wait(struct kvpt_daemon *d, const char **argv, int log_flags)
+{
+    pid_t parent = getpid();
+    d->pid = fork();
+    assert_true(d->pid >= 0);
+    if (d->pid == 0) {
+        /* A failed assertion skips the test's teardown: the daemon must not outlive the test,
+         * nor keep its stdout (ctest's pipe) open. SIGTERM still removes the segment. */
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
+            _exit(125);
+        int fd = open(d->log, O_WRONLY | O_CREAT | log_flags | O_CLOEXEC, 0600);
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (fd < 0 || null < 0 || dup2(fd, STDERR_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 ||
+            dup2(null, STDIN_FILENO) < 0)
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+
+    uint64_t deadline = now_ms() + 30000;
+    for (;;) {
+        kvp_client *c = NULL;
+        kvp_opts o = {.socket_path = d->socket, .timeout_ms = 2000};
+        if (kvp_client_open(&o, &c) == 0) {
+            int rc = kvp_ping(c);
+            kvp_client_close(c);
+            if (rc == 0)
+                return;
+        }
+        int status;
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            char cmd[256];
+            snprintf(cmd, sizeof(cmd), "cat %s >&2", d->log);
+            if (system(cmd) != 0)
+                fprintf(stderr, "(no daemon log)\n");
+            d->pid = 0;
+            fail_msg("kvpoold exited during start-up (status 0x%x)", status);
+        }
+        if (now_ms() > deadline)
+            fail_msg("kvpoold did not answer on %s within 30 s", d->socket);
+        sleep_ms(20);
+    }
 }
 
 void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args)
@@ -70,46 +120,7 @@ void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args)
     }
     argv[argc] = NULL;
 
-    pid_t parent = getpid();
-    d->pid = fork();
-    assert_true(d->pid >= 0);
-    if (d->pid == 0) {
-        /* A failed assertion skips the test's teardown: the daemon must not outlive the test,
-         * nor keep its stdout (ctest's pipe) open. SIGTERM still removes the segment. */
-        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
-            _exit(125);
-        int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-        if (fd < 0 || null < 0 || dup2(fd, STDERR_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 ||
-            dup2(null, STDIN_FILENO) < 0)
-            _exit(126);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-
-    uint64_t deadline = now_ms() + 30000;
-    for (;;) {
-        kvp_client *c = NULL;
-        kvp_opts o = {.socket_path = d->socket, .timeout_ms = 2000};
-        if (kvp_client_open(&o, &c) == 0) {
-            int rc = kvp_ping(c);
-            kvp_client_close(c);
-            if (rc == 0)
-                return;
-        }
-        int status;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            char cmd[256];
-            snprintf(cmd, sizeof(cmd), "cat %s >&2", d->log);
-            if (system(cmd) != 0)
-                fprintf(stderr, "(no daemon log)\n");
-            d->pid = 0;
-            fail_msg("kvpoold exited during start-up (status 0x%x)", status);
-        }
-        if (now_ms() > deadline)
-            fail_msg("kvpoold did not answer on %s within 30 s", d->socket);
-        sleep_ms(20);
-    }
+    spawn_and_wait(d, argv, O_TRUNC);
 }
 
 int kvpt_daemon_signal_wait(struct kvpt_daemon *d, int sig)
@@ -282,4 +293,207 @@ bool kvpt_check(const void *buf, size_t len, uint32_t seed, uint32_t chunk)
     bool same = memcmp(want, buf, len) == 0;
     free(want);
     return same;
+}
+
+void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args)
+{
+    const char *argv[64];
+    int argc = 0;
+
+    assert_int_equal(d->pid, 0);
+    argv[argc++] = KVP_TEST_KVPOOLD;
+    argv[argc++] = "--socket";
+    argv[argc++] = d->socket;
+    argv[argc++] = "--log-level";
+    argv[argc++] = "debug";
+    argv[argc++] = "--shm-name";
+    argv[argc++] = d->shm_name;
+    for (int i = 0; args && args[i] && argc < 63; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    spawn_and_wait(d, argv, O_APPEND);
+}
+
+uint64_t kvpt_rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    while (!found && fgets(line, sizeof(line), f))
+        found = sscanf(line, "VmRSS: %llu kB", &kib) == 1;
+    fclose(f);
+    if (!found)
+        fail_msg("no VmRSS in %s", path);
+    return kib;
+}
+
+int kvpt_raw_connect(const struct kvpt_daemon *d)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%.100s", d->socket);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static int raw_send_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return errno == EAGAIN ? -ETIMEDOUT : -errno;
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int raw_recv_all(int fd, void *p, size_t n)
+{
+    uint8_t *b = p;
+    while (n) {
+        ssize_t k = recv(fd, b, n, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k == 0 || (k < 0 && errno == ECONNRESET))
+            return -ECONNRESET;
+        if (k < 0)
+            return errno == EAGAIN ? -ETIMEDOUT : -errno;
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int kvpt_raw_send(int fd, uint16_t opcode, const void *body, uint32_t body_len,
+                  uint64_t payload_len)
+{
+    static uint64_t next_id = 1;
+    uint8_t hdr[KVP_HEADER_SIZE];
+    struct kvp_header h = {.magic = KVP_MAGIC,
+                           .version = KVP_PROTO_VERSION,
+                           .opcode = opcode,
+                           .request_id = next_id++,
+                           .body_len = body_len,
+                           .payload_len = payload_len};
+    kvp_header_encode(&h, hdr);
+    int rc = raw_send_all(fd, hdr, sizeof(hdr));
+    if (rc == 0 && body_len)
+        rc = raw_send_all(fd, body, body_len);
+    return rc;
+}
+
+int kvpt_raw_recv(int fd, struct kvpt_reply *r)
+{
+    uint8_t hdr[KVP_HEADER_SIZE];
+    struct kvp_header h;
+    memset(r, 0, sizeof(*r));
+    int rc = raw_recv_all(fd, hdr, sizeof(hdr));
+    if (rc)
+        return rc;
+    if (kvp_header_decode(hdr, &h) != 0 || !(h.opcode & KVP_REPLY_FLAG))
+        return -EPROTO;
+    r->status = h.status;
+    r->opcode = h.opcode;
+    r->request_id = h.request_id;
+    r->payload_len = h.payload_len;
+    r->body_len = h.body_len;
+    r->body = malloc((size_t)h.body_len + 1);
+    if (!r->body)
+        return -ENOMEM;
+    rc = raw_recv_all(fd, r->body, h.body_len);
+    if (rc) {
+        free(r->body);
+        r->body = NULL;
+        return rc;
+    }
+    r->body[h.body_len] = 0;
+    if (h.status < 0 && kvp_decode_error(r->body, h.body_len, r->msg, sizeof(r->msg)) != 0)
+        return -EPROTO;
+    return 0;
+}
+
+int kvpt_raw_call(int fd, uint16_t opcode, const void *body, uint32_t body_len,
+                  struct kvpt_reply *r)
+{
+    int rc = kvpt_raw_send(fd, opcode, body, body_len, 0);
+    if (rc == 0)
+        rc = kvpt_raw_recv(fd, r);
+    if (rc)
+        return rc;
+    if (r->opcode != (opcode | KVP_REPLY_FLAG)) {
+        free(r->body);
+        r->body = NULL;
+        return -EPROTO;
+    }
+    return r->status;
+}
+
+bool kvpt_raw_closed(int fd, int timeout_ms)
+{
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    char buf[4096];
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 100000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            return true;
+        if (now_ms() > deadline)
+            return false;
+    }
+}
+
+int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle,
+                      uint64_t *chunk_bytes)
+{
+    struct kvpt_reply r;
+    struct kvp_wbuf w;
+    struct kvp_register_req req = {.world_size = o->world_size,
+                                   .worker_rank = o->worker_rank,
+                                   .block_size = o->block_size,
+                                   .num_layers = o->num_layers,
+                                   .hidden_dim = o->hidden_dim,
+                                   .use_mla = (uint8_t)(o->use_mla != 0),
+                                   .transport = (uint8_t)o->transport};
+    struct kvp_register_reply reg;
+
+    snprintf(req.instance_id, sizeof(req.instance_id), "%s", o->instance_id);
+    snprintf(req.model_name, sizeof(req.model_name), "%s", o->model_name);
+    snprintf(req.dtype, sizeof(req.dtype), "%s", o->dtype);
+    if (o->transport == KVP_TRANSPORT_INLINE)
+        snprintf(req.reason, sizeof(req.reason), "raw test client");
+    int rc = kvpt_raw_call(fd, KVP_OP_HELLO, NULL, 0, &r);
+    if (rc)
+        return rc;
+    free(r.body);
+    kvp_wbuf_init(&w);
+    kvp_encode_register_req(&w, &req);
+    rc = w.err ? w.err : kvpt_raw_call(fd, KVP_OP_REGISTER, w.data, (uint32_t)w.len, &r);
+    kvp_wbuf_free(&w);
+    if (rc)
+        return rc;
+    rc = kvp_decode_register_reply(r.body, r.body_len, &reg);
+    free(r.body);
+    if (rc)
+        return rc;
+    *handle = reg.handle;
+    if (chunk_bytes)
+        *chunk_bytes = reg.chunk_bytes;
+    return 0;
 }

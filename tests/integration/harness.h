@@ -60,4 +60,56 @@ void kvpt_fill(void *buf, size_t len, uint32_t seed, uint32_t chunk);
 /* True if buf holds exactly what kvpt_fill(seed, chunk) writes. */
 bool kvpt_check(const void *buf, size_t len, uint32_t seed, uint32_t chunk);
 
+/*
+ * Starts kvpoold again after d's daemon has exited (d->pid == 0): same directory, socket path
+ * and segment name, plus the extra args; the new daemon's log is appended to d->log. Waits
+ * until it answers a ping, like kvpt_daemon_start().
+ */
+void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args);
+
+/* Resident set size of a process in KiB (VmRSS of /proc/<pid>/status); fails the test if
+ * it cannot be read. */
+uint64_t kvpt_rss_kib(pid_t pid);
+
+/*
+ * Raw protocol access, for tests that send what the client library never would. None of these
+ * fail the test by themselves (they are safe in a forked child): they return negative errors.
+ * The socket is blocking with 10 s timeouts, so a daemon that never answers cannot hang a test.
+ */
+struct kvpt_reply {
+    int32_t status;
+    uint16_t opcode;       /* with the reply flag */
+    uint64_t request_id;
+    uint64_t payload_len;  /* left unread in the socket */
+    uint32_t body_len;
+    uint8_t *body;         /* malloc'd, body_len bytes plus a NUL; the caller frees it */
+    char msg[256];         /* the daemon's message when status < 0 */
+};
+
+/* Connects a raw socket to d. Returns the descriptor or a negative errno. */
+int kvpt_raw_connect(const struct kvpt_daemon *d);
+
+/* Sends a request header and body (payload_len is announced, not sent). Returns 0 or a
+ * negative errno: the daemon may legitimately have closed the connection. */
+int kvpt_raw_send(int fd, uint16_t opcode, const void *body, uint32_t body_len,
+                  uint64_t payload_len);
+
+/* Reads one reply header and body. Returns 0, -ECONNRESET at EOF or reset, -ETIMEDOUT, or
+ * -EPROTO when the header does not decode or is not a reply. */
+int kvpt_raw_recv(int fd, struct kvpt_reply *r);
+
+/* Sends a request and reads its reply. Returns the reply's status, or a negative error from
+ * the socket (-EPROTO for a reply to another opcode); r->body is set only on a reply. */
+int kvpt_raw_call(int fd, uint16_t opcode, const void *body, uint32_t body_len,
+                  struct kvpt_reply *r);
+
+/* True once the daemon has closed fd (EOF or reset) within timeout_ms; bytes still queued are
+ * discarded. */
+bool kvpt_raw_closed(int fd, int timeout_ms);
+
+/* HELLO and REGISTER of o on a raw connection: fills *handle and *chunk_bytes (may be NULL).
+ * Returns 0, the daemon's error status or a socket error. */
+int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle,
+                      uint64_t *chunk_bytes);
+
 #endif /* KVPT_HARNESS_H */
