@@ -363,6 +363,17 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
         kvp_encode_count_reply(&c->out, n);
         return ok(c, h);
     }
+    /* An inline worker has no pointers into the pool, so nothing wrote its slots: publishing
+     * them would serve stale bytes (of evicted chunks, maybe of another salt) under its keys.
+     * The reservation is dropped, as the client library forgets the plan after any commit. */
+    struct kvp_instance inst;
+    if (kvp_registry_get(&c->srv->registry, req.handle, &inst) == 0 &&
+        inst.transport != KVP_WIRE_SHM) {
+        kvp_conn_hold_release(c, hold);
+        return fail(c, h, -EOPNOTSUPP, "instance %s uses the inline transport: its data must "
+                    "come with STORE_INLINE; reservation %" PRIu64 " dropped",
+                    inst.req.instance_id, req.id);
+    }
     return commit_hold(c, h, hold);
 }
 

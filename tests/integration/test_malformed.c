@@ -1,8 +1,9 @@
 /*
  * test_malformed.c - hostile and broken traffic in bulk, beyond the single cases of
  * test_protocol.c: random bytes on hundreds of connections, every truncation of a valid frame,
- * extreme lengths, commits and aborts out of order or of somebody else's ids, the per-
- * connection hold limit and a flood of connections beyond --max-clients.
+ * extreme lengths, commits and aborts out of order or of somebody else's ids, a commit without
+ * upload from an inline worker, the per-connection hold limit and a flood of connections beyond
+ * --max-clients.
  *
  * The rule checked everywhere: each offending request gets an error reply or a closed connection
  * (never a success, never silence on an open connection), the daemon keeps serving (a fresh
@@ -809,6 +810,68 @@ static void test_connection_flood(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* A commit with no upload from an inline worker.                                            */
+
+/*
+ * An inline worker has no pointers into the pool: COMMIT_STORE of its reservation (instead of
+ * STORE_INLINE) would publish whatever its pages held before, for instance an evicted chunk of
+ * another key or salt, and every worker would then be served those bytes. It is refused, the
+ * reservation is dropped (the client library forgets the plan after any commit), and the
+ * connection stays usable.
+ */
+static void test_inline_commit_without_upload(void **state)
+{
+    (void)state;
+    static struct kvp_wire_slot slots[KVP_MAX_CHUNKS];
+    struct kvp_slots_reply sr = {.slots = slots};
+    struct kvpt_reply r;
+    kvp_register_opts o = kvpt_layout("no-upload", KVP_TRANSPORT_INLINE);
+    uint32_t h;
+    uint8_t data[2 * CHUNK_BYTES];
+    kvp_client *c = kvpt_connect(&daemon_);
+
+    int fd = connect_or_fail();
+    assert_int_equal(kvpt_raw_register(fd, &o, &h, NULL), 0);
+    assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, h, 80, 2, &sr), 0);
+    assert_int_equal(sr.nslots, 2);
+    assert_int_equal(call_ref(fd, KVP_OP_COMMIT_STORE, h, sr.id, &r), -EOPNOTSUPP);
+    assert_non_null(strstr(r.msg, "STORE_INLINE"));
+    free(r.body);
+    assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
+    assert_int_equal(lookup(fd, h, 80, 2), 0);
+    refuse_ref(fd, KVP_OP_COMMIT_STORE, h, sr.id);
+
+    /* The keys are free, and the proper upload works on the same connection. */
+    assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, h, 80, 2, &sr), 0);
+    assert_int_equal(sr.nslots, 2);
+    kvpt_fill(data, CHUNK_BYTES, 80, 0);
+    kvpt_fill(data + CHUNK_BYTES, CHUNK_BYTES, 80, 1);
+    assert_int_equal(store_inline(fd, h, sr.id, sizeof(data), data, sizeof(data), &r), 0);
+    free(r.body);
+    assert_int_equal(lookup(fd, h, 80, 2), 2);
+    close(fd);
+
+    /* Through the library: kvp_commit_store() on an inline plan fails the same way, and the
+     * client stays usable. */
+    kvp_register_opts lo = kvpt_layout("no-upload-lib", KVP_TRANSPORT_INLINE);
+    kvp_instance *inst = NULL;
+    kvp_store_plan sp;
+    uint32_t *tok = kvpt_tokens(81, 2 * C);
+    kvp_tokens t = {.ids = tok, .count = 2 * C};
+    assert_int_equal(kvp_register(c, &lo, &inst), 0);
+    assert_int_equal(kvp_prepare_store(inst, &t, 0, 2 * C, &sp), 2);
+    assert_int_equal(kvp_commit_store(inst, &sp), -EOPNOTSUPP);
+    assert_non_null(strstr(kvp_last_error(c), "STORE_INLINE"));
+    assert_int_equal(kvp_ping(c), 0);
+    assert_int_equal(kvp_lookup(inst, &t), 0);
+    assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
+    assert_int_equal(kvp_unregister(inst), 0);
+    free(tok);
+    kvp_client_close(c);
+    assert_daemon_clean();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -817,6 +880,7 @@ int main(void)
         cmocka_unit_test(test_huge_lengths),
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_foreign_ids),
+        cmocka_unit_test(test_inline_commit_without_upload),
         cmocka_unit_test(test_hold_limit),
         cmocka_unit_test(test_connection_flood),
     };
