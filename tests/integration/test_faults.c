@@ -56,8 +56,8 @@
 #endif
 
 /* --io-timeout far beyond every wait below: whatever is released was released by the close. */
-static const char *const fault_args[] = {"--l1-size", "64MiB", "--chunk-size", "16",
-                                         "--io-timeout", "60000", NULL};
+static const char *const fault_args[] = {"--l1-size", "64MiB", "--chunk-size", "16", "--io-timeout",
+                                         "60000",     NULL};
 
 static uint64_t now_ms(void)
 {
@@ -179,18 +179,18 @@ static void assert_seq(kvp_instance *inst, uint32_t seq, uint32_t n, uint32_t to
 struct bystander {
     _Atomic uint32_t rounds;
     _Atomic int stop;
-    _Atomic int failed_line;  /* 0, or the line of the first failure */
+    _Atomic int failed_line; /* 0, or the line of the first failure */
     int failed_rc;
     pid_t pid;
 };
 
-#define BYST_CHECK(b, cond, rc)                            \
-    do {                                                   \
-        if (!(cond)) {                                     \
-            (b)->failed_rc = (rc);                         \
-            atomic_store(&(b)->failed_line, __LINE__);     \
-            return 1;                                      \
-        }                                                  \
+#define BYST_CHECK(b, cond, rc)                        \
+    do {                                               \
+        if (!(cond)) {                                 \
+            (b)->failed_rc = (rc);                     \
+            atomic_store(&(b)->failed_line, __LINE__); \
+            return 1;                                  \
+        }                                              \
     } while (0)
 
 /*
@@ -272,8 +272,8 @@ static void bystander_wait(struct bystander *b, uint32_t from, uint32_t more)
 /* Starts the bystander and waits until all its sequences are stored. */
 static struct bystander *bystander_start(const struct kvpt_daemon *d)
 {
-    struct bystander *b = mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE,
-                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct bystander *b = mmap(NULL, sizeof(*b), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                               -1, 0);
     assert_true(b != MAP_FAILED);
     memset(b, 0, sizeof(*b));
     /* b is shared: only the parent may write the pid into it. */
@@ -292,8 +292,7 @@ static void bystander_stop(struct bystander *b)
     atomic_store(&b->stop, 1);
     assert_int_equal(waitpid(b->pid, &st, 0), b->pid);
     if (atomic_load(&b->failed_line))
-        fail_msg("bystander failed at line %d (rc %d)", atomic_load(&b->failed_line),
-                 b->failed_rc);
+        fail_msg("bystander failed at line %d (rc %d)", atomic_load(&b->failed_line), b->failed_rc);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
     munmap(b, sizeof(*b));
@@ -356,7 +355,7 @@ static void scenario_finish(struct scenario *s)
     assert_int_equal(kvpt_stat(s->c, "objects_expired"), 0);
     assert_int_equal(kvpt_stat(s->c, "pool_used"), s->baseline_used);
     assert_int_equal(kvpt_stat(s->c, "instances"), 2); /* owner and owner-inline */
-    assert_int_equal(kvpt_stat(s->c, "evictions"), 0);  /* so the baseline arithmetic holds */
+    assert_int_equal(kvpt_stat(s->c, "evictions"), 0); /* so the baseline arithmetic holds */
 }
 
 static void scenario_stop(struct scenario *s)
@@ -464,8 +463,7 @@ static void victim_inline_upload(const struct kvpt_daemon *d, int fd, uint32_t s
     kvp_wbuf_init(&w);
     kvp_encode_key_req(&w, handle, 0, 12 * C, tok, 12 * C, NULL, 0);
     if (kvpt_raw_call(s, KVP_OP_PREPARE_STORE, w.data, (uint32_t)w.len, &r) != 0 ||
-        kvp_decode_slots_reply(r.body, r.body_len, &sr) != 0 || sr.nslots != 8 ||
-        sr.cached != 4)
+        kvp_decode_slots_reply(r.body, r.body_len, &sr) != 0 || sr.nslots != 8 || sr.cached != 4)
         victim_ready(fd, 'b');
     free(r.body);
 
@@ -516,8 +514,8 @@ static void inline_upload_case(bool close_early)
     kill_and_reap(v);
 
     scenario_finish(&s);
-    assert_true(kvpt_log_wait(&s.d, "Instance victim-upload unregistered (connection closed)",
-                              5000));
+    assert_true(
+        kvpt_log_wait(&s.d, "Instance victim-upload unregistered (connection closed)", 5000));
     /* The bystander's stores are all cache hits by now: no upload completed, the victim's
      * bytes were never counted as received. */
     assert_int_equal(kvpt_stat(s.c, "inline_bytes_in"), in0);
@@ -706,8 +704,8 @@ static void test_kill_mid_inline_download(void **state)
     kill_and_reap(v);
 
     scenario_finish(&s);
-    assert_true(kvpt_log_wait(&s.d, "Instance victim-download unregistered (connection closed)",
-                              5000));
+    assert_true(
+        kvpt_log_wait(&s.d, "Instance victim-download unregistered (connection closed)", 5000));
     assert_seq(s.big, 103, 16, 16);
     scenario_stop(&s);
 }
@@ -781,8 +779,7 @@ static void test_slow_consumer(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "64MiB", "--chunk-size", "16", "--io-timeout", "1000",
-                          NULL};
+    const char *args[] = {"--l1-size", "64MiB", "--chunk-size", "16", "--io-timeout", "1000", NULL};
     kvpt_daemon_start(&d, args);
     kvp_opts o = {.socket_path = d.socket, .timeout_ms = 3000};
     kvp_client *c = kvpt_connect(&d);

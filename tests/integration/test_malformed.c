@@ -34,8 +34,8 @@ static struct kvpt_daemon daemon_;
 static int setup(void **state)
 {
     (void)state;
-    const char *args[] = {"--l1-size", "16MiB", "--chunk-size", "16", "--io-timeout", "500",
-                          "--log-level", "info", NULL};
+    const char *args[] = {"--l1-size", "16MiB",       "--chunk-size", "16", "--io-timeout",
+                          "500",       "--log-level", "info",         NULL};
     kvpt_daemon_start(&daemon_, args);
     return 0;
 }
@@ -308,8 +308,9 @@ static void test_random_garbage(void **state)
             if (!o.closed || o.bad_reply || o.reply_after_framing_error ||
                 o.replies > (kinds[i] == FRAME_AND_JUNK ? 2 : 1))
                 fail_msg("connection %d (kind %d, %zu bytes): closed %d, bad reply %d, "
-                         "%d replies, reply after a framing error %d", b * BATCH + i, kinds[i],
-                         lens[i], o.closed, o.bad_reply, o.replies, o.reply_after_framing_error);
+                         "%d replies, reply after a framing error %d",
+                         b * BATCH + i, kinds[i], lens[i], o.closed, o.bad_reply, o.replies,
+                         o.reply_after_framing_error);
             /* Noise of a header's length or more after a request: the daemon's last word is
              * an error (shorter noise is a stalled header, dropped without a word). */
             if (kinds[i] == FRAME_AND_JUNK && junk[i] >= KVP_HEADER_SIZE &&
@@ -342,8 +343,11 @@ static void test_truncated_register(void **state)
 {
     (void)state;
     kvp_register_opts o = kvpt_layout("truncated", KVP_TRANSPORT_INLINE);
-    struct kvp_register_req req = {.world_size = 1, .block_size = 16, .num_layers = 2,
-                                   .hidden_dim = 64, .transport = KVP_WIRE_INLINE};
+    struct kvp_register_req req = {.world_size = 1,
+                                   .block_size = 16,
+                                   .num_layers = 2,
+                                   .hidden_dim = 64,
+                                   .transport = KVP_WIRE_INLINE};
     snprintf(req.instance_id, sizeof(req.instance_id), "%s", o.instance_id);
     snprintf(req.model_name, sizeof(req.model_name), "%s", o.model_name);
     snprintf(req.dtype, sizeof(req.dtype), "%s", o.dtype);
@@ -353,8 +357,10 @@ static void test_truncated_register(void **state)
     kvp_encode_register_req(&w, &req);
     size_t total = KVP_HEADER_SIZE + w.len;
     uint8_t *frame = malloc(total);
-    struct kvp_header h = {.magic = KVP_MAGIC, .version = KVP_PROTO_VERSION,
-                           .opcode = KVP_OP_REGISTER, .request_id = 5,
+    struct kvp_header h = {.magic = KVP_MAGIC,
+                           .version = KVP_PROTO_VERSION,
+                           .opcode = KVP_OP_REGISTER,
+                           .request_id = 5,
                            .body_len = (uint32_t)w.len};
     kvp_header_encode(&h, frame);
     memcpy(frame + KVP_HEADER_SIZE, w.data, w.len);
@@ -411,8 +417,12 @@ static void header_refused(uint16_t op, uint32_t body_len, uint64_t payload_len,
     int fd = connect_or_fail();
     struct kvpt_reply r;
     uint8_t hdr[KVP_HEADER_SIZE];
-    struct kvp_header h = {.magic = KVP_MAGIC, .version = KVP_PROTO_VERSION, .opcode = op,
-                           .request_id = 9, .body_len = body_len, .payload_len = payload_len};
+    struct kvp_header h = {.magic = KVP_MAGIC,
+                           .version = KVP_PROTO_VERSION,
+                           .opcode = op,
+                           .request_id = 9,
+                           .body_len = body_len,
+                           .payload_len = payload_len};
     kvp_header_encode(&h, hdr);
     send_bytes(fd, hdr, sizeof(hdr));
     int rc = kvpt_raw_recv(fd, &r);
@@ -453,8 +463,11 @@ static void test_huge_lengths(void **state)
     /* The largest body allowed, announced and never sent: dropped after --io-timeout. */
     fd = connect_or_fail();
     uint8_t hdr[KVP_HEADER_SIZE];
-    struct kvp_header h = {.magic = KVP_MAGIC, .version = KVP_PROTO_VERSION,
-                           .opcode = KVP_OP_LOOKUP, .request_id = 3, .body_len = KVP_MAX_BODY};
+    struct kvp_header h = {.magic = KVP_MAGIC,
+                           .version = KVP_PROTO_VERSION,
+                           .opcode = KVP_OP_LOOKUP,
+                           .request_id = 3,
+                           .body_len = KVP_MAX_BODY};
     kvp_header_encode(&h, hdr);
     send_bytes(fd, hdr, sizeof(hdr));
     assert_true(kvpt_raw_closed(fd, 10000));
@@ -476,8 +489,7 @@ static void test_huge_lengths(void **state)
     assert_int_equal(lr.cached, 0);
     free(r.body);
     /* ... but not as a store range: too many chunks, and the connection stays. */
-    assert_int_equal(kvpt_raw_call(fd, KVP_OP_PREPARE_STORE, w.data, (uint32_t)w.len, &r),
-                     -E2BIG);
+    assert_int_equal(kvpt_raw_call(fd, KVP_OP_PREPARE_STORE, w.data, (uint32_t)w.len, &r), -E2BIG);
     free(r.body);
     assert_int_equal(kvpt_raw_call(fd, KVP_OP_PING, NULL, 0, &r), 0);
     free(r.body);
@@ -500,8 +512,8 @@ static void test_huge_lengths(void **state)
          * refused and not a stall. */
         size_t n = wrong[i] <= want + 1 ? (size_t)wrong[i] : 0;
         if (store_inline(fd, handle, sr.id, wrong[i], big, n, &r) != -EINVAL)
-            fail_msg("payload_len %llu: status %d (%s)", (unsigned long long)wrong[i],
-                     r.status, r.msg);
+            fail_msg("payload_len %llu: status %d (%s)", (unsigned long long)wrong[i], r.status,
+                     r.msg);
         free(r.body);
         assert_true(kvpt_raw_closed(fd, 5000));
         close(fd);
@@ -749,8 +761,9 @@ static void test_connection_flood(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "4MiB", "--chunk-size", "16", "--max-clients", "8",
-                          "--io-timeout", "500", "--log-level", "info", NULL};
+    const char *args[] = {
+        "--l1-size", "4MiB",        "--chunk-size", "16", "--max-clients", "8", "--io-timeout",
+        "500",       "--log-level", "info",         NULL};
     kvpt_daemon_start(&d, args);
     kvp_client *c = kvpt_connect(&d);
     kvp_register_opts o = kvpt_layout("flood-survivor", KVP_TRANSPORT_AUTO);
@@ -875,14 +888,10 @@ static void test_inline_commit_without_upload(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_random_garbage),
-        cmocka_unit_test(test_truncated_register),
-        cmocka_unit_test(test_huge_lengths),
-        cmocka_unit_test(test_out_of_order),
-        cmocka_unit_test(test_foreign_ids),
-        cmocka_unit_test(test_inline_commit_without_upload),
-        cmocka_unit_test(test_hold_limit),
-        cmocka_unit_test(test_connection_flood),
+        cmocka_unit_test(test_random_garbage), cmocka_unit_test(test_truncated_register),
+        cmocka_unit_test(test_huge_lengths),   cmocka_unit_test(test_out_of_order),
+        cmocka_unit_test(test_foreign_ids),    cmocka_unit_test(test_inline_commit_without_upload),
+        cmocka_unit_test(test_hold_limit),     cmocka_unit_test(test_connection_flood),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -126,27 +126,26 @@ static uint32_t below(struct worker *w, uint32_t n)
     return (uint32_t)(rnd(w) % n);
 }
 
-#define W_FAIL(w, rc, ...)                                                       \
-    do {                                                                         \
-        (w)->rep->failed_line = __LINE__;                                        \
-        (w)->rep->failed_rc = (rc);                                              \
-        snprintf((w)->rep->what, sizeof((w)->rep->what), __VA_ARGS__);           \
-        return -1;                                                               \
+#define W_FAIL(w, rc, ...)                                             \
+    do {                                                               \
+        (w)->rep->failed_line = __LINE__;                              \
+        (w)->rep->failed_rc = (rc);                                    \
+        snprintf((w)->rep->what, sizeof((w)->rep->what), __VA_ARGS__); \
+        return -1;                                                     \
     } while (0)
 
-#define W_CHECK_RC(w, rc, op)                                                    \
-    do {                                                                         \
-        if ((rc) < 0)                                                            \
-            W_FAIL(w, rc, "%s: %s (%s)", op, kvp_strerror(rc),                   \
-                   (w)->c ? kvp_last_error((w)->c) : "");                        \
+#define W_CHECK_RC(w, rc, op)                                  \
+    do {                                                       \
+        if ((rc) < 0)                                          \
+            W_FAIL(w, rc, "%s: %s (%s)", op, kvp_strerror(rc), \
+                   (w)->c ? kvp_last_error((w)->c) : "");      \
     } while (0)
 
 static int w_register(struct worker *w)
 {
     char id[48];
     snprintf(id, sizeof(id), "soak-%d-%u", w->id, w->generation++);
-    kvp_register_opts o = kvpt_layout(id, below(w, 2) ? KVP_TRANSPORT_INLINE
-                                                       : KVP_TRANSPORT_AUTO);
+    kvp_register_opts o = kvpt_layout(id, below(w, 2) ? KVP_TRANSPORT_INLINE : KVP_TRANSPORT_AUTO);
     int rc = kvp_register(w->c, &o, &w->inst);
     W_CHECK_RC(w, rc, "register");
     if (kvp_instance_get_info(w->inst)->chunk_bytes != CHUNK_BYTES)
@@ -189,8 +188,8 @@ static int check_chunk(struct worker *w, const void *buf, uint32_t s, uint32_t c
                        const char *how)
 {
     if (!kvpt_check(buf, CHUNK_BYTES, chunk_seed(s, c, salted), c))
-        W_FAIL(w, 0, "corrupt chunk: sequence %u chunk %u salted %d via %s (%s)", s, c, salted,
-               how, on_shm(w) ? "shm" : "inline");
+        W_FAIL(w, 0, "corrupt chunk: sequence %u chunk %u salted %d via %s (%s)", s, c, salted, how,
+               on_shm(w) ? "shm" : "inline");
     w->rep->verified_chunks++;
     return 0;
 }
@@ -217,8 +216,8 @@ static int op_store(struct worker *w, enum finish *abandoned)
         W_CHECK_RC(w, rc, "store");
         if (r.nchunks != n || r.stored + r.cached + r.busy + r.no_space != n ||
             (uint32_t)rc != r.stored)
-            W_FAIL(w, rc, "store result %u/%u/%u/%u of %u", r.stored, r.cached, r.busy,
-                   r.no_space, r.nchunks);
+            W_FAIL(w, rc, "store result %u/%u/%u/%u of %u", r.stored, r.cached, r.busy, r.no_space,
+                   r.nchunks);
         w->rep->stored_chunks += r.stored;
         return 0;
     }
@@ -393,8 +392,7 @@ static void test_random_soak(void **state)
 
     /* 256 chunks of 8 KiB for a working set of about 420 distinct chunks, and as many salted. */
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "2MiB", "--chunk-size", "16", "--log-level", "info",
-                          NULL};
+    const char *args[] = {"--l1-size", "2MiB", "--chunk-size", "16", "--log-level", "info", NULL};
     kvpt_daemon_start(&d, args);
     kvp_client *c = kvpt_connect(&d);
     uint64_t conns0 = kvpt_stat(c, "connections");
@@ -413,7 +411,9 @@ static void test_random_soak(void **state)
             if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
                 _exit(125);
             static struct worker w;
-            w = (struct worker){.id = i, .d = &d, .rep = &reps[i],
+            w = (struct worker){.id = i,
+                                .d = &d,
+                                .rep = &reps[i],
                                 .rng = 0x9e3779b97f4a7c15ull * (uint64_t)(seed + 1) + (uint64_t)i};
             _exit(worker_main(&w, deadline));
         }
@@ -505,7 +505,8 @@ static void test_random_soak(void **state)
         for (uint32_t s = 0; s < NSEQ; s++) {
             for (int salted = 0; salted < 2; salted++) {
                 seq_tokens(s, tok);
-                kvp_tokens t = {.ids = tok, .count = seq_len(s),
+                kvp_tokens t = {.ids = tok,
+                                .count = seq_len(s),
                                 .salt_len = salted ? (uint32_t)strlen(salt) : 0,
                                 .salt = salted ? salt : NULL};
                 int n = kvp_retrieve(inst, &t, 0, SEQ_CHUNKS * C, bufs);
