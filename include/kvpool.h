@@ -228,7 +228,8 @@ KVP_EXPORT int kvp_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint
 
 /* Publishes the reserved chunks (shm transport: after writing every slot). Frees plan->slots.
  * Returns the number of chunks committed, or a negative error (-ETIMEDOUT: the reservation
- * expired and nothing was published). */
+ * expired and nothing was published; -EOPNOTSUPP: the instance is on the inline transport,
+ * use kvp_store_inline(); the reservation is dropped). */
 KVP_EXPORT int kvp_commit_store(kvp_instance *inst, kvp_store_plan *plan);
 
 /* Drops the reservation: nothing becomes visible. Frees plan->slots. Returns 0 or an error. */

@@ -172,7 +172,8 @@ static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
         .existing = r->existing,
     };
     memcpy(info->shape, r->shape, sizeof(info->shape));
-    snprintf(info->dtype, sizeof(info->dtype), "%s", r->dtype);
+    /* do_check_reply() bounded the dtype name to the field. */
+    snprintf(info->dtype, sizeof(info->dtype), "%.*s", (int)sizeof(info->dtype) - 1, r->dtype);
     inst->handle = r->handle;
 
     if (r->transport == KVP_WIRE_SHM && want != KVP_TRANSPORT_INLINE &&
@@ -196,7 +197,7 @@ static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
         snprintf(info->reason, sizeof(info->reason), "requested by worker");
     else if (r->transport == KVP_WIRE_SHM)
         snprintf(info->reason, sizeof(info->reason), "existing shm registration, this process "
-                 "cannot map the segment: %s", why);
+                 "cannot map the segment: %.180s", why);
     else
         snprintf(info->reason, sizeof(info->reason), "%s", r->reason);
     return 0;
