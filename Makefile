@@ -26,11 +26,13 @@ serve: build
 
 # `make check` (or test-quick): the normal build's tests, the quick loop. `make test`, which is
 # what CI runs: check, then the suite again under ASan+UBSan and under TSan (separate build
-# directories, the daemon under test sanitized too); it stops at the first failure.
+# directories, the daemon under test sanitized too), then every fuzz driver for
+# FUZZ_CI_SECONDS; it stops at the first failure.
 test:
 	$(MAKE) --no-print-directory check
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-tsan
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_CI_SECONDS)
 
 check test-quick: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -61,8 +63,42 @@ test-tsan: deps $(TSAN_BUILD)/CMakeCache.txt
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	$(SAN_ENV) scripts/sanitized-ctest.sh $(TSAN_BUILD) -j $(JOBS) -LE 'python|fuzz'
 
+# Fuzzing (fuzz/CMakeLists.txt): clang builds the libFuzzer drivers into $(FUZZ_BUILD), then
+# each runs for FUZZ_SECONDS from the committed corpus fuzz/corpus/<driver>/. What they learn
+# stays in $(FUZZ_BUILD)/corpus; a crash is saved under $(FUZZ_BUILD)/artifacts/ and fails the
+# run: fix it and add the input to fuzz/corpus/<driver>/, where the normal build replays it
+# (ctest -L fuzz). `make fuzz-corpus` regenerates the seeds there.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CI_SECONDS ?= 20
+FUZZERS = $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
+
+.PHONY: deps-check fuzz fuzz-corpus
+
+deps-check:
+	@scripts/install-deps.sh check
+
+$(FUZZ_BUILD)/CMakeCache.txt:
+	CC=clang cmake -S . -B $(FUZZ_BUILD) $(SAN_CMAKE_FLAGS) -DKVP_FUZZ=ON
+
+fuzz: deps-check $(FUZZ_BUILD)/CMakeCache.txt
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target kvp_fuzzers
+	@mkdir -p $(FUZZ_BUILD)/artifacts
+	@for f in $(FUZZERS); do \
+	    mkdir -p $(FUZZ_BUILD)/corpus/$$f; \
+	    echo "fuzz_$$f: $(FUZZ_SECONDS) s, log in $(FUZZ_BUILD)/fuzz_$$f.log"; \
+	    $(FUZZ_BUILD)/bin/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	        -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$f- \
+	        $(FUZZ_BUILD)/corpus/$$f fuzz/corpus/$$f > $(FUZZ_BUILD)/fuzz_$$f.log 2>&1 || { \
+	        tail -n 60 $(FUZZ_BUILD)/fuzz_$$f.log; echo "fuzz_$$f: FAILED"; exit 1; }; \
+	    grep -h -E '^#[0-9]+[[:space:]]+DONE' $(FUZZ_BUILD)/fuzz_$$f.log; \
+	done
+
+fuzz-corpus: build
+	$(BUILD)/bin/fuzz_gen_corpus fuzz/corpus
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
 
 # Benchmarks (docs/PERFORMANCE.md): installs the comparators (redis-server, hiredis, gnuplot)
 # through the deps script, reconfigures so that hiredis is found, runs the default sweep and

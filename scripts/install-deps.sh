@@ -2,18 +2,22 @@
 # Install the Debian packages that kvpool needs to build, test and benchmark.
 #
 # Idempotent: packages already present are skipped without touching apt. Needs root (or sudo)
-# only when something is missing. Usage: scripts/install-deps.sh [build|bench|all]
+# only when something is missing. Usage: scripts/install-deps.sh [build|bench|check|all]
+# check: what `make test` adds to build: clang and its libFuzzer runtime (`make fuzz`; Debian 12's
+# clang is 14), cppcheck (`make lint`), clang-format (`make format`).
 set -eu
 
 group=${1:-build}
 
 build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev util-linux python3 python3-numpy"
 bench_pkgs="redis-server libhiredis-dev gnuplot-nox"
+check_pkgs="clang libclang-rt-14-dev cppcheck clang-format"
 case "$group" in
 build) want="$build_pkgs" ;;
 bench) want="$build_pkgs $bench_pkgs" ;;
-all) want="$build_pkgs $bench_pkgs clang python3-numpy" ;;
-*) echo "usage: $0 [build|bench|all]" >&2; exit 2 ;;
+check) want="$build_pkgs $check_pkgs" ;;
+all) want="$build_pkgs $bench_pkgs $check_pkgs python3-numpy" ;;
+*) echo "usage: $0 [build|bench|check|all]" >&2; exit 2 ;;
 esac
 
 missing=""

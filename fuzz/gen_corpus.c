@@ -1,0 +1,334 @@
+/*
+ * gen_corpus.c - writes the seed corpus of the fuzz drivers: valid encodings, made with the real
+ * encoders, of every message each driver parses, and a few plausible daemon sessions.
+ *
+ * Usage: fuzz_gen_corpus DIR   (make fuzz-corpus runs it on fuzz/corpus). Writes
+ * DIR/<driver>/seed-<name>; the output is deterministic, so regenerating changes nothing unless
+ * an encoding changed. Inputs found by fuzzing (crash-*, ...) live beside the seeds and are not
+ * touched.
+ *
+ * The daemon sessions assume fuzz_daemon.c's set-up: chunks of 4 tokens, first instance handle
+ * 0x10000, reservation and pin ids 1, 2, ... per connection; a layout of 1 layer x 4 hidden x
+ * uint8 makes 32-byte chunks.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/msg.h"
+
+#define HANDLE0 0x10000u
+#define CHUNK_BYTES 32u
+
+static const char *out_dir;
+static int failures;
+
+static void write_seed(const char *driver, const char *name, const void *p, size_t n)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", out_dir, driver);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "mkdir %s: %s\n", path, strerror(errno));
+        failures++;
+        return;
+    }
+    snprintf(path, sizeof(path), "%s/%s/seed-%s", out_dir, driver, name);
+    FILE *f = fopen(path, "wbe");
+    if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        failures++;
+    }
+}
+
+/* Writes prefix bytes then the body in w as one seed, and empties w. */
+static void seed_with_prefix(const char *driver, const char *name, const uint8_t *prefix,
+                             size_t nprefix, struct kvp_wbuf *w)
+{
+    struct kvp_wbuf s;
+    kvp_wbuf_init(&s);
+    kvp_put_bytes(&s, prefix, nprefix);
+    kvp_put_bytes(&s, w->data, w->len);
+    if (s.err || w->err) {
+        fprintf(stderr, "cannot encode %s/%s\n", driver, name);
+        failures++;
+    } else {
+        write_seed(driver, name, s.data, s.len);
+    }
+    kvp_wbuf_free(&s);
+    kvp_wbuf_reset(w);
+}
+
+static void put_header(struct kvp_wbuf *w, uint16_t opcode, uint64_t id, uint32_t body_len,
+                       int32_t status, uint64_t payload_len)
+{
+    uint8_t raw[KVP_HEADER_SIZE];
+    struct kvp_header h = {
+        .magic = KVP_MAGIC,
+        .version = KVP_PROTO_VERSION,
+        .opcode = opcode,
+        .request_id = id,
+        .body_len = body_len,
+        .status = status,
+        .payload_len = payload_len,
+    };
+    kvp_header_encode(&h, raw);
+    kvp_put_bytes(w, raw, sizeof(raw));
+}
+
+static void gen_header(void)
+{
+    struct kvp_wbuf w;
+    kvp_wbuf_init(&w);
+    put_header(&w, KVP_OP_HELLO, 1, 0, 0, 0);
+    seed_with_prefix("header", "hello", NULL, 0, &w);
+    put_header(&w, KVP_OP_STORE_INLINE, 7, 12, 0, 4096);
+    seed_with_prefix("header", "store-inline", NULL, 0, &w);
+    put_header(&w, KVP_OP_LOOKUP | KVP_REPLY_FLAG, 9, 8, 0, 0);
+    seed_with_prefix("header", "lookup-reply", NULL, 0, &w);
+    put_header(&w, KVP_REPLY_FLAG, 3, 24, -71 /* -EPROTO */, 0);
+    seed_with_prefix("header", "error-reply", NULL, 0, &w);
+    put_header(&w, KVP_OP_MAP_SEGMENT, 2, 0, 0, 0);
+    seed_with_prefix("header", "map-segment", NULL, 0, &w);
+    kvp_wbuf_free(&w);
+}
+
+static struct kvp_register_req layout(const char *id, uint8_t transport, uint8_t mla)
+{
+    struct kvp_register_req r = {
+        .world_size = 2,
+        .worker_rank = 1,
+        .block_size = 16,
+        .num_layers = 1,
+        .hidden_dim = 4,
+        .use_mla = mla,
+        .transport = transport,
+    };
+    snprintf(r.instance_id, sizeof(r.instance_id), "%s", id);
+    snprintf(r.model_name, sizeof(r.model_name), "llama-3-8b");
+    snprintf(r.dtype, sizeof(r.dtype), "uint8");
+    if (transport == KVP_WIRE_INLINE)
+        snprintf(r.reason, sizeof(r.reason), "requested by worker");
+    return r;
+}
+
+static const uint32_t tokens[12] = {101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112};
+
+static void gen_request(void)
+{
+    struct kvp_wbuf w;
+    struct kvp_register_req reg;
+    const uint8_t sel_register = 0, sel_key = 1, sel_ref = 2;
+
+    kvp_wbuf_init(&w);
+    reg = layout("worker-0", KVP_WIRE_INLINE, 0);
+    kvp_encode_register_req(&w, &reg);
+    seed_with_prefix("request", "register-inline", &sel_register, 1, &w);
+    reg = layout("worker-mla", KVP_WIRE_SHM, 1);
+    kvp_encode_register_req(&w, &reg);
+    seed_with_prefix("request", "register-shm-mla", &sel_register, 1, &w);
+    kvp_encode_key_req(&w, HANDLE0, 0, 8, tokens, 8, NULL, 0);
+    seed_with_prefix("request", "key", &sel_key, 1, &w);
+    kvp_encode_key_req(&w, HANDLE0, 4, 12, tokens, 12, "tenant-a", 8);
+    seed_with_prefix("request", "key-salt", &sel_key, 1, &w);
+    kvp_encode_ref_req(&w, &(struct kvp_ref_req){.handle = HANDLE0, .id = 1});
+    seed_with_prefix("request", "ref", &sel_ref, 1, &w);
+    kvp_wbuf_free(&w);
+}
+
+/* A reply seed: selector byte (which decoder), parameter byte (buffer size), body. */
+static void reply_seed(const char *name, uint8_t selector, uint8_t param, struct kvp_wbuf *w)
+{
+    const uint8_t prefix[2] = {selector, param};
+    seed_with_prefix("reply", name, prefix, 2, w);
+}
+
+static void gen_reply(void)
+{
+    struct kvp_wbuf w;
+
+    kvp_wbuf_init(&w);
+    struct kvp_hello_reply hello = {
+        .major = 1,
+        .pid = 4242,
+        .chunk_tokens = 256,
+        .shm_backend = KVP_WIRE_BACKEND_POSIX,
+        .segment_size = 4096 + 65536,
+        .nonce = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+        .shm_name = "kvpool_l1_pool_4242",
+    };
+    kvp_encode_hello_reply(&w, &hello);
+    reply_seed("hello", 0, 0, &w);
+    hello = (struct kvp_hello_reply){
+        .major = 1,
+        .chunk_tokens = 16,
+        .shm_reason = "SHM disabled by configuration",
+    };
+    kvp_encode_hello_reply(&w, &hello);
+    reply_seed("hello-inline", 0, 0, &w);
+
+    struct kvp_register_reply reg = {
+        .handle = HANDLE0,
+        .transport = KVP_WIRE_SHM,
+        .ndim = 4,
+        .chunk_tokens = 4,
+        .shape = {2, 1, 4, 4},
+        .chunk_bytes = CHUNK_BYTES,
+        .dtype_size = 1,
+        .dtype = "uint8",
+        .shm_name = "kvpool_l1_pool_4242",
+        .segment_size = 4096 + 65536,
+    };
+    kvp_encode_register_reply(&w, &reg);
+    reply_seed("register", 1, 0, &w);
+
+    struct kvp_wire_slot slots[3] = {
+        {.chunk_index = 0, .offset = 4096, .length = CHUNK_BYTES},
+        {.chunk_index = 2, .offset = 8192, .length = CHUNK_BYTES},
+        {.chunk_index = 3, .offset = 4096 + 65536 - CHUNK_BYTES, .length = CHUNK_BYTES},
+    };
+    struct kvp_slots_reply sr = {.id = 1, .nchunks = 4, .cached = 1, .nslots = 3, .slots = slots};
+    kvp_encode_slots_reply(&w, &sr);
+    reply_seed("slots", 2, 0, &w);
+
+    kvp_encode_lookup_reply(&w, &(struct kvp_lookup_reply){.nchunks = 3, .cached = 2});
+    reply_seed("lookup", 3, 0, &w);
+
+    struct kvp_stat_entry stats[3] = {
+        {"requests", 12},
+        {"pool_size", 1u << 30},
+        {"connections", 1},
+    };
+    kvp_encode_stats_reply(&w, stats, 3);
+    reply_seed("stats", 4, 3, &w);
+
+    kvp_encode_count_reply(&w, 2);
+    reply_seed("count", 5, 0, &w);
+
+    kvp_encode_error(&w, "num_layers must be >= 1");
+    reply_seed("error", 6, 255, &w);
+    kvp_wbuf_free(&w);
+}
+
+/* A client session: frames appended to one buffer with increasing request ids. */
+struct session {
+    struct kvp_wbuf out;
+    struct kvp_wbuf body;
+    uint64_t next_id;
+};
+
+static void frame(struct session *s, uint16_t opcode, const void *payload, size_t payload_len)
+{
+    put_header(&s->out, opcode, s->next_id++, (uint32_t)s->body.len, 0, payload_len);
+    kvp_put_bytes(&s->out, s->body.data, s->body.len);
+    kvp_put_bytes(&s->out, payload, payload_len);
+    kvp_wbuf_reset(&s->body);
+}
+
+static void session_begin(struct session *s)
+{
+    kvp_wbuf_init(&s->out);
+    kvp_wbuf_init(&s->body);
+    s->next_id = 1;
+}
+
+static void session_end(struct session *s, const char *name)
+{
+    seed_with_prefix("daemon", name, NULL, 0, &s->out);
+    kvp_wbuf_free(&s->out);
+    kvp_wbuf_free(&s->body);
+}
+
+static void gen_daemon(void)
+{
+    struct session s;
+    struct kvp_register_req reg;
+    uint8_t payload[2 * CHUNK_BYTES];
+
+    for (size_t i = 0; i < sizeof(payload); i++)
+        payload[i] = (uint8_t)(i * 7 + 1);
+
+    /* Session-less requests. */
+    session_begin(&s);
+    frame(&s, KVP_OP_HELLO, NULL, 0);
+    frame(&s, KVP_OP_PING, NULL, 0);
+    frame(&s, KVP_OP_STATS, NULL, 0);
+    frame(&s, KVP_OP_MAP_SEGMENT, NULL, 0);
+    session_end(&s, "hello-ping-stats");
+
+    /* Inline store, lookup and retrieve. */
+    session_begin(&s);
+    frame(&s, KVP_OP_HELLO, NULL, 0);
+    reg = layout("worker-0", KVP_WIRE_INLINE, 0);
+    kvp_encode_register_req(&s.body, &reg);
+    frame(&s, KVP_OP_REGISTER, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 8, tokens, 8, NULL, 0);
+    frame(&s, KVP_OP_PREPARE_STORE, NULL, 0);
+    kvp_encode_ref_req(&s.body, &(struct kvp_ref_req){.handle = HANDLE0, .id = 1});
+    frame(&s, KVP_OP_STORE_INLINE, payload, sizeof(payload));
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 0, tokens, 12, NULL, 0);
+    frame(&s, KVP_OP_LOOKUP, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 8, tokens, 8, NULL, 0);
+    frame(&s, KVP_OP_RETRIEVE_INLINE, NULL, 0);
+    kvp_encode_ref_req(&s.body, &(struct kvp_ref_req){.handle = HANDLE0});
+    frame(&s, KVP_OP_UNREGISTER, NULL, 0);
+    session_end(&s, "inline-roundtrip");
+
+    /* Shared-memory store and retrieve, with a salt, on an MLA layout. */
+    session_begin(&s);
+    reg = layout("worker-shm", KVP_WIRE_SHM, 1);
+    kvp_encode_register_req(&s.body, &reg);
+    frame(&s, KVP_OP_REGISTER, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 4, 12, tokens, 12, "tenant-a", 8);
+    frame(&s, KVP_OP_PREPARE_STORE, NULL, 0);
+    kvp_encode_ref_req(&s.body, &(struct kvp_ref_req){.handle = HANDLE0, .id = 1});
+    frame(&s, KVP_OP_COMMIT_STORE, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 12, tokens, 12, "tenant-a", 8);
+    frame(&s, KVP_OP_PREPARE_STORE, NULL, 0);
+    kvp_encode_ref_req(&s.body, &(struct kvp_ref_req){.handle = HANDLE0, .id = 2});
+    frame(&s, KVP_OP_ABORT_STORE, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 4, 12, tokens, 12, "tenant-a", 8);
+    frame(&s, KVP_OP_PREPARE_RETRIEVE, NULL, 0);
+    kvp_encode_ref_req(&s.body, &(struct kvp_ref_req){.handle = HANDLE0, .id = 3});
+    frame(&s, KVP_OP_COMMIT_RETRIEVE, NULL, 0);
+    session_end(&s, "shm-store-retrieve");
+
+    /* A worker that disconnects holding a reservation and a pin. */
+    session_begin(&s);
+    reg = layout("worker-1", KVP_WIRE_AUTO, 0);
+    kvp_encode_register_req(&s.body, &reg);
+    frame(&s, KVP_OP_REGISTER, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 4, tokens, 4, NULL, 0);
+    frame(&s, KVP_OP_PREPARE_STORE, NULL, 0);
+    kvp_encode_ref_req(&s.body, &(struct kvp_ref_req){.handle = HANDLE0, .id = 1});
+    frame(&s, KVP_OP_COMMIT_STORE, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 8, tokens, 8, NULL, 0);
+    frame(&s, KVP_OP_PREPARE_STORE, NULL, 0);
+    session_end(&s, "disconnect-holding");
+
+    /* Framing errors: a request with the reply flag, then one with a bad magic. */
+    session_begin(&s);
+    frame(&s, KVP_OP_PING | KVP_REPLY_FLAG, NULL, 0);
+    session_end(&s, "reply-flag");
+    session_begin(&s);
+    kvp_put_bytes(&s.out, "GET / HTTP/1.1\r\nHost: kvpool\r\n\r\n", 32);
+    session_end(&s, "not-kvpool");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s DIR\n", argv[0]);
+        return 2;
+    }
+    out_dir = argv[1];
+    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "mkdir %s: %s\n", out_dir, strerror(errno));
+        return 1;
+    }
+    gen_header();
+    gen_request();
+    gen_reply();
+    gen_daemon();
+    return failures ? 1 : 0;
+}
