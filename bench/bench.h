@@ -94,6 +94,7 @@ struct kvpb_wres {
     uint32_t shm;           /* set-up: 1 when this worker has a shm instance */
     uint64_t minflt;        /* minor page faults of the worker process during the command */
     uint64_t nivcsw;        /* times the worker was preempted during the command */
+    uint64_t copy_ns;       /* shm store/retrieve: time spent in the copy itself */
 };
 
 /* Benchmark configuration (command line). */
@@ -176,6 +177,7 @@ struct kvpb_row {
     double load1;           /* 1-minute load average when the row's cell finished */
     double faults_per_op;   /* the workers' minor page faults per operation */
     double preempt_per_op;  /* involuntary context switches of the workers per operation */
+    double copy_share;      /* shm store/retrieve: copy time / operation time; NAN otherwise */
 };
 
 /* Run description printed above the table and in the chart title. */

@@ -50,6 +50,7 @@ struct acc {
     struct kvpb_samples rep_gbps; /* one per measured repetition, in run order */
     struct kvpb_samples rep_ops;
     uint64_t ops, hits, evictions, minflt, nivcsw;
+    double copy_ns, op_ns;        /* shm: time in the copy, time of the whole operations */
     double load1;
 };
 
@@ -135,6 +136,9 @@ static void run(struct ctx *x, const struct kvpb_cmd *cmd, bool measured, const 
         a->nivcsw += res[i].nivcsw;
         if (kvpb_samples_append(&a->lat, samples[i], res[i].nops) < 0)
             exit(1);
+        a->copy_ns += (double)res[i].copy_ns;
+        for (uint32_t k = 0; k < res[i].nops; k++)
+            a->op_ns += samples[i][k] * 1e3;
     }
     double secs = (double)(t1 - t0) / 1e9;
     a->ops += ops;
@@ -465,7 +469,7 @@ static size_t make_rows(struct ctx *x, struct kvpb_row *rows)
             .reps = (uint32_t)g.n,
             .samples = a->lat.n, .ratio_to_memcpy = NAN, .ratio_to_uds = NAN,
             .vs_redis = NAN, .hit_rate = NAN, .evictions_per_op = NAN, .load1 = a->load1,
-            .faults_per_op = NAN, .preempt_per_op = NAN,
+            .faults_per_op = NAN, .preempt_per_op = NAN, .copy_share = NAN,
         };
         kvpb_summary(g.v, g.n, &r->gb_per_s, &lo, &hi);
         r->gb_min = lo;
@@ -494,6 +498,8 @@ static size_t make_rows(struct ctx *x, struct kvpb_row *rows)
             if (rd)
                 r->vs_redis = paired_ratio(a, rd);
         }
+        if (a->copy_ns > 0 && a->op_ns > 0)
+            r->copy_share = a->copy_ns / a->op_ns;
         r->faults_per_op = a->ops ? (double)a->minflt / (double)a->ops : NAN;
         r->preempt_per_op = a->ops ? (double)a->nivcsw / (double)a->ops : NAN;
         if (a->op == KVPB_OP_PRESSURE && a->ops) {

@@ -171,11 +171,12 @@ static void print_bulk(const struct kvpb_config *cfg, const struct kvpb_row *row
         printf("\nBulk transfers: sweep operations (calls) carry %u chunks each, latencies are "
                "per call; first-store: one chunk", cfg->batch);
     printf(";\nGB/s = 1e9 B/s, median [min-max] over the repetitions; faults = minor page "
-           "faults per\noperation in the worker; x memcpy = paired median of (this / memcpy of "
-           "the same bytes,\nsame repetition)\n\n");
-    printf("%-8s %-10s %8s %24s %10s %9s %9s %8s %9s %9s\n", "transport", "op", "chunk",
-           "GB/s median [min-max]", "chunks/s", "p50 us", "p99 us", "faults", "x memcpy",
-           "x redis");
+           "faults per\noperation in the worker; copy = share of a shm operation's time spent "
+           "in its own memcpy\n(the rest is the two round trips); x memcpy = paired median of "
+           "(this / memcpy of the\nsame bytes, same repetition)\n\n");
+    printf("%-8s %-11s %8s %24s %9s %9s %9s %6s %6s %8s %8s\n", "transport", "op", "chunk",
+           "GB/s median [min-max]", "chunks/s", "p50 us", "p99 us", "faults", "copy",
+           "x memcpy", "x redis");
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
         if (!is_bulk(r))
@@ -186,13 +187,17 @@ static void print_bulk(const struct kvpb_config *cfg, const struct kvpb_row *row
         char gb[128];
         snprintf(gb, sizeof(gb), "%s [%s-%s]", num(a, 32, r->gb_per_s, 2),
                  num(b, 32, r->gb_min, 2), num(c, 32, r->gb_max, 2));
-        printf("%-8s %-10s %8s %24s %10s %9s %9s %8s %9s %9s\n",
+        char cp[32];
+        if (isnan(r->copy_share))
+            snprintf(cp, sizeof(cp), "-");
+        else
+            snprintf(cp, sizeof(cp), "%.0f%%", r->copy_share * 100.0);
+        printf("%-8s %-11s %8s %24s %9s %9s %9s %6s %6s %8s %8s\n",
                kvpb_transport_name(r->transport), op_label(r),
                kvpb_fmt_size(r->chunk_bytes, sz, sizeof(sz)), gb,
                num(d, 32, r->ops_per_s * r->batch, 0), num(e, 32, r->p50_us, 1),
-               num(f, 32, r->p99_us, 1),
-               num(k, 32, r->faults_per_op, 1), ratio(g, 32, r->ratio_to_memcpy),
-               ratio(h, 32, r->vs_redis));
+               num(f, 32, r->p99_us, 1), num(k, 32, r->faults_per_op, 1), cp,
+               ratio(g, 32, r->ratio_to_memcpy), ratio(h, 32, r->vs_redis));
     }
 }
 
@@ -380,7 +385,7 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
         return -errno;
     fprintf(f, "transport,op,detail,chunk_bytes,batch,workers,reps,samples,gb_per_s,gb_per_s_min,"
                "gb_per_s_max,ops_per_s,p50_us,p99_us,ratio_to_memcpy,ratio_to_uds,vs_redis,"
-               "hit_rate,evictions_per_op,faults_per_op,preempt_per_op,load1\n");
+               "hit_rate,evictions_per_op,faults_per_op,preempt_per_op,copy_share,load1\n");
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
         fprintf(f, "%s,%s,%s,%" PRIu64 ",%u,%u,%u,%" PRIu64 ",",
@@ -399,6 +404,7 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
         csv_num(f, r->evictions_per_op, ",");
         csv_num(f, r->faults_per_op, ",");
         csv_num(f, r->preempt_per_op, ",");
+        csv_num(f, r->copy_share, ",");
         csv_num(f, r->load1, "\n");
     }
     return close_out(f, path);
@@ -439,6 +445,7 @@ int kvpb_report_json(const char *path, const struct kvpb_row *rows, size_t n)
         json_num(f, "evictions_per_op", r->evictions_per_op, false);
         json_num(f, "faults_per_op", r->faults_per_op, false);
         json_num(f, "preempt_per_op", r->preempt_per_op, false);
+        json_num(f, "copy_share", r->copy_share, false);
         json_num(f, "load1", r->load1, true);
         fprintf(f, "}%s\n", i + 1 < n ? "," : "");
     }
