@@ -31,6 +31,7 @@
 #include "server.h"
 #include "stats.h"
 
+/* Used inside a frame, where SO_RCVTIMEO expiring means the peer stalled: -ETIMEDOUT. */
 int kvp_conn_recv(struct kvp_conn *c, void *buf, size_t len)
 {
     uint8_t *p = buf;
@@ -68,6 +69,10 @@ static int recv_header(struct kvp_conn *c, uint8_t *hdr)
     }
 }
 
+/*
+ * Gathered send of a whole reply, resuming after partial writes. MSG_NOSIGNAL: a worker that
+ * vanished is an EPIPE on its own connection, never a signal to the daemon. Consumes iov.
+ */
 static int send_all(struct kvp_conn *c, struct iovec *iov, int iovcnt)
 {
     while (iovcnt > 0) {
@@ -91,6 +96,8 @@ static int send_all(struct kvp_conn *c, struct iovec *iov, int iovcnt)
     return 0;
 }
 
+/* Header, body and payload leave in one sendmsg chain: payload bytes are sent straight from
+ * the pool, never copied into a reply buffer. */
 int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
                    const struct iovec *payload, int npayload, uint64_t payload_len)
 {
@@ -183,6 +190,7 @@ int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd)
     return 0;
 }
 
+/* Returns NULL when the table is full or out of memory; the caller then undoes the store side. */
 struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_pin,
                                    struct kvp_obj **objs, uint32_t n, uint64_t chunk_bytes)
 {
@@ -204,6 +212,7 @@ struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_
     return h;
 }
 
+/* Ids, handles and kinds must all match: a pin id never commits a store, and vice versa. */
 struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t handle,
                                     bool is_pin)
 {
@@ -215,6 +224,7 @@ struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t ha
     return NULL;
 }
 
+/* The table is unordered: the last entry fills the hole. */
 void kvp_conn_hold_drop(struct kvp_conn *c, struct kvp_hold *h)
 {
     free(h->objs);
@@ -239,6 +249,7 @@ void kvp_conn_release_holds(struct kvp_conn *c, uint32_t handle, bool all)
             kvp_conn_hold_release(c, &c->holds[i]);
 }
 
+/* Scratch sized for the largest request, allocated once per connection, not per request. */
 static int conn_alloc_buffers(struct kvp_conn *c)
 {
     c->keys = malloc((size_t)KVP_MAX_CHUNKS * KVP_KEY_SIZE);
@@ -250,6 +261,7 @@ static int conn_alloc_buffers(struct kvp_conn *c)
     return 0;
 }
 
+/* Frees a connection whose holds are already released; closes its socket. */
 static void conn_free(struct kvp_conn *c)
 {
     free(c->keys);

@@ -169,6 +169,13 @@ static int handle_unregister(struct kvp_conn *c, const struct kvp_header *h)
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
     kvp_conn_release_holds(c, req.handle, false);
+    struct kvp_instance inst;
+    if (kvp_registry_get(&c->srv->registry, req.handle, &inst))
+        return fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, req.handle);
+    /* A connection that got an existing registration only detaches from it (its holds are
+     * released above); only the registering connection can end the instance. */
+    if (inst.owner != c->id)
+        return ok(c, h);
     if (kvp_registry_remove(&c->srv->registry, req.handle, "unregistered by worker"))
         return fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, req.handle);
     return ok(c, h);

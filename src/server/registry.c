@@ -20,6 +20,7 @@
 #include "log.h"
 #include "stats.h"
 
+/* The offer (SHM on or off, and why) is fixed at start-up; the table starts empty. */
 void kvp_registry_init(struct kvp_registry *r, const struct kvp_offer *offer)
 {
     memset(r, 0, sizeof(*r));
@@ -32,6 +33,10 @@ void kvp_registry_destroy(struct kvp_registry *r)
     pthread_mutex_destroy(&r->lock);
 }
 
+/*
+ * Every scalar of a registration comes from a worker: each is checked, in wire order, and the
+ * first bad one is named in the message so the operator can fix the worker's configuration.
+ */
 int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
                           struct kvp_instance *inst, char *msg, size_t msg_size)
 {
@@ -77,6 +82,10 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_registe
     return 0;
 }
 
+/*
+ * The worker reports what it will use after trying to map the segment itself; the daemon only
+ * refuses "shm" when it has no segment, and otherwise records the worker's choice and reason.
+ */
 int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_instance *inst,
                                   char *msg, size_t msg_size)
 {
@@ -112,6 +121,7 @@ static int do_find_id(struct kvp_registry *r, const char *id)
     return -1;
 }
 
+/* Slot of a handle, or -1; the generation check rejects handles of removed instances. */
 static int do_find_handle(struct kvp_registry *r, uint32_t handle)
 {
     uint32_t i = handle & 0xffff;
@@ -120,6 +130,7 @@ static int do_find_handle(struct kvp_registry *r, uint32_t handle)
     return (int)i;
 }
 
+/* The one INFO line per registration that names the transport actually in use. */
 static void log_transport(const struct kvp_instance *inst, const struct kvp_offer *offer)
 {
     if (inst->transport == KVP_WIRE_SHM && offer->memfd)
@@ -135,6 +146,10 @@ static void log_transport(const struct kvp_instance *inst, const struct kvp_offe
                  inst->req.instance_id, inst->reason);
 }
 
+/*
+ * Logging happens after the lock is dropped: a log write is a syscall and must not stretch a
+ * critical section that every registration and request goes through.
+ */
 int kvp_registry_add(struct kvp_registry *r, uint64_t owner, struct kvp_instance *inst,
                      bool *existing)
 {
@@ -173,6 +188,8 @@ int kvp_registry_add(struct kvp_registry *r, uint64_t owner, struct kvp_instance
     return 0;
 }
 
+/* Returns a copy, so that a concurrent unregister can never leave the caller a dangling
+ * pointer. */
 int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_instance *out)
 {
     pthread_mutex_lock(&r->lock);
@@ -200,6 +217,8 @@ int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why
     return 0;
 }
 
+/* Collects the handles first, then removes them one by one, so that each removal logs outside
+ * the lock. */
 uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner)
 {
     uint32_t handles[KVP_MAX_INSTANCES], n = 0;

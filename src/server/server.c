@@ -47,6 +47,12 @@ static bool gate_allows(enum kvp_gate_verdict v, const char *log_line)
     return v == KVP_GATE_OK || v == KVP_GATE_SKIPPED;
 }
 
+/*
+ * Decides where the pool lives: a shared segment (posix or memfd) when the configuration and
+ * the capacity gate allow it and the reservation succeeds, else private memory. Only a segment
+ * name held by a live daemon is fatal; every other failure degrades to the inline transport
+ * with a logged reason.
+ */
 static int setup_memory(struct kvp_server *s)
 {
     const struct kvp_config *cfg = &s->cfg;
@@ -117,6 +123,7 @@ static int check_socket_free(const char *path)
     return 0;
 }
 
+/* Binds and listens; a dead socket file is replaced, anything else at the path is refused. */
 static int setup_socket(struct kvp_server *s)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -163,6 +170,7 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* Once a second: cancel reservations older than --reserve-timeout. Woken early at shutdown. */
 static void *expiry_main(void *arg)
 {
     struct kvp_server *s = arg;
@@ -190,6 +198,7 @@ static void *expiry_main(void *arg)
     return NULL;
 }
 
+/* The one INFO line an operator reads first: pool size, SHM state and why, socket, chunk size. */
 static void log_startup(const struct kvp_server *s)
 {
     const struct kvp_config *cfg = &s->cfg;
@@ -260,6 +269,7 @@ int kvp_server_start(struct kvp_server *s, const struct kvp_config *cfg)
     return 0;
 }
 
+/* Called from the signal handler: only an atomic store and a write(2). */
 void kvp_server_stop(struct kvp_server *s)
 {
     atomic_store(&s->stopping, true);
@@ -269,6 +279,7 @@ void kvp_server_stop(struct kvp_server *s)
     }
 }
 
+/* Last step of a connection thread: leave the list and wake a shutdown waiting for it. */
 void kvp_server_conn_exit(struct kvp_server *s, struct kvp_conn *c)
 {
     pthread_mutex_lock(&s->conns_lock);
@@ -346,6 +357,10 @@ static bool peer_allowed(const struct kvp_config *cfg, const struct ucred *cr)
     return ok;
 }
 
+/*
+ * Accepts one connection, checks its peer credentials and the connection limit, and starts its
+ * thread. Refusals are answered (with a reason) rather than silently dropped.
+ */
 static void accept_one(struct kvp_server *s)
 {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
@@ -417,6 +432,7 @@ static void accept_one(struct kvp_server *s)
     KVP_COUNT(connections_accepted, 1);
 }
 
+/* The accept loop: returns when the self-pipe says stop. */
 int kvp_server_run(struct kvp_server *s)
 {
     struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
@@ -438,6 +454,7 @@ int kvp_server_run(struct kvp_server *s)
     return 0;
 }
 
+/* Order matters: no new clients, then no live connections, then the memory they pointed into. */
 void kvp_server_destroy(struct kvp_server *s)
 {
     atomic_store(&s->stopping, true);

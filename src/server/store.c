@@ -24,6 +24,7 @@
 
 #include "stats.h"
 
+/* Lists are circular and doubly linked around a sentinel, so unlinking needs no head. */
 static void list_init(struct kvp_obj *head)
 {
     head->prev = head->next = head;
@@ -44,6 +45,7 @@ static void list_push_front(struct kvp_obj *head, struct kvp_obj *o)
     head->next = o;
 }
 
+/* Keys are BLAKE2b output: any 8 bytes of them are already a uniform hash. */
 static uint64_t bucket_of(const struct kvp_store *s, const uint8_t *key)
 {
     uint64_t h;
@@ -51,6 +53,7 @@ static uint64_t bucket_of(const struct kvp_store *s, const uint8_t *key)
     return h & s->mask;
 }
 
+/* All index memory is allocated here, once; only objects are allocated per request. */
 int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size)
 {
     *s = (struct kvp_store){0};
@@ -72,6 +75,7 @@ int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size)
     return 0;
 }
 
+/* Frees every object of a list without touching the pool (used at shutdown only). */
 static void free_list(struct kvp_obj *head)
 {
     while (head->next != head) {
@@ -102,6 +106,7 @@ static struct kvp_obj *do_find(struct kvp_store *s, const uint8_t *key)
     return NULL;
 }
 
+/* Pushes o on its bucket chain; the key must not be indexed yet. Caller holds the lock. */
 static void do_index_insert(struct kvp_store *s, struct kvp_obj *o)
 {
     uint64_t b = bucket_of(s, o->key);
@@ -109,6 +114,7 @@ static void do_index_insert(struct kvp_store *s, struct kvp_obj *o)
     s->buckets[b] = o;
 }
 
+/* Unlinks o from its bucket chain if it is there. Caller holds the lock. */
 static void do_index_remove(struct kvp_store *s, struct kvp_obj *o)
 {
     struct kvp_obj **pp = &s->buckets[bucket_of(s, o->key)];
@@ -142,6 +148,11 @@ static bool do_evict_one(struct kvp_store *s)
     return false;
 }
 
+/*
+ * Allocates len bytes, evicting least-recently-used objects until the allocator finds a free
+ * run. Eviction frees one object at a time and retries, because under fragmentation the
+ * victim's pages may not be adjacent to any other free run. Caller holds the lock.
+ */
 static int do_alloc(struct kvp_store *s, uint64_t len, uint64_t *off)
 {
     for (;;) {
@@ -153,12 +164,17 @@ static int do_alloc(struct kvp_store *s, uint64_t len, uint64_t *off)
     }
 }
 
+/* Marks a committed object most recently used. Caller holds the lock. */
 static void do_touch(struct kvp_store *s, struct kvp_obj *o)
 {
     list_unlink(o);
     list_push_front(&s->lru, o);
 }
 
+/*
+ * Frees reserved or expired objects. A reserved one is still indexed (others see it as busy);
+ * an expired one was already taken out of the index by the expiry pass. Caller holds the lock.
+ */
 static uint32_t do_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
@@ -174,6 +190,11 @@ static uint32_t do_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
     return n;
 }
 
+/*
+ * One lock hold for the whole request, so its answer is consistent: a chunk reported cached
+ * cannot be evicted by a later chunk of the same request (seen_in), and the busy/no-space
+ * counts describe one moment.
+ */
 int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n,
                       uint64_t chunk_bytes, uint64_t now_ms, struct kvp_obj **objs,
                       uint32_t *idx, struct kvp_prepare_result *res)
@@ -225,6 +246,7 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n,
     return 0;
 }
 
+/* All or nothing: a set of chunks is published together or not at all, never a torn prefix. */
 int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
 {
     pthread_mutex_lock(&s->lock);
@@ -255,6 +277,7 @@ uint32_t kvp_store_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
     return r;
 }
 
+/* Pins stack: an object shared by several retrieves stays pinned until the last release. */
 uint32_t kvp_store_pin(struct kvp_store *s, const uint8_t *keys, uint32_t n,
                        struct kvp_obj **objs)
 {
@@ -282,6 +305,7 @@ void kvp_store_unpin(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* A lookup announces a retrieve soon: refreshing recency keeps the prefix from eviction. */
 uint32_t kvp_store_lookup(struct kvp_store *s, const uint8_t *keys, uint32_t n)
 {
     uint32_t k = 0;
@@ -315,6 +339,7 @@ uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout
     return n;
 }
 
+/* A consistent snapshot for STATS; largest_free walks the bitmap, so it is not for hot paths. */
 void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g)
 {
     pthread_mutex_lock(&s->lock);

@@ -305,6 +305,16 @@ static void test_duplicate_registration(void **state)
     assert_int_equal(ib->shape[1], 2);
     assert_true(kvpt_log_wait(&daemon_, "Instance dup is already registered", 5000));
     assert_int_equal(kvpt_log_count(&daemon_, "Instance dup non-GPU context"), 1);
+
+    /* The second connection can only detach: the instance stays for its owner. */
+    uint32_t *tok = kvpt_tokens(60, 16);
+    kvp_tokens t = {.ids = tok, .count = 16};
+    assert_int_equal(kvp_unregister(b), 0);
+    assert_int_equal(kvp_lookup(a, &t), 0);
+    assert_int_equal(kvpt_log_count(&daemon_, "Instance dup unregistered"), 0);
+    assert_int_equal(kvp_unregister(a), 0);
+    assert_true(kvpt_log_wait(&daemon_, "Instance dup unregistered (unregistered by worker)", 5000));
+    free(tok);
     kvp_client_close(c2);
     kvp_client_close(c1);
 }
