@@ -25,10 +25,11 @@ serve: build
 	$(BUILD)/bin/kvpoold $(ARGS)
 
 # `make check` (or test-quick): the normal build's tests, the quick loop. `make test`, which is
-# what CI runs: check, then the suite again under ASan+UBSan and under TSan (separate build
-# directories, the daemon under test sanitized too), then every fuzz driver for
-# FUZZ_CI_SECONDS; it stops at the first failure.
+# what CI runs: lint (cppcheck), check, the suite again under ASan+UBSan and under TSan
+# (separate build directories, the daemon under test sanitized too), then every fuzz driver
+# for FUZZ_CI_SECONDS; it stops at the first failure.
 test:
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory check
 	$(MAKE) --no-print-directory test-asan
 	$(MAKE) --no-print-directory test-tsan
@@ -96,6 +97,17 @@ fuzz: deps-check $(FUZZ_BUILD)/CMakeCache.txt
 
 fuzz-corpus: build
 	$(BUILD)/bin/fuzz_gen_corpus fuzz/corpus
+
+# Static analysis of the daemon, the library and the fuzz drivers. A false positive is
+# suppressed where it is reported, with the reason: /* cppcheck-suppress <id> ; why */.
+CPPCHECK_FLAGS = --enable=warning,performance,portability --library=posix --std=c11 \
+	--inline-suppr --error-exitcode=1 --quiet -D_GNU_SOURCE -D__linux__ \
+	-DKVP_DAEMON_VERSION=\"0\" -Iinclude -Isrc -Isrc/common -Isrc/server -Isrc/client
+
+.PHONY: lint
+
+lint: deps-check
+	cppcheck $(CPPCHECK_FLAGS) src fuzz
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

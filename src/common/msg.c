@@ -255,6 +255,7 @@ int kvp_decode_stats_reply(const void *body, size_t len, struct kvp_stat_entry *
     if (r.err || n > KVP_MAX_STATS)
         return -EPROTO;
     for (uint32_t i = 0; i < n; i++) {
+        /* cppcheck-suppress uninitvar ; scratch is only written: entries past cap are dropped */
         struct kvp_stat_entry *d = i < cap ? &e[i] : &scratch;
         kvp_get_str(&r, d->name, sizeof(d->name), sizeof(d->name) - 1);
         d->value = kvp_get_u64(&r);

@@ -236,8 +236,9 @@ int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why,
 int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size)
 {
     *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE;
+    /* cppcheck-suppress invalidFunctionArg ; an anonymous mapping takes fd -1 */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED)
         return -errno;
     touch_pages(p, size);
