@@ -315,6 +315,116 @@ static void gen_daemon(void)
     session_end(&s, "not-kvpool");
 }
 
+/* A daemon's reply stream, as fuzz_client.c's script reads it: request ids 1, 2, ... */
+struct replies {
+    struct kvp_wbuf out;
+    struct kvp_wbuf body;
+    uint64_t next_id;
+};
+
+static void reply(struct replies *r, uint16_t opcode, int32_t status, const void *payload,
+                  size_t payload_len)
+{
+    put_header(&r->out, opcode | KVP_REPLY_FLAG, r->next_id++, (uint32_t)r->body.len, status,
+               payload_len);
+    kvp_put_bytes(&r->out, r->body.data, r->body.len);
+    kvp_put_bytes(&r->out, payload, payload_len);
+    kvp_wbuf_reset(&r->body);
+}
+
+/* HELLO, PING, STATS and REGISTER as a daemon without SHM answers them. */
+static void client_prologue(struct replies *r)
+{
+    struct kvp_hello_reply hello = {
+        .major = 1,
+        .pid = 4242,
+        .chunk_tokens = 4,
+        .shm_reason = "SHM disabled by configuration",
+    };
+    struct kvp_stat_entry stats[2] = {{"requests", 3}, {"connections", 1}};
+    struct kvp_register_reply reg = {
+        .handle = HANDLE0,
+        .transport = KVP_WIRE_INLINE,
+        .ndim = 4,
+        .chunk_tokens = 4,
+        .shape = {2, 1, 4, 4},
+        .chunk_bytes = CHUNK_BYTES,
+        .dtype_size = 1,
+        .dtype = "uint8",
+        .reason = "requested by worker",
+    };
+
+    kvp_wbuf_init(&r->out);
+    kvp_wbuf_init(&r->body);
+    r->next_id = 1;
+    kvp_encode_hello_reply(&r->body, &hello);
+    reply(r, KVP_OP_HELLO, 0, NULL, 0);
+    reply(r, KVP_OP_PING, 0, NULL, 0);
+    kvp_encode_stats_reply(&r->body, stats, 2);
+    reply(r, KVP_OP_STATS, 0, NULL, 0);
+    kvp_encode_register_reply(&r->body, &reg);
+    reply(r, KVP_OP_REGISTER, 0, NULL, 0);
+}
+
+static void client_end(struct replies *r, const char *name)
+{
+    seed_with_prefix("client", name, NULL, 0, &r->out);
+    kvp_wbuf_free(&r->out);
+    kvp_wbuf_free(&r->body);
+}
+
+static void gen_client(void)
+{
+    struct replies r;
+    uint8_t payload[2 * CHUNK_BYTES];
+    struct kvp_wire_slot slots[2] = {
+        {.chunk_index = 0, .offset = 4096, .length = CHUNK_BYTES},
+        {.chunk_index = 1, .offset = 8192, .length = CHUNK_BYTES},
+    };
+
+    for (size_t i = 0; i < sizeof(payload); i++)
+        payload[i] = (uint8_t)(i * 5 + 3);
+
+    /* Everything succeeds: two chunks stored, then retrieved. */
+    client_prologue(&r);
+    kvp_encode_lookup_reply(&r.body, &(struct kvp_lookup_reply){.nchunks = 2});
+    reply(&r, KVP_OP_LOOKUP, 0, NULL, 0);
+    kvp_encode_slots_reply(
+        &r.body, &(struct kvp_slots_reply){.id = 1, .nchunks = 2, .nslots = 2, .slots = slots});
+    reply(&r, KVP_OP_PREPARE_STORE, 0, NULL, 0);
+    kvp_encode_count_reply(&r.body, 2);
+    reply(&r, KVP_OP_STORE_INLINE, 0, NULL, 0);
+    kvp_encode_slots_reply(&r.body,
+                           &(struct kvp_slots_reply){.nchunks = 2, .nslots = 2, .slots = slots});
+    reply(&r, KVP_OP_RETRIEVE_INLINE, 0, payload, sizeof(payload));
+    reply(&r, KVP_OP_UNREGISTER, 0, NULL, 0);
+    client_end(&r, "roundtrip");
+
+    /* Everything cached already; an error reply to the retrieve. */
+    client_prologue(&r);
+    kvp_encode_lookup_reply(&r.body, &(struct kvp_lookup_reply){.nchunks = 2, .cached = 2});
+    reply(&r, KVP_OP_LOOKUP, 0, NULL, 0);
+    kvp_encode_slots_reply(&r.body, &(struct kvp_slots_reply){.nchunks = 2, .cached = 2});
+    reply(&r, KVP_OP_PREPARE_STORE, 0, NULL, 0);
+    kvp_encode_error(&r.body, "unknown instance handle 0x00010000");
+    reply(&r, KVP_OP_RETRIEVE_INLINE, -2 /* -ENOENT */, NULL, 0);
+    reply(&r, KVP_OP_UNREGISTER, 0, NULL, 0);
+    client_end(&r, "cached-then-error");
+
+    /* A refused registration. */
+    kvp_wbuf_init(&r.out);
+    kvp_wbuf_init(&r.body);
+    r.next_id = 1;
+    kvp_encode_hello_reply(&r.body, &(struct kvp_hello_reply){.major = 1, .chunk_tokens = 4});
+    reply(&r, KVP_OP_HELLO, 0, NULL, 0);
+    reply(&r, KVP_OP_PING, 0, NULL, 0);
+    kvp_encode_stats_reply(&r.body, NULL, 0);
+    reply(&r, KVP_OP_STATS, 0, NULL, 0);
+    kvp_encode_error(&r.body, "dtype 'uint8' is not supported");
+    reply(&r, KVP_OP_REGISTER, -22 /* -EINVAL */, NULL, 0);
+    client_end(&r, "register-refused");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -330,5 +440,6 @@ int main(int argc, char **argv)
     gen_request();
     gen_reply();
     gen_daemon();
+    gen_client();
     return failures ? 1 : 0;
 }

@@ -1,0 +1,180 @@
+/*
+ * fuzz_client.c - the client library against a hostile daemon: everything libkvpool.so reads from
+ * its socket (reply headers, bodies, error messages, inline payloads) comes from the input, and
+ * the library runs a worker's usual calls over it through its public API only: open (HELLO),
+ * ping, stats, an inline registration, lookup, store, retrieve, unregister, close.
+ *
+ * Input: the byte stream the "daemon" writes on the connection (a seed is what a real kvpoold
+ * answers to that script: request ids 1, 2, ...). A thread plays the daemon: it accepts the
+ * connection, writes the input, closes its write side and reads every request until the library
+ * closes. The registration is forced inline, so no input can make the library map a segment.
+ *
+ * What must hold, beyond "no crash, no leak, no hang": every call returns 0, a count or a
+ * negative error; a count is within what was asked (lookup <= chunks of the sequence, store and
+ * retrieve <= chunks of the range); the instance stays on the inline transport.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "fuzz.h"
+#include "kvpool.h"
+
+#define NTOKENS 8u
+#define MAX_CHUNK_BYTES (64u << 10)
+
+static int listen_fd = -1;
+static char socket_path[108];
+
+struct daemon {
+    const uint8_t *data;
+    size_t size;
+};
+
+static void cleanup(void)
+{
+    if (socket_path[0])
+        unlink(socket_path);
+}
+
+static void init_once(void)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (listen_fd >= 0)
+        return;
+    snprintf(socket_path, sizeof(socket_path), "/tmp/kvp-fuzz-client-%d.sock", (int)getpid());
+    unlink(socket_path);
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", socket_path);
+    listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    FUZZ_CHECK(listen_fd >= 0);
+    FUZZ_CHECK(bind(listen_fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    FUZZ_CHECK(listen(listen_fd, 4) == 0);
+    atexit(cleanup);
+}
+
+/* The daemon side of one connection: writes the input, then drains requests until EOF. */
+static void *daemon_main(void *arg)
+{
+    const struct daemon *d = arg;
+    uint8_t buf[16384];
+    size_t off = 0;
+    bool writing = d->size > 0;
+
+    int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    if (!writing)
+        shutdown(fd, SHUT_WR);
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = (short)(POLLIN | (writing ? POLLOUT : 0))};
+        if (poll(&p, 1, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (writing && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
+            ssize_t n = send(fd, d->data + off, d->size - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0)
+                off += (size_t)n;
+            else if (n < 0 && errno != EAGAIN && errno != EINTR)
+                writing = false;
+            if (off == d->size) {
+                shutdown(fd, SHUT_WR);
+                writing = false;
+            }
+        }
+        if (p.revents & (POLLIN | POLLERR | POLLHUP)) {
+            ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+                break;
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
+/* A call returns at most max, and a failed one has an error string and a message. */
+static void check_rc(kvp_client *c, int rc, int max)
+{
+    FUZZ_CHECK(rc <= max);
+    if (rc < 0)
+        FUZZ_CHECK(kvp_strerror(rc) != NULL && kvp_last_error(c) != NULL);
+}
+
+/* The data calls, when the registration announced a chunk small enough to allocate. */
+static void run_transfers(kvp_client *c, kvp_instance *inst)
+{
+    static const uint32_t ids[NTOKENS] = {11, 12, 13, 14, 15, 16, 17, 18};
+    const kvp_instance_info *info = kvp_instance_get_info(inst);
+    kvp_tokens seq = {.ids = ids, .count = NTOKENS};
+    uint8_t *bufs[NTOKENS] = {0};
+
+    FUZZ_CHECK(info->chunk_tokens > 0 && info->chunk_bytes > 0);
+    uint32_t nchunks = NTOKENS / info->chunk_tokens;
+    int rc = kvp_lookup(inst, &seq);
+    check_rc(c, rc, (int)nchunks);
+    if (info->chunk_bytes > MAX_CHUNK_BYTES)
+        return;
+
+    for (uint32_t i = 0; i < nchunks; i++) {
+        bufs[i] = malloc((size_t)info->chunk_bytes);
+        FUZZ_CHECK(bufs[i] != NULL);
+        memset(bufs[i], (int)i + 1, (size_t)info->chunk_bytes);
+    }
+    kvp_store_result res;
+    rc = kvp_store(inst, &seq, 0, NTOKENS, (const void *const *)bufs, &res);
+    check_rc(c, rc, (int)nchunks);
+    if (rc >= 0)
+        FUZZ_CHECK(res.nchunks == nchunks && res.stored == (uint32_t)rc);
+    rc = kvp_retrieve(inst, &seq, 0, NTOKENS, (void *const *)bufs);
+    check_rc(c, rc, (int)nchunks);
+    for (uint32_t i = 0; i < nchunks; i++)
+        free(bufs[i]);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct daemon d = {.data = data, .size = size};
+    kvp_opts o = {.socket_path = socket_path, .timeout_ms = 5000};
+    kvp_client *c = NULL;
+    pthread_t tid;
+
+    init_once();
+    FUZZ_CHECK(pthread_create(&tid, NULL, daemon_main, &d) == 0);
+    int rc = kvp_client_open(&o, &c);
+    FUZZ_CHECK(rc <= 0 && (rc == 0) == (c != NULL));
+    if (c) {
+        kvp_stat st[8];
+        check_rc(c, kvp_ping(c), 0);
+        rc = kvp_stats(c, st, 8);
+        check_rc(c, rc, 128);
+
+        kvp_register_opts ro = {
+            .instance_id = "fuzz-worker",
+            .model_name = "fuzz-model",
+            .world_size = 1,
+            .block_size = 16,
+            .num_layers = 1,
+            .hidden_dim = 4,
+            .dtype = "uint8",
+            .transport = KVP_TRANSPORT_INLINE,
+        };
+        kvp_instance *inst = NULL;
+        rc = kvp_register(c, &ro, &inst);
+        check_rc(c, rc, 0);
+        FUZZ_CHECK((rc == 0) == (inst != NULL));
+        if (inst) {
+            FUZZ_CHECK(kvp_instance_get_info(inst)->transport == KVP_TRANSPORT_INLINE);
+            run_transfers(c, inst);
+            check_rc(c, kvp_unregister(inst), 0);
+        }
+        kvp_client_close(c);
+    }
+    pthread_join(tid, NULL);
+    return 0;
+}
