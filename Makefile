@@ -104,10 +104,20 @@ CPPCHECK_FLAGS = --enable=warning,performance,portability --library=posix --std=
 	--inline-suppr --error-exitcode=1 --quiet -D_GNU_SOURCE -D__linux__ \
 	-DKVP_DAEMON_VERSION=\"0\" -Iinclude -Isrc -Isrc/common -Isrc/server -Isrc/client
 
-.PHONY: lint
+# Formatting (.clang-format): format rewrites the files in place, format-check names the files
+# it would change (first difference of each) and fails if there is any.
+FORMAT_FILES = $(shell find src tests bench fuzz include -name '*.[ch]' 2>/dev/null | sort)
+
+.PHONY: lint format format-check
 
 lint: deps-check
 	cppcheck $(CPPCHECK_FLAGS) src fuzz
+
+format: deps-check
+	clang-format -i $(FORMAT_FILES)
+
+format-check: deps-check
+	clang-format --dry-run -Werror --ferror-limit=1 $(FORMAT_FILES)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
