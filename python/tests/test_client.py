@@ -404,7 +404,7 @@ class TestShm(_RoundTrips):
         self.assertEqual(self.daemon.stats()["instances"], 1)  # unregistered at once
         del derived, view, plan
         gc.collect()
-        for _ in range(50):  # the deferred close runs when the last derived object goes
+        for _ in range(400):  # the deferred close runs when the last derived object goes
             if self.daemon.stats()["connections"] < conns:
                 break
             threading.Event().wait(0.05)
