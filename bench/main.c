@@ -157,8 +157,12 @@ static uint32_t ops_per_rep(const struct ctx *x, uint64_t chunk, uint32_t batch)
     if (bytes > room)
         bytes = room;
     uint64_t n = bytes / chunk / batch;
+    /* At least 4 operations for a median per repetition, as far as the pool allows. */
+    uint64_t fit = room / chunk / batch;
     if (n < 4)
-        n = 4;
+        n = fit < 4 ? fit : 4;
+    if (n < 1)
+        n = 1;
     if (n > KVPB_MAX_SAMPLES)
         n = KVPB_MAX_SAMPLES;
     return (uint32_t)n;
