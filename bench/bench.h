@@ -46,19 +46,19 @@ enum kvpb_transport {
 
 /* Operations ("op" column). */
 enum kvpb_op {
-    KVPB_OP_STORE,    /* worker buffer -> server (SET for Redis) */
-    KVPB_OP_RETRIEVE, /* server -> worker buffer (GET for Redis) */
-    KVPB_OP_COPY,     /* memcpy */
-    KVPB_OP_PING,     /* smallest request and reply, back to back */
-    KVPB_OP_PING_IDLE,/* the same after 500 us of work, long enough for the peer's CPU to idle */
-    KVPB_OP_LOOKUP,   /* kvp_lookup of a one-chunk sequence that is cached */
-    KVPB_OP_GATHER,   /* paged KV cache -> chunk */
-    KVPB_OP_SCATTER,  /* chunk -> paged KV cache */
-    KVPB_OP_PRESSURE, /* retrieve, store on a miss; working set several times the pool */
-    KVPB_OP_COLD,     /* first store pass over the pool after this process mapped it */
-    KVPB_OP_REGISTER, /* a client's first shm registration: maps the pool */
-    KVPB_OP_SETUP,    /* not measured: register instances / build buffers for a size */
-    KVPB_OP_TEARDOWN, /* not measured: drop them */
+    KVPB_OP_STORE,     /* worker buffer -> server (SET for Redis) */
+    KVPB_OP_RETRIEVE,  /* server -> worker buffer (GET for Redis) */
+    KVPB_OP_COPY,      /* memcpy */
+    KVPB_OP_PING,      /* smallest request and reply, back to back */
+    KVPB_OP_PING_IDLE, /* the same after 500 us of work, long enough for the peer's CPU to idle */
+    KVPB_OP_LOOKUP,    /* kvp_lookup of a one-chunk sequence that is cached */
+    KVPB_OP_GATHER,    /* paged KV cache -> chunk */
+    KVPB_OP_SCATTER,   /* chunk -> paged KV cache */
+    KVPB_OP_PRESSURE,  /* retrieve, store on a miss; working set several times the pool */
+    KVPB_OP_COLD,      /* first store pass over the pool after this process mapped it */
+    KVPB_OP_REGISTER,  /* a client's first shm registration: maps the pool */
+    KVPB_OP_SETUP,     /* not measured: register instances / build buffers for a size */
+    KVPB_OP_TEARDOWN,  /* not measured: drop them */
     KVPB_OP_COUNT_
 };
 
@@ -70,31 +70,31 @@ const char *kvpb_op_name(int op);
 struct kvpb_cmd {
     int transport;
     int op;
-    uint32_t layout;        /* paged: a kvp_paged_layout */
-    uint32_t nops;          /* operations to run, per worker */
+    uint32_t layout; /* paged: a kvp_paged_layout */
+    uint32_t nops;   /* operations to run, per worker */
     uint64_t chunk_bytes;
-    uint64_t seq_base;      /* first key number; keys are seq_base .. seq_base + nops - 1 */
-    uint64_t ws_chunks;     /* pressure: distinct keys per worker */
-    uint64_t rng_seed;      /* pressure: key choice */
-    uint32_t verify;        /* non-zero: check every byte that comes back */
-    uint32_t nworkers;      /* workers taking part (the first nworkers) */
-    uint32_t run_id;        /* part of every key: runs never see each other's chunks */
-    uint32_t batch;         /* chunks per store/retrieve call (1 unless --batch) */
+    uint64_t seq_base;  /* first key number; keys are seq_base .. seq_base + nops - 1 */
+    uint64_t ws_chunks; /* pressure: distinct keys per worker */
+    uint64_t rng_seed;  /* pressure: key choice */
+    uint32_t verify;    /* non-zero: check every byte that comes back */
+    uint32_t nworkers;  /* workers taking part (the first nworkers) */
+    uint32_t run_id;    /* part of every key: runs never see each other's chunks */
+    uint32_t batch;     /* chunks per store/retrieve call (1 unless --batch) */
 };
 
 /* One worker's answer to a command. */
 struct kvpb_wres {
-    int rc;                 /* 0, or a negative error (err says what failed) */
+    int rc; /* 0, or a negative error (err says what failed) */
     char err[256];
-    uint64_t t_start_ns;    /* CLOCK_MONOTONIC, comparable across processes */
+    uint64_t t_start_ns; /* CLOCK_MONOTONIC, comparable across processes */
     uint64_t t_end_ns;
-    uint64_t bytes;         /* payload bytes moved */
-    uint32_t nops;          /* operations done (= samples written) */
-    uint32_t hits;          /* pressure: retrieves that found the chunk */
-    uint32_t shm;           /* set-up: 1 when this worker has a shm instance */
-    uint64_t minflt;        /* minor page faults of the worker process during the command */
-    uint64_t nivcsw;        /* times the worker was preempted during the command */
-    uint64_t copy_ns;       /* shm store/retrieve: time spent in the copy itself */
+    uint64_t bytes;   /* payload bytes moved */
+    uint32_t nops;    /* operations done (= samples written) */
+    uint32_t hits;    /* pressure: retrieves that found the chunk */
+    uint32_t shm;     /* set-up: 1 when this worker has a shm instance */
+    uint64_t minflt;  /* minor page faults of the worker process during the command */
+    uint64_t nivcsw;  /* times the worker was preempted during the command */
+    uint64_t copy_ns; /* shm store/retrieve: time spent in the copy itself */
 };
 
 /* Benchmark configuration (command line). */
@@ -103,9 +103,9 @@ struct kvpb_config {
     const char *kvpoold;      /* daemon binary */
     const char *redis_server; /* redis-server binary, or NULL to search PATH */
     uint64_t l1_size;
-    uint32_t chunk_tokens;    /* --chunk-size of a started daemon */
+    uint32_t chunk_tokens; /* --chunk-size of a started daemon */
     uint32_t workers;
-    uint32_t batch;           /* chunks per store/retrieve call */
+    uint32_t batch; /* chunks per store/retrieve call */
     uint64_t sizes[KVPB_MAX_SIZES];
     uint32_t nsizes;
     uint32_t reps;            /* measured repetitions per cell (one warm-up rep before) */
@@ -116,7 +116,7 @@ struct kvpb_config {
     uint64_t pressure_chunk;
     uint32_t pressure_reps;
     bool do_sweep, do_rtt, do_paged, do_pressure, do_redis;
-    bool do_shm, do_inline, do_uds;  /* sweep transports (memcpy always runs) */
+    bool do_shm, do_inline, do_uds; /* sweep transports (memcpy always runs) */
     bool quick;
     const char *csv, *json, *png;
 };
@@ -157,27 +157,27 @@ const char *kvpb_fmt_size(uint64_t bytes, char *buf, size_t size);
 /* Rows: one line of the results, filled by main.c, printed by report.c.                      */
 
 struct kvpb_row {
-    int transport;          /* enum kvpb_transport */
-    int op;                 /* enum kvpb_op */
-    const char *detail;     /* "" or a qualifier (paged layout, "cold pool") */
-    uint64_t chunk_bytes;   /* 0 for round-trip rows */
-    uint32_t batch;         /* chunks per operation */
+    int transport;        /* enum kvpb_transport */
+    int op;               /* enum kvpb_op */
+    const char *detail;   /* "" or a qualifier (paged layout, "cold pool") */
+    uint64_t chunk_bytes; /* 0 for round-trip rows */
+    uint32_t batch;       /* chunks per operation */
     uint32_t workers;
     uint32_t reps;
-    uint64_t samples;       /* latency samples behind p50/p99 */
-    double gb_per_s;        /* median over repetitions (1e9 bytes per second) */
-    double gb_min, gb_max;  /* spread over repetitions */
-    double ops_per_s;       /* operations (calls) per second, median over repetitions */
-    double p50_us, p99_us;  /* per operation, over every sample */
-    double ratio_to_memcpy; /* gb_per_s / memcpy's for the same chunk size; NAN if n/a */
-    double ratio_to_uds;    /* round trips: p50 / raw socket ping-pong p50; NAN if n/a */
-    double vs_redis;        /* shm rows: gb_per_s / Redis's same op and size; NAN if n/a */
-    double hit_rate;        /* pressure rows; NAN otherwise */
-    double evictions_per_op;/* pressure rows; NAN otherwise */
-    double load1;           /* 1-minute load average when the row's cell finished */
-    double faults_per_op;   /* the workers' minor page faults per operation */
-    double preempt_per_op;  /* involuntary context switches of the workers per operation */
-    double copy_share;      /* shm store/retrieve: copy time / operation time; NAN otherwise */
+    uint64_t samples;        /* latency samples behind p50/p99 */
+    double gb_per_s;         /* median over repetitions (1e9 bytes per second) */
+    double gb_min, gb_max;   /* spread over repetitions */
+    double ops_per_s;        /* operations (calls) per second, median over repetitions */
+    double p50_us, p99_us;   /* per operation, over every sample */
+    double ratio_to_memcpy;  /* gb_per_s / memcpy's for the same chunk size; NAN if n/a */
+    double ratio_to_uds;     /* round trips: p50 / raw socket ping-pong p50; NAN if n/a */
+    double vs_redis;         /* shm rows: gb_per_s / Redis's same op and size; NAN if n/a */
+    double hit_rate;         /* pressure rows; NAN otherwise */
+    double evictions_per_op; /* pressure rows; NAN otherwise */
+    double load1;            /* 1-minute load average when the row's cell finished */
+    double faults_per_op;    /* the workers' minor page faults per operation */
+    double preempt_per_op;   /* involuntary context switches of the workers per operation */
+    double copy_share;       /* shm store/retrieve: copy time / operation time; NAN otherwise */
 };
 
 /* Run description printed above the table and in the chart title. */
@@ -186,8 +186,8 @@ struct kvpb_run_info {
     int ncpu;
     char kernel[128];
     double load_start, load_end;
-    char redis[256];        /* "redis-server 7.0.15" or why it was skipped */
-    char daemon[512];       /* how the daemon was started / found */
+    char redis[256];  /* "redis-server 7.0.15" or why it was skipped */
+    char daemon[512]; /* how the daemon was started / found */
     uint64_t pool_size;
     uint32_t chunk_tokens;
     double seconds;
@@ -208,13 +208,12 @@ int kvpb_report_json(const char *path, const struct kvpb_row *rows, size_t n);
 int kvpb_report_chart(const char *png, const struct kvpb_config *cfg,
                       const struct kvpb_run_info *info, const struct kvpb_row *rows, size_t n);
 
-
 /* ------------------------------------------------------------------------------------------ */
 /* daemon.c                                                                                   */
 
 /* A server started as a child process, its output in a log file. */
 struct kvpb_child {
-    pid_t pid;              /* 0 when not running */
+    pid_t pid; /* 0 when not running */
     char name[32];
     char log[256];
 };
@@ -223,8 +222,7 @@ struct kvpb_child {
  * Starts argv[0] with stdout and stderr appended to log; the child gets SIGTERM if the bench
  * dies. Returns 0 or a negative errno.
  */
-int kvpb_child_spawn(struct kvpb_child *ch, const char *name, char *const argv[],
-                     const char *log);
+int kvpb_child_spawn(struct kvpb_child *ch, const char *name, char *const argv[], const char *log);
 
 /* True while the child runs (reaps it when it has exited). */
 bool kvpb_child_alive(struct kvpb_child *ch);
@@ -239,8 +237,8 @@ void kvpb_child_print_log(const struct kvpb_child *ch, int lines);
  * Starts kvpoold on dir/kvpoold.sock with the given pool and chunk size and waits (up to
  * 120 s) until it answers a ping. socket receives the socket path.
  */
-int kvpb_kvpoold_start(struct kvpb_child *ch, const char *binary, const char *dir,
-                       uint64_t l1_size, uint32_t chunk_tokens, char *socket, size_t size);
+int kvpb_kvpoold_start(struct kvpb_child *ch, const char *binary, const char *dir, uint64_t l1_size,
+                       uint32_t chunk_tokens, char *socket, size_t size);
 
 /* Finds an executable in PATH (or checks an explicit path). Returns true and fills out. */
 bool kvpb_find_exe(const char *name, char *out, size_t size);
@@ -275,8 +273,8 @@ int kvpb_redis_set(kvpb_redis *r, const char *const *keys, const void *const *va
 
 /* GET (n == 1) or MGET keys[0..n) into dsts[i], each of which must receive exactly len bytes
  * (copied out of the reply, as a user has to). */
-int kvpb_redis_get(kvpb_redis *r, const char *const *keys, void *const *dsts, size_t n,
-                   size_t len, char *err, size_t err_size);
+int kvpb_redis_get(kvpb_redis *r, const char *const *keys, void *const *dsts, size_t n, size_t len,
+                   char *err, size_t err_size);
 
 /* PING. */
 int kvpb_redis_ping(kvpb_redis *r, char *err, size_t err_size);

@@ -38,8 +38,14 @@ static void set_defaults(struct kvpb_config *cfg)
         .pressure_factor = 4,
         .pressure_chunk = 4 * KVPB_MiB,
         .pressure_reps = 5,
-        .do_sweep = true, .do_rtt = true, .do_paged = true, .do_pressure = true,
-        .do_redis = true, .do_shm = true, .do_inline = true, .do_uds = true,
+        .do_sweep = true,
+        .do_rtt = true,
+        .do_paged = true,
+        .do_pressure = true,
+        .do_redis = true,
+        .do_shm = true,
+        .do_inline = true,
+        .do_uds = true,
     };
     memcpy(cfg->sizes, sizes, sizeof(sizes));
     cfg->nsizes = sizeof(sizes) / sizeof(sizes[0]);
@@ -124,44 +130,72 @@ static int parse_transports(const char *list, struct kvpb_config *cfg)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-"usage: kvpool-bench [options]\n"
-"\n"
-"Measures kvpool store and retrieve on both transports against single-thread memcpy of the\n"
-"same bytes (the physical limit), a raw Unix socket, and Redis, all in the same run.\n"
-"\n"
-"  --socket PATH          use a running kvpoold instead of starting one\n"
-"  --kvpoold PATH         daemon binary to start (default: the one built with the bench)\n"
-"  --l1-size SIZE         pool of the started daemon (default 1GiB)\n"
-"  --chunk-tokens N       --chunk-size of the started daemon (default 256)\n"
-"  --workers N            worker processes, each with its own client (default 1, max %d)\n"
-"  --batch N              chunks per store/retrieve call in the sweep, as a worker storing a\n"
-"                         whole prompt does (default 1; Redis then uses MSET/MGET)\n"
-"  --sizes LIST           chunk sizes (default 256KiB,1MiB,4MiB,16MiB,32MiB)\n"
-"  --reps N               measured repetitions per cell, after one warm-up (default 11)\n"
-"  --footprint SIZE       size of each worker buffer that chunks rotate through; larger\n"
-"                         than the CPU caches so copies are not cache-hot (default 256MiB)\n"
-"  --rep-bytes SIZE       bytes per worker and repetition of a cell (default 256MiB)\n"
-"  --rtt-count N          round trips per repetition (default 5000)\n"
-"  --pressure-factor N    pressure working set in pools (default 4)\n"
-"  --pressure-size SIZE   pressure chunk size, also the cold pass's (default 4MiB)\n"
-"  --only LIST            sections to run: sweep,rtt,paged,pressure (default all)\n"
-"  --transports LIST      sweep transports: shm,inline,uds,redis (default all; memcpy, the\n"
-"                         baseline, always runs)\n"
-"  --no-redis             skip the Redis comparator\n"
-"  --redis-server PATH    redis-server binary (default: from PATH)\n"
-"  --csv FILE             write the rows as CSV\n"
-"  --json FILE            write the rows as a JSON list\n"
-"  --png FILE             draw GB/s against chunk size with gnuplot (FILE.gp, FILE.dat too)\n"
-"  --quick                tiny sizes and few repetitions: a smoke test in seconds\n"
-"  --help                 this text\n", KVPB_MAX_WORKERS);
+    fprintf(
+        f,
+        "usage: kvpool-bench [options]\n"
+        "\n"
+        "Measures kvpool store and retrieve on both transports against single-thread memcpy of "
+        "the\n"
+        "same bytes (the physical limit), a raw Unix socket, and Redis, all in the same run.\n"
+        "\n"
+        "  --socket PATH          use a running kvpoold instead of starting one\n"
+        "  --kvpoold PATH         daemon binary to start (default: the one built with the bench)\n"
+        "  --l1-size SIZE         pool of the started daemon (default 1GiB)\n"
+        "  --chunk-tokens N       --chunk-size of the started daemon (default 256)\n"
+        "  --workers N            worker processes, each with its own client (default 1, max %d)\n"
+        "  --batch N              chunks per store/retrieve call in the sweep, as a worker storing "
+        "a\n"
+        "                         whole prompt does (default 1; Redis then uses MSET/MGET)\n"
+        "  --sizes LIST           chunk sizes (default 256KiB,1MiB,4MiB,16MiB,32MiB)\n"
+        "  --reps N               measured repetitions per cell, after one warm-up (default 11)\n"
+        "  --footprint SIZE       size of each worker buffer that chunks rotate through; larger\n"
+        "                         than the CPU caches so copies are not cache-hot (default "
+        "256MiB)\n"
+        "  --rep-bytes SIZE       bytes per worker and repetition of a cell (default 256MiB)\n"
+        "  --rtt-count N          round trips per repetition (default 5000)\n"
+        "  --pressure-factor N    pressure working set in pools (default 4)\n"
+        "  --pressure-size SIZE   pressure chunk size, also the first pass's (default 4MiB)\n"
+        "  --only LIST            sections to run: sweep,rtt,paged,pressure (default all)\n"
+        "  --transports LIST      sweep transports: shm,inline,uds,redis (default all; memcpy, "
+        "the\n"
+        "                         baseline, always runs)\n"
+        "  --no-redis             skip the Redis comparator\n"
+        "  --redis-server PATH    redis-server binary (default: from PATH)\n"
+        "  --csv FILE             write the rows as CSV\n"
+        "  --json FILE            write the rows as a JSON list\n"
+        "  --png FILE             draw GB/s against chunk size with gnuplot (FILE.gp, FILE.dat "
+        "too)\n"
+        "  --quick                tiny sizes and few repetitions: a smoke test in seconds\n"
+        "  --help                 this text\n",
+        KVPB_MAX_WORKERS);
 }
 
 void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
 {
-    enum { O_SOCKET = 256, O_KVPOOLD, O_L1, O_TOKENS, O_WORKERS, O_SIZES, O_REPS, O_FOOT,
-           O_REPBYTES, O_BATCH, O_RTT, O_PFACTOR, O_PSIZE, O_ONLY, O_TRANSPORTS, O_NOREDIS, O_REDIS, O_CSV, O_JSON,
-           O_PNG, O_QUICK, O_HELP };
+    enum {
+        O_SOCKET = 256,
+        O_KVPOOLD,
+        O_L1,
+        O_TOKENS,
+        O_WORKERS,
+        O_SIZES,
+        O_REPS,
+        O_FOOT,
+        O_REPBYTES,
+        O_BATCH,
+        O_RTT,
+        O_PFACTOR,
+        O_PSIZE,
+        O_ONLY,
+        O_TRANSPORTS,
+        O_NOREDIS,
+        O_REDIS,
+        O_CSV,
+        O_JSON,
+        O_PNG,
+        O_QUICK,
+        O_HELP
+    };
     static const struct option opts[] = {
         {"socket", required_argument, 0, O_SOCKET},
         {"kvpoold", required_argument, 0, O_KVPOOLD},
@@ -209,9 +243,15 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
     }
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
-        case O_SOCKET: cfg->socket = optarg; break;
-        case O_KVPOOLD: cfg->kvpoold = optarg; break;
-        case O_L1: bad |= parse_size(optarg, &cfg->l1_size) < 0; break;
+        case O_SOCKET:
+            cfg->socket = optarg;
+            break;
+        case O_KVPOOLD:
+            cfg->kvpoold = optarg;
+            break;
+        case O_L1:
+            bad |= parse_size(optarg, &cfg->l1_size) < 0;
+            break;
         case O_TOKENS:
             v = strtol(optarg, NULL, 10);
             bad |= v < 1 || v > 65536;
@@ -222,15 +262,21 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
             bad |= v < 1 || v > KVPB_MAX_WORKERS;
             cfg->workers = (uint32_t)v;
             break;
-        case O_SIZES: sizes = optarg; break;
+        case O_SIZES:
+            sizes = optarg;
+            break;
         case O_REPS:
             v = strtol(optarg, NULL, 10);
             bad |= v < 1 || v > 1000;
             cfg->reps = (uint32_t)v;
             cfg->pressure_reps = cfg->reps < 5 ? cfg->reps : 5;
             break;
-        case O_FOOT: bad |= parse_size(optarg, &cfg->footprint) < 0; break;
-        case O_REPBYTES: bad |= parse_size(optarg, &cfg->rep_bytes) < 0; break;
+        case O_FOOT:
+            bad |= parse_size(optarg, &cfg->footprint) < 0;
+            break;
+        case O_REPBYTES:
+            bad |= parse_size(optarg, &cfg->rep_bytes) < 0;
+            break;
         case O_BATCH:
             v = strtol(optarg, NULL, 10);
             bad |= v < 1 || v > KVPB_MAX_BATCH;
@@ -246,17 +292,38 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
             bad |= v < 1 || v > 64;
             cfg->pressure_factor = (uint32_t)v;
             break;
-        case O_PSIZE: bad |= parse_size(optarg, &cfg->pressure_chunk) < 0; break;
-        case O_ONLY: only = optarg; break;
-        case O_TRANSPORTS: transports = optarg; break;
-        case O_NOREDIS: cfg->do_redis = false; break;
-        case O_REDIS: cfg->redis_server = optarg; break;
-        case O_CSV: cfg->csv = optarg; break;
-        case O_JSON: cfg->json = optarg; break;
-        case O_PNG: cfg->png = optarg; break;
-        case O_QUICK: break;
-        case O_HELP: usage(stdout); exit(0);
-        default: usage(stderr); exit(2);
+        case O_PSIZE:
+            bad |= parse_size(optarg, &cfg->pressure_chunk) < 0;
+            break;
+        case O_ONLY:
+            only = optarg;
+            break;
+        case O_TRANSPORTS:
+            transports = optarg;
+            break;
+        case O_NOREDIS:
+            cfg->do_redis = false;
+            break;
+        case O_REDIS:
+            cfg->redis_server = optarg;
+            break;
+        case O_CSV:
+            cfg->csv = optarg;
+            break;
+        case O_JSON:
+            cfg->json = optarg;
+            break;
+        case O_PNG:
+            cfg->png = optarg;
+            break;
+        case O_QUICK:
+            break;
+        case O_HELP:
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            exit(2);
         }
     }
     if (sizes && parse_sizes(sizes, cfg) < 0) {
@@ -268,8 +335,7 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
         exit(2);
     }
     if (transports && parse_transports(transports, cfg) < 0) {
-        fprintf(stderr, "kvpool-bench: bad --transports '%s' (shm,inline,uds,redis)\n",
-                transports);
+        fprintf(stderr, "kvpool-bench: bad --transports '%s' (shm,inline,uds,redis)\n", transports);
         exit(2);
     }
     if (bad || optind != argc) {

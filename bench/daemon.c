@@ -33,8 +33,7 @@ void kvpb_sleep_ms(int ms)
         ;
 }
 
-int kvpb_child_spawn(struct kvpb_child *ch, const char *name, char *const argv[],
-                     const char *log)
+int kvpb_child_spawn(struct kvpb_child *ch, const char *name, char *const argv[], const char *log)
 {
     snprintf(ch->name, sizeof(ch->name), "%s", name);
     snprintf(ch->log, sizeof(ch->log), "%s", log);
@@ -148,8 +147,8 @@ int kvpb_wait_kvpoold(const char *socket, struct kvpb_child *ch, int timeout_ms)
             return -ECHILD;
         }
         if (waited >= timeout_ms) {
-            fprintf(stderr, "kvpool-bench: kvpoold did not answer on %s within %d s: %s\n",
-                    socket, timeout_ms / 1000, kvp_strerror(rc));
+            fprintf(stderr, "kvpool-bench: kvpoold did not answer on %s within %d s: %s\n", socket,
+                    timeout_ms / 1000, kvp_strerror(rc));
             if (ch)
                 kvpb_child_print_log(ch, 20);
             return -ETIMEDOUT;
@@ -158,8 +157,8 @@ int kvpb_wait_kvpoold(const char *socket, struct kvpb_child *ch, int timeout_ms)
     }
 }
 
-int kvpb_kvpoold_start(struct kvpb_child *ch, const char *binary, const char *dir,
-                       uint64_t l1_size, uint32_t chunk_tokens, char *socket, size_t size)
+int kvpb_kvpoold_start(struct kvpb_child *ch, const char *binary, const char *dir, uint64_t l1_size,
+                       uint32_t chunk_tokens, char *socket, size_t size)
 {
     char l1[32], tokens[16], shm[64], log[256];
 
@@ -169,8 +168,8 @@ int kvpb_kvpoold_start(struct kvpb_child *ch, const char *binary, const char *di
     snprintf(tokens, sizeof(tokens), "%u", chunk_tokens);
     snprintf(shm, sizeof(shm), "bench_%d", (int)getpid());
     char *const argv[] = {
-        (char *)binary, "--socket", socket, "--l1-size", l1, "--chunk-size", tokens,
-        "--shm-name", shm, "--log-level", "warn", NULL,
+        (char *)binary, "--socket",   socket, "--l1-size",   l1,     "--chunk-size",
+        tokens,         "--shm-name", shm,    "--log-level", "warn", NULL,
     };
     int rc = kvpb_child_spawn(ch, "kvpoold", argv, log);
     if (rc < 0)

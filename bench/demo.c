@@ -84,9 +84,15 @@ static int worker(const struct demo *d, const char *name, uint32_t transport, ui
     if (rc < 0)
         return fail(name, "connect", rc, NULL);
     kvp_register_opts ro = {
-        .instance_id = name, .model_name = "llama-3-8b-demo", .world_size = 1,
-        .worker_rank = 0, .block_size = 16, .num_layers = d->layers, .hidden_dim = 1024,
-        .dtype = "bfloat16", .transport = transport,
+        .instance_id = name,
+        .model_name = "llama-3-8b-demo",
+        .world_size = 1,
+        .worker_rank = 0,
+        .block_size = 16,
+        .num_layers = d->layers,
+        .hidden_dim = 1024,
+        .dtype = "bfloat16",
+        .transport = transport,
     };
     uint64_t t0 = kvpb_now_ns();
     rc = kvp_register(c, &ro, &inst);
@@ -102,17 +108,18 @@ static int worker(const struct demo *d, const char *name, uint32_t transport, ui
            transport == KVP_TRANSPORT_INLINE ? "inline" : "auto");
     if (info->transport == KVP_TRANSPORT_SHM)
         printf("  got: shm (segment %s mapped in %.0f ms: zero-copy, two-phase "
-               "prepare/commit)\n", info->shm_name, reg_ms);
+               "prepare/commit)\n",
+               info->shm_name, reg_ms);
     else
         printf("  got: inline (%s): bytes go over the Unix socket\n", info->reason);
     printf("  layout: [2, %u layers, %u tokens, 1024] bfloat16 = %s per chunk\n", info->shape[1],
            info->chunk_tokens, kvpb_fmt_size(cb, sz, sizeof(sz)));
 
     /* The worker's KV buffers, touched once (fresh memory is slow to touch the first time). */
-    uint8_t *kv = mmap(NULL, cb * DEMO_CHUNKS, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    uint8_t *out = mmap(NULL, cb * DEMO_CHUNKS, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *kv = mmap(NULL, cb * DEMO_CHUNKS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+    uint8_t *out = mmap(NULL, cb * DEMO_CHUNKS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
     uint32_t *ids = calloc(ntok, sizeof(*ids));
     if (kv == MAP_FAILED || out == MAP_FAILED || !ids)
         return fail(name, "allocate buffers", -ENOMEM, NULL);
@@ -168,8 +175,8 @@ static int worker(const struct demo *d, const char *name, uint32_t transport, ui
         }
         if (r == 0)
             printf("  prompt of %u tokens: lookup before store %d/%u cached, stored %u, lookup "
-                   "after %d/%u, retrieved %d, every byte checked\n", ntok, before, DEMO_CHUNKS,
-                   res.stored, after, DEMO_CHUNKS, got);
+                   "after %d/%u, retrieved %d, every byte checked\n",
+                   ntok, before, DEMO_CHUNKS, res.stored, after, DEMO_CHUNKS, got);
     }
     qsort(st, DEMO_ROUNDS, sizeof(double), cmp_double);
     qsort(rt, DEMO_ROUNDS, sizeof(double), cmp_double);
@@ -184,8 +191,8 @@ static int worker(const struct demo *d, const char *name, uint32_t transport, ui
     return 0;
 }
 
-static int run_worker(const struct demo *d, const char *name, uint32_t transport,
-                      uint32_t prompt, int other_prompt)
+static int run_worker(const struct demo *d, const char *name, uint32_t transport, uint32_t prompt,
+                      int other_prompt)
 {
     fflush(stdout);
     pid_t pid = fork();
@@ -263,8 +270,8 @@ int main(int argc, char **argv)
     snprintf(socket, sizeof(socket), "%s/kvpoold.sock", dir);
     snprintf(l1, sizeof(l1), "%" PRIu64, pool);
     snprintf(shm, sizeof(shm), "demo_%d", (int)getpid());
-    char *const args[] = {exe, "--socket", socket, "--l1-size", l1, "--shm-name", shm,
-                          "--log-level", "info", NULL};
+    char *const args[] = {exe,          "--socket", socket,        "--l1-size", l1,
+                          "--shm-name", shm,        "--log-level", "info",      NULL};
     if (kvpb_child_spawn(&daemon, "kvpoold", args, log) < 0 ||
         kvpb_wait_kvpoold(socket, &daemon, 120000) < 0) {
         kvpb_child_stop(&daemon, 5000);

@@ -44,25 +44,25 @@ struct acc {
     int transport, op;
     const char *detail;
     uint64_t chunk;
-    uint32_t batch;               /* chunks per operation */
+    uint32_t batch; /* chunks per operation */
     uint32_t workers;
     struct kvpb_samples lat;      /* every operation's latency, microseconds */
     struct kvpb_samples rep_gbps; /* one per measured repetition, in run order */
     struct kvpb_samples rep_ops;
     uint64_t ops, hits, evictions, minflt, nivcsw;
-    double copy_ns, op_ns;        /* shm: time in the copy, time of the whole operations */
+    double copy_ns, op_ns; /* shm: time in the copy, time of the whole operations */
     double load1;
 };
 
 struct ctx {
     struct kvpb_config cfg;
     struct kvpb_pool *pool;
-    kvp_client *client;           /* the bench's own connection: statistics only */
+    kvp_client *client; /* the bench's own connection: statistics only */
     uint64_t pool_size;
     uint32_t chunk_tokens;
-    uint64_t next_seq;            /* next unused key number */
+    uint64_t next_seq; /* next unused key number */
     uint32_t run_id;
-    bool redis;                   /* comparator running */
+    bool redis; /* comparator running */
     struct acc *accs;
     size_t naccs, cap;
 };
@@ -73,8 +73,8 @@ static double load1(void)
     return getloadavg(l, 1) == 1 ? l[0] : NAN;
 }
 
-static struct acc *acc_get(struct ctx *x, int transport, int op, const char *detail,
-                           uint64_t chunk, uint32_t workers)
+static struct acc *acc_get(struct ctx *x, int transport, int op, const char *detail, uint64_t chunk,
+                           uint32_t workers)
 {
     for (size_t i = 0; i < x->naccs; i++) {
         struct acc *a = &x->accs[i];
@@ -93,8 +93,12 @@ static struct acc *acc_get(struct ctx *x, int transport, int op, const char *det
         x->cap = cap;
     }
     struct acc *a = &x->accs[x->naccs++];
-    *a = (struct acc){.transport = transport, .op = op, .detail = detail, .chunk = chunk,
-                      .batch = 1, .workers = workers};
+    *a = (struct acc){.transport = transport,
+                      .op = op,
+                      .detail = detail,
+                      .chunk = chunk,
+                      .batch = 1,
+                      .workers = workers};
     return a;
 }
 
@@ -175,8 +179,11 @@ static uint32_t ops_per_rep(const struct ctx *x, uint64_t chunk, uint32_t batch)
  */
 static bool setup_size(struct ctx *x, uint64_t chunk)
 {
-    struct kvpb_cmd cmd = {.transport = KVPB_T_SHM, .op = KVPB_OP_SETUP, .chunk_bytes = chunk,
-                           .nworkers = x->cfg.workers, .run_id = x->run_id};
+    struct kvpb_cmd cmd = {.transport = KVPB_T_SHM,
+                           .op = KVPB_OP_SETUP,
+                           .chunk_bytes = chunk,
+                           .nworkers = x->cfg.workers,
+                           .run_id = x->run_id};
     struct kvpb_wres res[KVPB_MAX_WORKERS];
     static bool first = true;
     bool shm = true;
@@ -206,8 +213,12 @@ static bool setup_size(struct ctx *x, uint64_t chunk)
 static struct kvpb_cmd mk(struct ctx *x, int transport, int op, uint64_t chunk, uint32_t nops,
                           uint32_t nworkers)
 {
-    return (struct kvpb_cmd){.transport = transport, .op = op, .chunk_bytes = chunk,
-                             .nops = nops, .nworkers = nworkers, .run_id = x->run_id,
+    return (struct kvpb_cmd){.transport = transport,
+                             .op = op,
+                             .chunk_bytes = chunk,
+                             .nops = nops,
+                             .nworkers = nworkers,
+                             .run_id = x->run_id,
                              .batch = 1};
 }
 
@@ -246,16 +257,15 @@ enum { UNIT_MEMCPY, UNIT_SHM, UNIT_INLINE, UNIT_UDS, UNIT_REDIS, UNIT_COUNT_ };
 static void sweep_unit(struct ctx *x, int unit, uint64_t c, uint32_t nops, bool have_shm,
                        bool measured)
 {
-    static const int transport[UNIT_COUNT_] = {KVPB_T_MEMCPY, KVPB_T_SHM, KVPB_T_INLINE,
-                                               KVPB_T_UDS, KVPB_T_REDIS};
+    static const int transport[UNIT_COUNT_] = {KVPB_T_MEMCPY, KVPB_T_SHM, KVPB_T_INLINE, KVPB_T_UDS,
+                                               KVPB_T_REDIS};
     const struct kvpb_config *cfg = &x->cfg;
 
     if ((unit == UNIT_SHM && (!have_shm || !cfg->do_shm)) ||
         (unit == UNIT_INLINE && !cfg->do_inline) || (unit == UNIT_UDS && !cfg->do_uds) ||
         (unit == UNIT_REDIS && !x->redis))
         return;
-    struct kvpb_cmd cmd = mk(x, transport[unit], unit == UNIT_MEMCPY ? KVPB_OP_COPY
-                                                                     : KVPB_OP_STORE,
+    struct kvpb_cmd cmd = mk(x, transport[unit], unit == UNIT_MEMCPY ? KVPB_OP_COPY : KVPB_OP_STORE,
                              c, nops, cfg->workers);
     cmd.batch = cfg->batch;
     cmd.verify = !measured;
@@ -280,8 +290,8 @@ static void phase_sweep(struct ctx *x, bool shm)
         bool have_shm = setup_size(x, c) && shm;
 
         printf("sweep %s: %u calls of %u chunk(s) per worker and repetition, %u+1 "
-               "repetitions ...", kvpb_fmt_size(c, sz, sizeof(sz)), nops, cfg->batch,
-               cfg->reps);
+               "repetitions ...",
+               kvpb_fmt_size(c, sz, sizeof(sz)), nops, cfg->batch, cfg->reps);
         fflush(stdout);
         /*
          * Repetition r starts with unit r (mod the count): whatever a unit suffers from coming
@@ -400,8 +410,9 @@ static void phase_pressure(struct ctx *x, bool shm)
             uint64_t ev0 = daemon_stat(x, "evictions");
             run(x, &cmd, m, "");
             if (m)
-                acc_get(x, t, KVPB_OP_PRESSURE, "", c, N)->evictions +=
-                    daemon_stat(x, "evictions") - ev0;
+                acc_get(x, t, KVPB_OP_PRESSURE, "", c, N)->evictions += daemon_stat(x,
+                                                                                    "evictions") -
+                                                                        ev0;
         }
     }
 }
@@ -468,12 +479,23 @@ static size_t make_rows(struct ctx *x, struct kvpb_row *rows)
         kvpb_samples_append(&g, a->rep_gbps.v, a->rep_gbps.n);
         kvpb_samples_append(&o, a->rep_ops.v, a->rep_ops.n);
         *r = (struct kvpb_row){
-            .transport = a->transport, .op = a->op, .detail = a->detail,
-            .chunk_bytes = a->chunk, .batch = a->batch, .workers = a->workers,
+            .transport = a->transport,
+            .op = a->op,
+            .detail = a->detail,
+            .chunk_bytes = a->chunk,
+            .batch = a->batch,
+            .workers = a->workers,
             .reps = (uint32_t)g.n,
-            .samples = a->lat.n, .ratio_to_memcpy = NAN, .ratio_to_uds = NAN,
-            .vs_redis = NAN, .hit_rate = NAN, .evictions_per_op = NAN, .load1 = a->load1,
-            .faults_per_op = NAN, .preempt_per_op = NAN, .copy_share = NAN,
+            .samples = a->lat.n,
+            .ratio_to_memcpy = NAN,
+            .ratio_to_uds = NAN,
+            .vs_redis = NAN,
+            .hit_rate = NAN,
+            .evictions_per_op = NAN,
+            .load1 = a->load1,
+            .faults_per_op = NAN,
+            .preempt_per_op = NAN,
+            .copy_share = NAN,
         };
         kvpb_summary(g.v, g.n, &r->gb_per_s, &lo, &hi);
         r->gb_min = lo;
@@ -606,12 +628,13 @@ int main(int argc, char **argv)
         printf("starting %s (pool %s, pre-faulted at start-up)\n", exe,
                kvpb_fmt_size(x.cfg.l1_size, (char[32]){0}, 32));
         fflush(stdout);
-        rc = kvpb_kvpoold_start(&g_run.kvpoold, exe, g_run.dir, x.cfg.l1_size,
-                                x.cfg.chunk_tokens, socket, sizeof(socket));
+        rc = kvpb_kvpoold_start(&g_run.kvpoold, exe, g_run.dir, x.cfg.l1_size, x.cfg.chunk_tokens,
+                                socket, sizeof(socket));
         if (rc < 0)
             return 1;
-        snprintf(info.daemon, sizeof(info.daemon), "kvpoold started by the bench, --l1-size %"
-                 PRIu64 " --chunk-size %u", x.cfg.l1_size, x.cfg.chunk_tokens);
+        snprintf(info.daemon, sizeof(info.daemon),
+                 "kvpoold started by the bench, --l1-size %" PRIu64 " --chunk-size %u",
+                 x.cfg.l1_size, x.cfg.chunk_tokens);
     }
     kvp_opts o = {.socket_path = socket, .timeout_ms = 60000};
     if ((rc = kvp_client_open(&o, &x.client)) < 0) {
@@ -634,14 +657,16 @@ int main(int argc, char **argv)
     if (!x.cfg.do_redis) {
         snprintf(info.redis, sizeof(info.redis), "skipped (not selected)");
     } else if (!kvpb_redis_compiled()) {
-        snprintf(info.redis, sizeof(info.redis), "skipped (kvpool-bench was built without "
+        snprintf(info.redis, sizeof(info.redis),
+                 "skipped (kvpool-bench was built without "
                  "hiredis; install libhiredis-dev and rebuild)");
     } else if (!kvpb_find_exe(x.cfg.redis_server ? x.cfg.redis_server : "redis-server", exe,
                               sizeof(exe))) {
-        snprintf(info.redis, sizeof(info.redis), "skipped (redis-server not found; "
+        snprintf(info.redis, sizeof(info.redis),
+                 "skipped (redis-server not found; "
                  "scripts/install-deps.sh bench installs it)");
-    } else if (kvpb_redis_start(&g_run.redis, exe, g_run.dir, redis_socket,
-                                sizeof(redis_socket), version, sizeof(version)) < 0) {
+    } else if (kvpb_redis_start(&g_run.redis, exe, g_run.dir, redis_socket, sizeof(redis_socket),
+                                version, sizeof(version)) < 0) {
         snprintf(info.redis, sizeof(info.redis), "skipped (redis-server failed to start)");
     } else {
         x.redis = true;

@@ -112,8 +112,8 @@ static int pick_layout(uint64_t bytes, uint32_t tokens, uint32_t *layers, uint32
     return -EINVAL;
 }
 
-static int register_one(struct kvpb_worker *w, uint32_t transport, const char *tag,
-                        uint64_t bytes, kvp_instance **ret, struct kvpb_wres *res)
+static int register_one(struct kvpb_worker *w, uint32_t transport, const char *tag, uint64_t bytes,
+                        kvp_instance **ret, struct kvpb_wres *res)
 {
     uint32_t layers, hidden;
     const char *dtype;
@@ -143,8 +143,8 @@ static int register_one(struct kvpb_worker *w, uint32_t transport, const char *t
         return kvpb_fail(res, rc, "register %s: %s (%s)", id, kvp_strerror(rc),
                          kvp_last_error(w->client));
     if (kvp_instance_get_info(*ret)->chunk_bytes != bytes)
-        return kvpb_fail(res, -EPROTO, "instance %s has %" PRIu64 "-byte chunks, not %" PRIu64,
-                         id, kvp_instance_get_info(*ret)->chunk_bytes, bytes);
+        return kvpb_fail(res, -EPROTO, "instance %s has %" PRIu64 "-byte chunks, not %" PRIu64, id,
+                         kvp_instance_get_info(*ret)->chunk_bytes, bytes);
     return 0;
 }
 
@@ -250,8 +250,8 @@ static int paged_setup(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct
     uint64_t check = 0;
     int rc = kvp_paged_chunk_bytes(&w->paged, tokens, &check);
     if (rc < 0 || check != bytes)
-        return kvpb_fail(res, rc < 0 ? rc : -EINVAL, "paged cache chunk is %" PRIu64
-                         " bytes, not %" PRIu64, check, bytes);
+        return kvpb_fail(res, rc < 0 ? rc : -EINVAL,
+                         "paged cache chunk is %" PRIu64 " bytes, not %" PRIu64, check, bytes);
     return 0;
 }
 
@@ -347,8 +347,8 @@ static int retrieve_n(struct kvpb_worker *w, kvp_instance *inst, const struct kv
     set_key(w, cmd, seq);
     int rc = kvp_retrieve(inst, &s, 0, s.count, outs);
     if (rc < 0)
-        return kvpb_fail(res, rc, "retrieve of key %" PRIu64 ": %s (%s)", seq,
-                         kvp_strerror(rc), kvp_last_error(w->client));
+        return kvpb_fail(res, rc, "retrieve of key %" PRIu64 ": %s (%s)", seq, kvp_strerror(rc),
+                         kvp_last_error(w->client));
     return rc;
 }
 
@@ -372,13 +372,12 @@ static int shm_store_timed(struct kvpb_worker *w, const struct kvpb_cmd *cmd, ui
                          kvp_strerror(rc), kvp_last_error(w->client));
     uint64_t t0 = kvpb_now_ns();
     for (uint32_t i = 0; i < plan.nslots; i++)
-        memcpy(plan.slots[i].data, chunks[plan.slots[i].chunk_index],
-               (size_t)plan.slots[i].length);
+        memcpy(plan.slots[i].data, chunks[plan.slots[i].chunk_index], (size_t)plan.slots[i].length);
     res->copy_ns += kvpb_now_ns() - t0;
     rc = kvp_commit_store(w->shm, &plan);
     if (rc < 0)
-        return kvpb_fail(res, rc, "commit-store of key %" PRIu64 ": %s (%s)", seq,
-                         kvp_strerror(rc), kvp_last_error(w->client));
+        return kvpb_fail(res, rc, "commit-store of key %" PRIu64 ": %s (%s)", seq, kvp_strerror(rc),
+                         kvp_last_error(w->client));
     return rc;
 }
 
@@ -434,7 +433,8 @@ static int run_kv_store(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struc
         if (rc < 0)
             return rc;
         if (rc != (int)cmd->batch)
-            return kvpb_fail(res, -EIO, "store of key %" PRIu64 " stored %d chunks, not %u "
+            return kvpb_fail(res, -EIO,
+                             "store of key %" PRIu64 " stored %d chunks, not %u "
                              "(the pool is too small for the working set?)",
                              cmd->seq_base + i, rc, cmd->batch);
     }
@@ -442,8 +442,8 @@ static int run_kv_store(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struc
     return 0;
 }
 
-static int run_kv_retrieve(struct kvpb_worker *w, const struct kvpb_cmd *cmd,
-                           struct kvpb_wres *res, double *samples)
+static int run_kv_retrieve(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct kvpb_wres *res,
+                           double *samples)
 {
     kvp_instance *inst = instance_for(w, cmd->transport);
     uint64_t c = cmd->chunk_bytes;
@@ -460,14 +460,17 @@ static int run_kv_retrieve(struct kvpb_worker *w, const struct kvpb_cmd *cmd,
         if (rc < 0)
             return rc;
         if (rc != (int)cmd->batch)
-            return kvpb_fail(res, -EIO, "key %" PRIu64 " stored in this repetition: %d of %u "
+            return kvpb_fail(res, -EIO,
+                             "key %" PRIu64 " stored in this repetition: %d of %u "
                              "chunks found (evicted: pool too small for the working set?)",
                              cmd->seq_base + i, rc, cmd->batch);
         for (uint32_t j = 0; cmd->verify && j < cmd->batch; j++) {
             uint64_t off = chunk_off(w, cmd, i, j);
             if (memcmp(w->dst + off, w->src + off, c) != 0)
-                return kvpb_fail(res, -EIO, "key %" PRIu64 ", chunk %u: retrieved bytes differ "
-                                 "from the stored ones", cmd->seq_base + i, j);
+                return kvpb_fail(res, -EIO,
+                                 "key %" PRIu64 ", chunk %u: retrieved bytes differ "
+                                 "from the stored ones",
+                                 cmd->seq_base + i, j);
         }
     }
     res->bytes = (uint64_t)cmd->nops * cmd->batch * c;
@@ -628,8 +631,7 @@ static int run_uds(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct kvp
         }
         samples[i] = (double)(kvpb_now_ns() - t0) / 1e3;
         if (rc < 0)
-            return kvpb_fail(res, rc, "raw socket %s: %s", kvpb_op_name(cmd->op),
-                             strerror(-rc));
+            return kvpb_fail(res, rc, "raw socket %s: %s", kvpb_op_name(cmd->op), strerror(-rc));
     }
     res->bytes = (uint64_t)cmd->nops * nchunks * c;
     return 0;
@@ -637,8 +639,8 @@ static int run_uds(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct kvp
 
 void kvpb_uds_peer_main(int fd, uint64_t footprint)
 {
-    uint8_t *area = mmap(NULL, footprint, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                         -1, 0);
+    uint8_t *area = mmap(NULL, footprint, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                         0);
     struct kvpb_uds_hdr h;
     uint64_t n = 0;
 
@@ -696,8 +698,7 @@ static int run_redis(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct k
             return res->rc = rc;
         for (uint32_t j = 0; cmd->op == KVPB_OP_RETRIEVE && cmd->verify && j < n; j++)
             if (memcmp(dsts[j], vals[j], c) != 0)
-                return kvpb_fail(res, -EIO, "Redis GET %s returned other bytes than SET",
-                                 keys[j]);
+                return kvpb_fail(res, -EIO, "Redis GET %s returned other bytes than SET", keys[j]);
     }
     res->bytes = (uint64_t)cmd->nops * n * c;
     return 0;
@@ -750,10 +751,10 @@ int kvpb_ops_run(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct kvpb_
                          KVPB_MAX_SAMPLES);
     if (cmd->batch < 1 || cmd->batch > KVPB_MAX_BATCH ||
         (uint64_t)cmd->batch * cmd->chunk_bytes > w->footprint)
-        return kvpb_fail(res, -E2BIG, "%u chunks of %" PRIu64 " bytes exceed the %" PRIu64
-                         "-byte footprint", cmd->batch, cmd->chunk_bytes, w->footprint);
-    if ((cmd->transport == KVPB_T_SHM && !w->shm) ||
-        (cmd->transport == KVPB_T_INLINE && !w->inl) ||
+        return kvpb_fail(res, -E2BIG,
+                         "%u chunks of %" PRIu64 " bytes exceed the %" PRIu64 "-byte footprint",
+                         cmd->batch, cmd->chunk_bytes, w->footprint);
+    if ((cmd->transport == KVPB_T_SHM && !w->shm) || (cmd->transport == KVPB_T_INLINE && !w->inl) ||
         (cmd->transport == KVPB_T_KVPOOL && cmd->op == KVPB_OP_LOOKUP && !w->shm && !w->inl))
         return kvpb_fail(res, -ENOENT, "no %s instance registered for %" PRIu64 "-byte chunks",
                          kvpb_transport_name(cmd->transport), cmd->chunk_bytes);

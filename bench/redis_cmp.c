@@ -119,8 +119,8 @@ static int take_value(const redisReply *v, const char *key, void *dst, size_t le
     return 0;
 }
 
-int kvpb_redis_get(kvpb_redis *r, const char *const *keys, void *const *dsts, size_t n,
-                   size_t len, char *err, size_t err_size)
+int kvpb_redis_get(kvpb_redis *r, const char *const *keys, void *const *dsts, size_t n, size_t len,
+                   char *err, size_t err_size)
 {
     const char *argv[1 + KVPB_MAX_BATCH];
     size_t lens[1 + KVPB_MAX_BATCH];
@@ -185,10 +185,30 @@ int kvpb_redis_start(struct kvpb_child *ch, const char *binary, const char *dir,
     snprintf(socket, socket_size, "%s/redis.sock", dir);
     snprintf(log, sizeof(log), "%s/redis.log", dir);
     char *const argv[] = {
-        (char *)binary, "--port", "0", "--unixsocket", socket, "--unixsocketperm", "700",
-        "--dir", (char *)dir, "--save", "", "--appendonly", "no", "--daemonize", "no",
-        "--loglevel", "warning", "--protected-mode", "no", "--proto-max-bulk-len", "1gb",
-        "--client-query-buffer-limit", "1gb", NULL,
+        (char *)binary,
+        "--port",
+        "0",
+        "--unixsocket",
+        socket,
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        (char *)dir,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--loglevel",
+        "warning",
+        "--protected-mode",
+        "no",
+        "--proto-max-bulk-len",
+        "1gb",
+        "--client-query-buffer-limit",
+        "1gb",
+        NULL,
     };
     int rc = kvpb_child_spawn(ch, "redis-server", argv, log);
     if (rc < 0)
@@ -242,8 +262,8 @@ int kvpb_redis_set(kvpb_redis *r, const char *const *keys, const void *const *va
     return -ENOTSUP;
 }
 
-int kvpb_redis_get(kvpb_redis *r, const char *const *keys, void *const *dsts, size_t n,
-                   size_t len, char *err, size_t err_size)
+int kvpb_redis_get(kvpb_redis *r, const char *const *keys, void *const *dsts, size_t n, size_t len,
+                   char *err, size_t err_size)
 {
     (void)r, (void)keys, (void)dsts, (void)n, (void)len;
     snprintf(err, err_size, "built without hiredis");

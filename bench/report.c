@@ -26,19 +26,18 @@
 #include "bench.h"
 
 static const char *const transport_names[KVPB_T_COUNT_] = {
-    [KVPB_T_SHM] = "shm",       [KVPB_T_INLINE] = "inline", [KVPB_T_KVPOOL] = "kvpool",
-    [KVPB_T_REDIS] = "redis",   [KVPB_T_MEMCPY] = "memcpy", [KVPB_T_UDS] = "uds",
+    [KVPB_T_SHM] = "shm",     [KVPB_T_INLINE] = "inline", [KVPB_T_KVPOOL] = "kvpool",
+    [KVPB_T_REDIS] = "redis", [KVPB_T_MEMCPY] = "memcpy", [KVPB_T_UDS] = "uds",
     [KVPB_T_PAGED] = "paged",
 };
 
 static const char *const op_names[KVPB_OP_COUNT_] = {
-    [KVPB_OP_STORE] = "store",       [KVPB_OP_RETRIEVE] = "retrieve",
-    [KVPB_OP_COPY] = "copy",         [KVPB_OP_PING] = "ping",
-    [KVPB_OP_PING_IDLE] = "ping-idle",
-    [KVPB_OP_LOOKUP] = "lookup",     [KVPB_OP_GATHER] = "gather",
-    [KVPB_OP_SCATTER] = "scatter",   [KVPB_OP_PRESSURE] = "pressure",
-    [KVPB_OP_COLD] = "first-store",  [KVPB_OP_REGISTER] = "register",
-    [KVPB_OP_SETUP] = "setup",
+    [KVPB_OP_STORE] = "store",         [KVPB_OP_RETRIEVE] = "retrieve",
+    [KVPB_OP_COPY] = "copy",           [KVPB_OP_PING] = "ping",
+    [KVPB_OP_PING_IDLE] = "ping-idle", [KVPB_OP_LOOKUP] = "lookup",
+    [KVPB_OP_GATHER] = "gather",       [KVPB_OP_SCATTER] = "scatter",
+    [KVPB_OP_PRESSURE] = "pressure",   [KVPB_OP_COLD] = "first-store",
+    [KVPB_OP_REGISTER] = "register",   [KVPB_OP_SETUP] = "setup",
     [KVPB_OP_TEARDOWN] = "teardown",
 };
 
@@ -56,19 +55,28 @@ const char *kvpb_op_name(int op)
 static int row_group(const struct kvpb_row *r)
 {
     switch (r->op) {
-    case KVPB_OP_REGISTER: return 0;
-    case KVPB_OP_COLD: return 1;
-    case KVPB_OP_PING: case KVPB_OP_PING_IDLE: case KVPB_OP_LOOKUP: return 3;
-    case KVPB_OP_GATHER: case KVPB_OP_SCATTER: return 4;
-    case KVPB_OP_PRESSURE: return 5;
-    default: return 2;
+    case KVPB_OP_REGISTER:
+        return 0;
+    case KVPB_OP_COLD:
+        return 1;
+    case KVPB_OP_PING:
+    case KVPB_OP_PING_IDLE:
+    case KVPB_OP_LOOKUP:
+        return 3;
+    case KVPB_OP_GATHER:
+    case KVPB_OP_SCATTER:
+        return 4;
+    case KVPB_OP_PRESSURE:
+        return 5;
+    default:
+        return 2;
     }
 }
 
 static int transport_rank(int t)
 {
     static const int rank[KVPB_T_COUNT_] = {
-        [KVPB_T_MEMCPY] = 0, [KVPB_T_SHM] = 1, [KVPB_T_INLINE] = 2, [KVPB_T_UDS] = 3,
+        [KVPB_T_MEMCPY] = 0, [KVPB_T_SHM] = 1,   [KVPB_T_INLINE] = 2, [KVPB_T_UDS] = 3,
         [KVPB_T_KVPOOL] = 4, [KVPB_T_REDIS] = 5, [KVPB_T_PAGED] = 6,
     };
     return t >= 0 && t < KVPB_T_COUNT_ ? rank[t] : KVPB_T_COUNT_;
@@ -137,7 +145,6 @@ static void print_register(const struct kvpb_row *rows, size_t n, uint64_t pool)
     }
 }
 
-
 static bool is_rtt(const struct kvpb_row *r)
 {
     return r->op == KVPB_OP_PING || r->op == KVPB_OP_LOOKUP || r->op == KVPB_OP_PING_IDLE;
@@ -169,14 +176,15 @@ static void print_bulk(const struct kvpb_config *cfg, const struct kvpb_row *row
         printf("\nBulk transfers: one chunk per operation (call)");
     else
         printf("\nBulk transfers: sweep operations (calls) carry %u chunks each, latencies are "
-               "per call; first-store: one chunk", cfg->batch);
+               "per call; first-store: one chunk",
+               cfg->batch);
     printf(";\nGB/s = 1e9 B/s, median [min-max] over the repetitions; faults = minor page "
            "faults per\noperation in the worker; copy = share of a shm operation's time spent "
            "in its own memcpy\n(the rest is the two round trips); x memcpy = paired median of "
            "(this / memcpy of the\nsame bytes, same repetition)\n\n");
     printf("%-8s %-11s %8s %24s %9s %9s %9s %6s %6s %8s %8s\n", "transport", "op", "chunk",
-           "GB/s median [min-max]", "chunks/s", "p50 us", "p99 us", "faults", "copy",
-           "x memcpy", "x redis");
+           "GB/s median [min-max]", "chunks/s", "p50 us", "p99 us", "faults", "copy", "x memcpy",
+           "x redis");
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
         if (!is_bulk(r))
@@ -185,8 +193,8 @@ static void print_bulk(const struct kvpb_config *cfg, const struct kvpb_row *row
             printf("\n");
         last = r->chunk_bytes;
         char gb[128];
-        snprintf(gb, sizeof(gb), "%s [%s-%s]", num(a, 32, r->gb_per_s, 2),
-                 num(b, 32, r->gb_min, 2), num(c, 32, r->gb_max, 2));
+        snprintf(gb, sizeof(gb), "%s [%s-%s]", num(a, 32, r->gb_per_s, 2), num(b, 32, r->gb_min, 2),
+                 num(c, 32, r->gb_max, 2));
         char cp[32];
         if (isnan(r->copy_share))
             snprintf(cp, sizeof(cp), "-");
@@ -213,8 +221,8 @@ static void print_rtt(const struct kvpb_row *rows, size_t n)
         if (!any)
             printf("\nSmall requests: one client, round trip per request; x uds = p50 / p50 of "
                    "the raw\nUnix-socket ping-pong (32-byte frames); ping-idle: each after 500 us "
-                   "of work\n\n%-8s %-9s %12s %9s %9s %9s\n", "transport", "op", "requests/s",
-                   "p50 us", "p99 us", "x uds");
+                   "of work\n\n%-8s %-9s %12s %9s %9s %9s\n",
+                   "transport", "op", "requests/s", "p50 us", "p99 us", "x uds");
         any = true;
         printf("%-8s %-9s %12s %9s %9s %9s\n", kvpb_transport_name(r->transport), op_label(r),
                num(a, 32, r->ops_per_s, 0), num(b, 32, r->p50_us, 2), num(c, 32, r->p99_us, 2),
@@ -233,12 +241,13 @@ static void print_paged(const struct kvpb_row *rows, size_t n)
             continue;
         if (!any)
             printf("\nPaged KV gather/scatter (one thread; x memcpy = against memcpy of the "
-                   "same bytes)\n\n%-6s %-8s %8s %24s %9s %9s %9s\n", "layout", "op", "chunk",
-                   "GB/s median [min-max]", "p50 us", "p99 us", "x memcpy");
+                   "same bytes)\n\n%-6s %-8s %8s %24s %9s %9s %9s\n",
+                   "layout", "op", "chunk", "GB/s median [min-max]", "p50 us", "p99 us",
+                   "x memcpy");
         any = true;
         char gb[128];
-        snprintf(gb, sizeof(gb), "%s [%s-%s]", num(a, 32, r->gb_per_s, 2),
-                 num(b, 32, r->gb_min, 2), num(c, 32, r->gb_max, 2));
+        snprintf(gb, sizeof(gb), "%s [%s-%s]", num(a, 32, r->gb_per_s, 2), num(b, 32, r->gb_min, 2),
+                 num(c, 32, r->gb_max, 2));
         printf("%-6s %-8s %8s %24s %9s %9s %9s\n", r->detail, op_label(r),
                kvpb_fmt_size(r->chunk_bytes, sz, sizeof(sz)), gb, num(d, 32, r->p50_us, 1),
                num(e, 32, r->p99_us, 1), ratio(f, 32, r->ratio_to_memcpy));
@@ -257,8 +266,9 @@ static void print_pressure(const struct kvpb_row *rows, size_t n)
         if (!any)
             printf("\nPressure: get (retrieve), put (store) on a miss; uniform random keys "
                    "out of a working set\nseveral times the pool, so eviction runs all the "
-                   "time\n\n%-8s %8s %8s %10s %9s %11s %9s %9s\n", "transport", "chunk", "GB/s",
-                   "ops/s", "hit rate", "evict/op", "p50 us", "p99 us");
+                   "time\n\n%-8s %8s %8s %10s %9s %11s %9s %9s\n",
+                   "transport", "chunk", "GB/s", "ops/s", "hit rate", "evict/op", "p50 us",
+                   "p99 us");
         any = true;
         printf("%-8s %8s %8s %10s %8s%% %11s %9s %9s\n", kvpb_transport_name(r->transport),
                kvpb_fmt_size(r->chunk_bytes, sz, sizeof(sz)), num(a, 32, r->gb_per_s, 2),
@@ -284,8 +294,7 @@ static void consider(struct target *t, double v, const struct kvpb_row *r, bool 
     }
 }
 
-static void print_target(const char *what, const struct target *t, double goal,
-                         bool lower_is_worse)
+static void print_target(const char *what, const struct target *t, double goal, bool lower_is_worse)
 {
     char sz[32];
     if (!t->at) {
@@ -294,8 +303,7 @@ static void print_target(const char *what, const struct target *t, double goal,
     }
     bool met = lower_is_worse ? t->worst >= goal : t->worst <= goal;
     printf("  %-48s worst %6.2fx (%s %s%s%s)  %s\n", what, t->worst,
-           kvpb_transport_name(t->at->transport), op_label(t->at),
-           t->at->chunk_bytes ? " " : "",
+           kvpb_transport_name(t->at->transport), op_label(t->at), t->at->chunk_bytes ? " " : "",
            t->at->chunk_bytes ? kvpb_fmt_size(t->at->chunk_bytes, sz, sizeof(sz)) : "",
            met ? "met" : "MISSED");
 }
@@ -336,8 +344,9 @@ void kvpb_report_table(const struct kvpb_config *cfg, const struct kvpb_run_info
     printf("redis:   %s\n", info->redis);
     printf("method:  %u worker process(es), %u measured repetitions per cell after a warm-up "
            "(which checks every byte),\n         buffers rotate over %s so copies are not "
-           "cache-hot; run took %.0f s\n", cfg->workers, cfg->reps,
-           kvpb_fmt_size(cfg->footprint, foot, sizeof(foot)), info->seconds);
+           "cache-hot; run took %.0f s\n",
+           cfg->workers, cfg->reps, kvpb_fmt_size(cfg->footprint, foot, sizeof(foot)),
+           info->seconds);
     print_register(rows, n, info->pool_size);
     print_bulk(cfg, rows, n);
     print_rtt(rows, n);
@@ -388,9 +397,9 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
                "hit_rate,evictions_per_op,faults_per_op,preempt_per_op,copy_share,load1\n");
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
-        fprintf(f, "%s,%s,%s,%" PRIu64 ",%u,%u,%u,%" PRIu64 ",",
-                kvpb_transport_name(r->transport), kvpb_op_name(r->op), r->detail,
-                r->chunk_bytes, r->batch, r->workers, r->reps, r->samples);
+        fprintf(f, "%s,%s,%s,%" PRIu64 ",%u,%u,%u,%" PRIu64 ",", kvpb_transport_name(r->transport),
+                kvpb_op_name(r->op), r->detail, r->chunk_bytes, r->batch, r->workers, r->reps,
+                r->samples);
         csv_num(f, r->gb_per_s, ",");
         csv_num(f, r->gb_min, ",");
         csv_num(f, r->gb_max, ",");
@@ -427,11 +436,12 @@ int kvpb_report_json(const char *path, const struct kvpb_row *rows, size_t n)
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
         /* Names and details are fixed identifiers: nothing to escape. */
-        fprintf(f, "  {\"transport\": \"%s\", \"op\": \"%s\", \"detail\": \"%s\", "
-                   "\"chunk_bytes\": %" PRIu64 ", \"batch\": %u, \"workers\": %u, "
-                   "\"reps\": %u, \"samples\": %" PRIu64 ", ",
-                kvpb_transport_name(r->transport), kvpb_op_name(r->op), r->detail,
-                r->chunk_bytes, r->batch, r->workers, r->reps, r->samples);
+        fprintf(f,
+                "  {\"transport\": \"%s\", \"op\": \"%s\", \"detail\": \"%s\", "
+                "\"chunk_bytes\": %" PRIu64 ", \"batch\": %u, \"workers\": %u, "
+                "\"reps\": %u, \"samples\": %" PRIu64 ", ",
+                kvpb_transport_name(r->transport), kvpb_op_name(r->op), r->detail, r->chunk_bytes,
+                r->batch, r->workers, r->reps, r->samples);
         json_num(f, "gb_per_s", r->gb_per_s, false);
         json_num(f, "gb_per_s_min", r->gb_min, false);
         json_num(f, "gb_per_s_max", r->gb_max, false);
@@ -465,11 +475,9 @@ static const struct {
     {KVPB_T_SHM, KVPB_OP_STORE, "kvpool shm store", "lw 2 lc rgb '#1f77b4' pt 5"},
     {KVPB_T_SHM, KVPB_OP_RETRIEVE, "kvpool shm retrieve", "lw 2 lc rgb '#1f77b4' dt 2 pt 4"},
     {KVPB_T_INLINE, KVPB_OP_STORE, "kvpool inline store", "lw 2 lc rgb '#2ca02c' pt 9"},
-    {KVPB_T_INLINE, KVPB_OP_RETRIEVE, "kvpool inline retrieve",
-     "lw 2 lc rgb '#2ca02c' dt 2 pt 8"},
+    {KVPB_T_INLINE, KVPB_OP_RETRIEVE, "kvpool inline retrieve", "lw 2 lc rgb '#2ca02c' dt 2 pt 8"},
     {KVPB_T_UDS, KVPB_OP_STORE, "raw Unix socket, send", "lw 1 lc rgb '#7f7f7f' pt 13"},
-    {KVPB_T_UDS, KVPB_OP_RETRIEVE, "raw Unix socket, receive",
-     "lw 1 lc rgb '#7f7f7f' dt 2 pt 12"},
+    {KVPB_T_UDS, KVPB_OP_RETRIEVE, "raw Unix socket, receive", "lw 1 lc rgb '#7f7f7f' dt 2 pt 12"},
     {KVPB_T_REDIS, KVPB_OP_STORE, "Redis SET (hiredis)", "lw 2 lc rgb '#d62728' pt 11"},
     {KVPB_T_REDIS, KVPB_OP_RETRIEVE, "Redis GET (hiredis)", "lw 2 lc rgb '#d62728' dt 2 pt 10"},
 };
@@ -534,15 +542,15 @@ int kvpb_report_chart(const char *png, const struct kvpb_config *cfg,
         fprintf(f, "set terminal %s size 1200,700 font 'sans,11'\n",
                 attempt == 0 ? "pngcairo" : "png");
         fprintf(f, "set output '%s'\n", png);
-        fprintf(f, "set title \"kvpool-bench: throughput against chunk size (%u worker%s; "
-                   "median of %u repetitions, bars = min-max)\\n%s, %d CPUs\" noenhanced\n",
+        fprintf(f,
+                "set title \"kvpool-bench: throughput against chunk size (%u worker%s; "
+                "median of %u repetitions, bars = min-max)\\n%s, %d CPUs\" noenhanced\n",
                 cfg->workers, cfg->workers > 1 ? "s" : "", cfg->reps, info->cpu, info->ncpu);
         fprintf(f, "set logscale x 2\nset xlabel 'chunk size'\nset ylabel 'GB/s (1e9 bytes/s)'\n"
                    "set yrange [0:*]\nset grid\nset key outside right top noenhanced\n");
         fprintf(f, "set xtics (");
         for (uint32_t i = 0; i < cfg->nsizes; i++)
-            fprintf(f, "%s\"%s\" %.6g", i ? ", " : "",
-                    kvpb_fmt_size(cfg->sizes[i], sz, sizeof(sz)),
+            fprintf(f, "%s\"%s\" %.6g", i ? ", " : "", kvpb_fmt_size(cfg->sizes[i], sz, sizeof(sz)),
                     (double)cfg->sizes[i] / KVPB_MiB);
         fprintf(f, ")\n");
         fprintf(f, "plot ");

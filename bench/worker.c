@@ -134,8 +134,7 @@ static int worker_init(struct kvpb_worker *w, const char *socket, const char *re
     kvp_opts o = {.socket_path = socket, .timeout_ms = 120000};
     rc = kvp_client_open(&o, &w->client);
     if (rc < 0)
-        return kvpb_fail(res, rc, "cannot connect to kvpoold at %s: %s", socket,
-                         kvp_strerror(rc));
+        return kvpb_fail(res, rc, "cannot connect to kvpoold at %s: %s", socket, kvp_strerror(rc));
     if (redis_socket) {
         w->redis = kvpb_redis_connect(redis_socket, res->err, sizeof(res->err));
         if (!w->redis)
@@ -222,8 +221,7 @@ struct kvpb_pool *kvpb_pool_start(const struct kvpb_config *cfg, const char *soc
 
     if (!p)
         return NULL;
-    p->sh = mmap(NULL, sizeof(*p->sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-                 0);
+    p->sh = mmap(NULL, sizeof(*p->sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p->sh == MAP_FAILED) {
         free(p);
         return NULL;

@@ -10,8 +10,8 @@
 
 /* Header of the raw socket comparator's frames: as small as kvpool's, same size. */
 struct kvpb_uds_hdr {
-    uint64_t op;            /* KVPB_OP_PING, KVPB_OP_STORE (payload follows), KVPB_OP_RETRIEVE */
-    uint64_t len;           /* payload bytes */
+    uint64_t op;  /* KVPB_OP_PING, KVPB_OP_STORE (payload follows), KVPB_OP_RETRIEVE */
+    uint64_t len; /* payload bytes */
     uint64_t pad[2];
 };
 _Static_assert(sizeof(struct kvpb_uds_hdr) == 32, "raw socket frame header is 32 bytes");
@@ -19,35 +19,35 @@ _Static_assert(sizeof(struct kvpb_uds_hdr) == 32, "raw socket frame header is 32
 struct kvpb_worker {
     uint32_t index;
     const struct kvpb_config *cfg;
-    uint32_t chunk_tokens;        /* the daemon's tokens per chunk */
+    uint32_t chunk_tokens; /* the daemon's tokens per chunk */
 
     /* Rotating buffers, pre-faulted: chunk k of a command uses offset (k % nrot) * chunk. */
-    uint8_t *src;                 /* what stores read */
-    uint8_t *dst;                 /* where retrieves write */
-    uint8_t *scratch;             /* memcpy baseline destination */
+    uint8_t *src;     /* what stores read */
+    uint8_t *dst;     /* where retrieves write */
+    uint8_t *scratch; /* memcpy baseline destination */
     uint64_t footprint;
 
     kvp_client *client;
-    kvp_instance *shm;            /* NULL when the daemon offers no shared memory */
-    kvp_instance *inl;            /* forced inline */
-    uint64_t inst_chunk;          /* chunk bytes the instances were registered for */
-    uint32_t *tokens;             /* chunk_tokens token ids, rewritten per key */
-    uint32_t pressure_seed;       /* distinct namespace for the pressure keys */
+    kvp_instance *shm;      /* NULL when the daemon offers no shared memory */
+    kvp_instance *inl;      /* forced inline */
+    uint64_t inst_chunk;    /* chunk bytes the instances were registered for */
+    uint32_t *tokens;       /* chunk_tokens token ids, rewritten per key */
+    uint32_t pressure_seed; /* distinct namespace for the pressure keys */
 
-    int uds_fd;                   /* raw socket to the peer process, -1 if none */
+    int uds_fd; /* raw socket to the peer process, -1 if none */
     pid_t uds_peer;
 
-    kvpb_redis *redis;            /* NULL when the comparator is off */
+    kvpb_redis *redis; /* NULL when the comparator is off */
 
     /* Paged KV cache for gather/scatter, built by the paged set-up for one chunk size. */
     kvp_paged_cache paged;
     void **paged_layers;
     uint8_t *paged_mem;
     uint64_t paged_mem_bytes;
-    int32_t *block_tables;        /* ntables tables of tokens/block_size entries */
+    int32_t *block_tables; /* ntables tables of tokens/block_size entries */
     uint32_t ntables;
     uint32_t table_len;
-    uint32_t paged_tokens;        /* tokens per gathered chunk */
+    uint32_t paged_tokens; /* tokens per gathered chunk */
 };
 
 /* Runs one measured command (ops.c). Fills res and samples. Returns 0 or a negative error
