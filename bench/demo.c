@@ -32,7 +32,7 @@
 #define KVPB_KVPOOLD "kvpoold"
 #endif
 
-#define DEMO_CHUNKS 16
+#define DEMO_CHUNKS 16u
 #define DEMO_ROUNDS 3
 
 struct demo {
