@@ -187,7 +187,8 @@ static void print_bulk(const struct kvpb_config *cfg, const struct kvpb_row *row
            "x redis");
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
-        if (!is_bulk(r))
+        /* The one-worker memcpy of a multi-worker run is the paged section's baseline. */
+        if (!is_bulk(r) || (r->op == KVPB_OP_COPY && r->workers != cfg->workers))
             continue;
         if (last && r->chunk_bytes != last)
             printf("\n");
