@@ -55,10 +55,10 @@ KVP_EXPORT uint32_t kvp_version(void);
  * Project-specific error codes, all negative and outside the errno range. Plain negative errno
  * values (-EINVAL, -ENOSPC, -ECONNREFUSED, ...) are used for everything else.
  */
-#define KVP_ERRNO_MAP(XX)                                                         \
-    XX(PROTO, -10001, "protocol error: malformed or unexpected frame")            \
-    XX(VERSION, -10002, "protocol version mismatch between client and daemon")    \
-    XX(BADSLOT, -10003, "daemon sent a slot outside the mapped pool")             \
+#define KVP_ERRNO_MAP(XX)                                                      \
+    XX(PROTO, -10001, "protocol error: malformed or unexpected frame")         \
+    XX(VERSION, -10002, "protocol version mismatch between client and daemon") \
+    XX(BADSLOT, -10003, "daemon sent a slot outside the mapped pool")          \
     XX(NOSHM, -10004, "shared-memory transport is not available")
 
 typedef enum {
@@ -148,16 +148,16 @@ typedef struct kvp_register_opts {
 
 /* What the daemon answered to a registration. */
 typedef struct kvp_instance_info {
-    uint32_t transport;      /* KVP_TRANSPORT_SHM or KVP_TRANSPORT_INLINE: the one in use */
-    uint32_t chunk_tokens;   /* tokens per chunk (the daemon's --chunk-size) */
-    uint32_t ndim;           /* 3 (MLA) or 4 */
-    uint32_t shape[4];       /* [2, layers, chunk, hidden] or [layers, chunk, hidden] */
-    uint64_t chunk_bytes;    /* bytes of one chunk */
-    uint32_t dtype_size;     /* bytes per element */
-    uint32_t existing;       /* non-zero: the id was already registered; answer unchanged */
+    uint32_t transport;    /* KVP_TRANSPORT_SHM or KVP_TRANSPORT_INLINE: the one in use */
+    uint32_t chunk_tokens; /* tokens per chunk (the daemon's --chunk-size) */
+    uint32_t ndim;         /* 3 (MLA) or 4 */
+    uint32_t shape[4];     /* [2, layers, chunk, hidden] or [layers, chunk, hidden] */
+    uint64_t chunk_bytes;  /* bytes of one chunk */
+    uint32_t dtype_size;   /* bytes per element */
+    uint32_t existing;     /* non-zero: the id was already registered; answer unchanged */
     char dtype[24];
-    char shm_name[128];      /* segment name when transport is shm, else "" */
-    char reason[256];        /* why inline was chosen, else "" */
+    char shm_name[128]; /* segment name when transport is shm, else "" */
+    char reason[256];   /* why inline was chosen, else "" */
 } kvp_instance_info;
 
 /*
@@ -199,20 +199,20 @@ KVP_EXPORT int kvp_lookup(kvp_instance *inst, const kvp_tokens *seq);
 typedef struct kvp_slot {
     uint32_t chunk_index; /* chunk of the request range, 0 = the chunk at token `start` */
     uint32_t reserved_;
-    uint64_t offset;      /* byte offset in the shared segment (shm) */
-    uint64_t length;      /* equals chunk_bytes */
-    void *data;           /* shm: pointer into the mapped pool; inline: NULL */
+    uint64_t offset; /* byte offset in the shared segment (shm) */
+    uint64_t length; /* equals chunk_bytes */
+    void *data;      /* shm: pointer into the mapped pool; inline: NULL */
 } kvp_slot;
 
 /* Outcome of a prepare-store, filled by kvp_prepare_store(). */
 typedef struct kvp_store_plan {
-    uint64_t reservation;  /* daemon reservation id (0: nothing reserved) */
-    uint32_t nchunks;      /* full chunks in [start, end) */
-    uint32_t cached;       /* already cached: nothing to do */
-    uint32_t busy;         /* being stored right now by another worker */
-    uint32_t no_space;     /* could not be reserved: pool full of pinned/reserved data */
-    uint32_t nslots;       /* reserved slots, in slots[] */
-    kvp_slot *slots;       /* owned by the plan */
+    uint64_t reservation; /* daemon reservation id (0: nothing reserved) */
+    uint32_t nchunks;     /* full chunks in [start, end) */
+    uint32_t cached;      /* already cached: nothing to do */
+    uint32_t busy;        /* being stored right now by another worker */
+    uint32_t no_space;    /* could not be reserved: pool full of pinned/reserved data */
+    uint32_t nslots;      /* reserved slots, in slots[] */
+    kvp_slot *slots;      /* owned by the plan */
 } kvp_store_plan;
 
 /*
@@ -287,8 +287,8 @@ KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t sta
  * Copies the leading run of cached chunks of [start, end) into out[i] (chunk_bytes each). Returns
  * the number of chunks retrieved (0..nchunks), or a negative error.
  */
-KVP_EXPORT int kvp_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
-                            uint32_t end, void *const *out);
+KVP_EXPORT int kvp_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end,
+                            void *const *out);
 
 #ifdef __cplusplus
 }

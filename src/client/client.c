@@ -107,8 +107,10 @@ static int say_hello(kvp_client *c)
     if (kvp_decode_hello_reply(conn->body, conn->body_len, h) < 0)
         return kvp_conn_fail(conn, KVP_EPROTO, "malformed HELLO reply");
     if (h->major != KVP_VERSION_MAJOR)
-        return kvp_conn_fail(conn, KVP_EVERSION, "kvpoold speaks version %u.%u, this library "
-                             "%u.%u", h->major, h->minor, KVP_VERSION_MAJOR, KVP_VERSION_MINOR);
+        return kvp_conn_fail(conn, KVP_EVERSION,
+                             "kvpoold speaks version %u.%u, this library "
+                             "%u.%u",
+                             h->major, h->minor, KVP_VERSION_MAJOR, KVP_VERSION_MINOR);
     if (h->chunk_tokens == 0)
         return kvp_conn_fail(conn, KVP_EPROTO, "kvpoold announced a chunk size of 0 tokens");
     return 0;

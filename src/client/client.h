@@ -20,9 +20,9 @@
 
 struct kvp_instance {
     kvp_client *client;
-    kvp_instance *prev, *next;  /* the client's list of live instances */
-    uint32_t handle;            /* the daemon's instance handle */
-    bool shm;                   /* bytes move through the mapping (else inline) */
+    kvp_instance *prev, *next; /* the client's list of live instances */
+    uint32_t handle;           /* the daemon's instance handle */
+    bool shm;                  /* bytes move through the mapping (else inline) */
     kvp_instance_info info;
 };
 
@@ -30,8 +30,8 @@ struct kvp_client {
     pthread_mutex_t lock;
     struct kvp_conn conn;
     struct kvp_hello_reply hello;
-    struct kvp_shm_map shm;           /* mapped by the first shm registration, kept until close */
-    struct kvp_wire_slot *slot_buf;   /* KVP_MAX_CHUNKS decode scratch, allocated on first use */
+    struct kvp_shm_map shm;         /* mapped by the first shm registration, kept until close */
+    struct kvp_wire_slot *slot_buf; /* KVP_MAX_CHUNKS decode scratch, allocated on first use */
     kvp_instance *instances;
     char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };

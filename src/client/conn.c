@@ -287,7 +287,9 @@ static int recv_header(struct kvp_conn *c, uint8_t *raw)
 
     while (got < KVP_HEADER_SIZE) {
         struct iovec iov = {raw + got, KVP_HEADER_SIZE - got};
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = ctl.buf,
                             .msg_controllen = sizeof(ctl.buf)};
         ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
         if (n < 0) {
@@ -324,23 +326,27 @@ static int read_reply_header(struct kvp_conn *c, uint16_t op, uint64_t id, struc
     int rc = recv_header(c, raw);
 
     if (rc == -ECONNRESET)
-        return kvp_conn_fail(c, rc, "kvpoold closed the connection instead of answering %s",
-                             name);
+        return kvp_conn_fail(c, rc, "kvpoold closed the connection instead of answering %s", name);
     if (rc < 0)
         return kvp_conn_fail(c, rc, "no reply to %s: %s", name, kvp_strerror(rc));
 
     rc = kvp_header_decode(raw, h);
     if (rc == -EPROTONOSUPPORT)
-        return kvp_conn_fail(c, KVP_EVERSION, "kvpoold answered %s with protocol version %u, "
-                             "this library speaks %u", name, h->version, KVP_PROTO_VERSION);
+        return kvp_conn_fail(c, KVP_EVERSION,
+                             "kvpoold answered %s with protocol version %u, "
+                             "this library speaks %u",
+                             name, h->version, KVP_PROTO_VERSION);
     if (rc < 0)
-        return kvp_conn_fail(c, KVP_EPROTO, "malformed reply header to %s (magic 0x%08x, "
-                             "opcode 0x%04x, body %u bytes)", name, h->magic, h->opcode,
-                             h->body_len);
+        return kvp_conn_fail(c, KVP_EPROTO,
+                             "malformed reply header to %s (magic 0x%08x, "
+                             "opcode 0x%04x, body %u bytes)",
+                             name, h->magic, h->opcode, h->body_len);
     if (h->opcode != (op | KVP_REPLY_FLAG) || h->request_id != id)
-        return kvp_conn_fail(c, KVP_EPROTO, "reply does not match request %s #%llu "
-                             "(got opcode 0x%04x #%llu)", name, (unsigned long long)id,
-                             h->opcode, (unsigned long long)h->request_id);
+        return kvp_conn_fail(c, KVP_EPROTO,
+                             "reply does not match request %s #%llu "
+                             "(got opcode 0x%04x #%llu)",
+                             name, (unsigned long long)id, h->opcode,
+                             (unsigned long long)h->request_id);
     if (h->status > 0)
         return kvp_conn_fail(c, KVP_EPROTO, "reply to %s has positive status %d", name,
                              (int)h->status);
@@ -391,8 +397,7 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
     }
     if (c->req.len > KVP_MAX_BODY) {
         kvp_wbuf_reset(&c->req);
-        return kvp_conn_error(c, -EMSGSIZE, "%s request body exceeds %u bytes", name,
-                              KVP_MAX_BODY);
+        return kvp_conn_error(c, -EMSGSIZE, "%s request body exceeds %u bytes", name, KVP_MAX_BODY);
     }
     for (size_t i = 0; i < niov; i++)
         payload += iov[i].iov_len;
@@ -450,8 +455,7 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
         c->body_cap = 0;
         c->body = malloc(h.body_len);
         if (!c->body)
-            return kvp_conn_fail(c, -ENOMEM, "out of memory for a %u-byte reply",
-                                 h.body_len);
+            return kvp_conn_fail(c, -ENOMEM, "out of memory for a %u-byte reply", h.body_len);
         c->body_cap = h.body_len;
     }
     c->body_len = h.body_len;

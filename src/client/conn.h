@@ -18,21 +18,24 @@
 #define KVP_ERRMSG_SIZE 512
 
 struct kvp_conn {
-    int fd;                      /* -1 when not connected */
-    int broken;                  /* 0, or the error that left the stream unusable */
+    int fd;     /* -1 when not connected */
+    int broken; /* 0, or the error that left the stream unusable */
     uint32_t timeout_ms;
-    uint64_t next_id;            /* request id of the next request */
-    uint64_t payload_left;       /* reply payload bytes the caller still has to read */
-    struct kvp_wbuf req;         /* request body under construction */
-    uint8_t *body;               /* body of the last reply */
+    uint64_t next_id;      /* request id of the next request */
+    uint64_t payload_left; /* reply payload bytes the caller still has to read */
+    struct kvp_wbuf req;   /* request body under construction */
+    uint8_t *body;         /* body of the last reply */
     size_t body_len;
     size_t body_cap;
     char errmsg[KVP_ERRMSG_SIZE];     /* message of the last failed call, "" if none */
     char broken_msg[KVP_ERRMSG_SIZE]; /* what broke the stream */
-    int passed_fd;               /* descriptor received with the last reply (SCM_RIGHTS), or -1 */
+    int passed_fd; /* descriptor received with the last reply (SCM_RIGHTS), or -1 */
 };
 
-#define KVP_CONN_INIT {.fd = -1, .next_id = 1, .passed_fd = -1}
+#define KVP_CONN_INIT                           \
+    {                                           \
+        .fd = -1, .next_id = 1, .passed_fd = -1 \
+    }
 
 /*
  * Connects to the Unix socket at path with SO_RCVTIMEO/SO_SNDTIMEO set to timeout_ms (0: the

@@ -52,8 +52,8 @@ static int do_map_segment(kvp_client *c, char *reason, size_t reason_size)
     if (c->shm.base)
         return 0;
     if (c->hello.shm_backend == KVP_WIRE_BACKEND_POSIX)
-        return kvp_shm_map_open(&c->shm, c->hello.shm_name, c->hello.segment_size,
-                                c->hello.nonce, reason, reason_size);
+        return kvp_shm_map_open(&c->shm, c->hello.shm_name, c->hello.segment_size, c->hello.nonce,
+                                reason, reason_size);
 
     /* memfd: the daemon hands the descriptor over the socket; there is no name to open. */
     int rc = kvp_conn_begin(&c->conn);
@@ -125,16 +125,18 @@ static int do_check_reply(kvp_client *c, const struct kvp_register_reply *r)
     if ((!mla && r->shape[0] != 2) || dims[1] != r->chunk_tokens ||
         kvp_chunk_layout(dims[0], dims[1], dims[2], dt->size, mla, 0, &l) < 0 ||
         l.bytes != r->chunk_bytes || r->chunk_bytes > SIZE_MAX)
-        return kvp_conn_fail(conn, KVP_EPROTO, "REGISTER reply has an inconsistent chunk layout "
-                             "(%u dims, %llu bytes)", r->ndim,
-                             (unsigned long long)r->chunk_bytes);
+        return kvp_conn_fail(conn, KVP_EPROTO,
+                             "REGISTER reply has an inconsistent chunk layout "
+                             "(%u dims, %llu bytes)",
+                             r->ndim, (unsigned long long)r->chunk_bytes);
     if (r->transport == KVP_WIRE_SHM &&
         (!c->hello.shm_backend || strcmp(r->shm_name, c->hello.shm_name) != 0 ||
          r->segment_size != c->hello.segment_size ||
          r->chunk_bytes > r->segment_size - KVP_SHM_HEADER_SIZE))
-        return kvp_conn_fail(conn, KVP_EPROTO, "REGISTER reply names segment \"%s\" of %llu "
-                             "bytes, HELLO announced \"%s\" of %llu", r->shm_name,
-                             (unsigned long long)r->segment_size, c->hello.shm_name,
+        return kvp_conn_fail(conn, KVP_EPROTO,
+                             "REGISTER reply names segment \"%s\" of %llu "
+                             "bytes, HELLO announced \"%s\" of %llu",
+                             r->shm_name, (unsigned long long)r->segment_size, c->hello.shm_name,
                              (unsigned long long)c->hello.segment_size);
     return 0;
 }
@@ -188,16 +190,20 @@ static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
          * ours to drop. A new one would be a daemon bug: do not leave it behind. */
         if (!r->existing)
             do_drop_registration(c, r->handle);
-        return kvp_conn_error(&c->conn, KVP_ENOSHM, "instance is registered with the inline "
-                              "transport%s", r->existing ? " (existing registration)" : "");
+        return kvp_conn_error(&c->conn, KVP_ENOSHM,
+                              "instance is registered with the inline "
+                              "transport%s",
+                              r->existing ? " (existing registration)" : "");
     }
     inst->shm = false;
     info->transport = KVP_TRANSPORT_INLINE;
     if (r->transport == KVP_WIRE_SHM && want == KVP_TRANSPORT_INLINE)
         snprintf(info->reason, sizeof(info->reason), "requested by worker");
     else if (r->transport == KVP_WIRE_SHM)
-        snprintf(info->reason, sizeof(info->reason), "existing shm registration, this process "
-                 "cannot map the segment: %.180s", why);
+        snprintf(info->reason, sizeof(info->reason),
+                 "existing shm registration, this process "
+                 "cannot map the segment: %.180s",
+                 why);
     else
         snprintf(info->reason, sizeof(info->reason), "%s", r->reason);
     return 0;
@@ -229,8 +235,10 @@ KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *o, kvp_insta
         (rc = check_name(&c->conn, o->dtype, "dtype")) < 0)
         goto out_unlock;
     if (o->transport > KVP_TRANSPORT_INLINE) {
-        rc = kvp_conn_error(&c->conn, -EINVAL, "transport must be 0 (auto), 1 (shm) or "
-                            "2 (inline), not %u", o->transport);
+        rc = kvp_conn_error(&c->conn, -EINVAL,
+                            "transport must be 0 (auto), 1 (shm) or "
+                            "2 (inline), not %u",
+                            o->transport);
         goto out_unlock;
     }
 

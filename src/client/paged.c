@@ -171,10 +171,10 @@ static int check_call(const kvp_paged_cache *c, struct geom *g, const int32_t *t
 static void copy_2d(char *dst, size_t dstride, const char *src, size_t sstride, size_t rows,
                     size_t len)
 {
-#define KVP_COPY_FIXED(n)                                                                          \
-    case n:                                                                                        \
-        for (size_t r = 0; r < rows; r++)                                                          \
-            memcpy(dst + r * dstride, src + r * sstride, n);                                       \
+#define KVP_COPY_FIXED(n)                                    \
+    case n:                                                  \
+        for (size_t r = 0; r < rows; r++)                    \
+            memcpy(dst + r * dstride, src + r * sstride, n); \
         return;
     switch (len) {
         KVP_COPY_FIXED(16)

@@ -21,9 +21,9 @@
 #define KVP_SHM_NONCE_OFFSET 16
 
 struct kvp_shm_map {
-    uint8_t *base;                   /* NULL when not mapped */
-    uint64_t size;                   /* bytes mapped: the whole segment */
-    char name[KVP_MAX_NAME + 1];     /* without the leading '/' */
+    uint8_t *base;               /* NULL when not mapped */
+    uint64_t size;               /* bytes mapped: the whole segment */
+    char name[KVP_MAX_NAME + 1]; /* without the leading '/' */
 };
 
 /*

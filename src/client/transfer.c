@@ -34,8 +34,10 @@ static int do_check_seq(kvp_client *c, const kvp_tokens *seq)
     if (!seq)
         return kvp_conn_error(&c->conn, -EINVAL, "sequence is NULL");
     if (seq->count > KVP_MAX_TOKENS)
-        return kvp_conn_error(&c->conn, -EINVAL, "sequence of %u tokens exceeds the limit of "
-                              "%u", seq->count, KVP_MAX_TOKENS);
+        return kvp_conn_error(&c->conn, -EINVAL,
+                              "sequence of %u tokens exceeds the limit of "
+                              "%u",
+                              seq->count, KVP_MAX_TOKENS);
     if (seq->count && !seq->ids)
         return kvp_conn_error(&c->conn, -EINVAL, "sequence has %u tokens but ids is NULL",
                               seq->count);
@@ -43,8 +45,7 @@ static int do_check_seq(kvp_client *c, const kvp_tokens *seq)
         return kvp_conn_error(&c->conn, -EINVAL, "salt of %u bytes exceeds the limit of %u",
                               seq->salt_len, KVP_MAX_SALT);
     if (seq->salt_len && !seq->salt)
-        return kvp_conn_error(&c->conn, -EINVAL, "salt_len is %u but salt is NULL",
-                              seq->salt_len);
+        return kvp_conn_error(&c->conn, -EINVAL, "salt_len is %u but salt is NULL", seq->salt_len);
     return 0;
 }
 
@@ -52,8 +53,7 @@ static int do_check_seq(kvp_client *c, const kvp_tokens *seq)
  * Checks the token range [start, end) of seq (the rules of docs/PROTOCOL.md) and returns the
  * number of full chunks in it, or a negative error. Caller holds the lock.
  */
-static int do_check_range(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
-                          uint32_t end)
+static int do_check_range(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end)
 {
     struct kvp_conn *conn = &inst->client->conn;
     uint32_t ct = inst->info.chunk_tokens;
@@ -62,8 +62,10 @@ static int do_check_range(kvp_instance *inst, const kvp_tokens *seq, uint32_t st
     if (rc < 0)
         return rc;
     if (start % ct)
-        return kvp_conn_error(conn, -EINVAL, "start (%u) is not a multiple of the chunk size "
-                              "(%u tokens)", start, ct);
+        return kvp_conn_error(conn, -EINVAL,
+                              "start (%u) is not a multiple of the chunk size "
+                              "(%u tokens)",
+                              start, ct);
     if (end > seq->count)
         return kvp_conn_error(conn, -EINVAL, "end (%u) is beyond the sequence's %u tokens", end,
                               seq->count);
@@ -142,13 +144,16 @@ static int do_decode_slots(kvp_instance *inst, uint16_t op, uint32_t nchunks,
     if (kvp_decode_slots_reply(c->conn.body, c->conn.body_len, r) < 0)
         return kvp_conn_fail(&c->conn, KVP_EPROTO, "malformed %s reply", kvp_opcode_name(op));
     if (r->nchunks != nchunks)
-        return kvp_conn_fail(&c->conn, KVP_EPROTO, "%s reply covers %u chunks, the range has "
-                             "%u", kvp_opcode_name(op), r->nchunks, nchunks);
+        return kvp_conn_fail(&c->conn, KVP_EPROTO,
+                             "%s reply covers %u chunks, the range has "
+                             "%u",
+                             kvp_opcode_name(op), r->nchunks, nchunks);
     for (uint32_t i = 0; i < r->nslots; i++)
         if (r->slots[i].length != inst->info.chunk_bytes)
-            return kvp_conn_fail(&c->conn, KVP_EBADSLOT, "%s slot %u is %llu bytes, chunks "
-                                 "are %llu", kvp_opcode_name(op), i,
-                                 (unsigned long long)r->slots[i].length,
+            return kvp_conn_fail(&c->conn, KVP_EBADSLOT,
+                                 "%s slot %u is %llu bytes, chunks "
+                                 "are %llu",
+                                 kvp_opcode_name(op), i, (unsigned long long)r->slots[i].length,
                                  (unsigned long long)inst->info.chunk_bytes);
     return 0;
 }
@@ -170,17 +175,16 @@ static int do_make_slots(kvp_instance *inst, const struct kvp_slots_reply *r, kv
         return kvp_conn_error(conn, -ENOMEM, "out of memory for %u slots", r->nslots);
     for (uint32_t i = 0; i < r->nslots; i++) {
         const struct kvp_wire_slot *w = &r->slots[i];
-        s[i] = (kvp_slot){.chunk_index = w->chunk_index, .offset = w->offset,
-                          .length = w->length};
+        s[i] = (kvp_slot){.chunk_index = w->chunk_index, .offset = w->offset, .length = w->length};
         if (!inst->shm)
             continue;
-        s[i].data = kvp_shm_slot(&inst->client->shm, w->offset, w->length,
-                                 inst->info.chunk_bytes);
+        s[i].data = kvp_shm_slot(&inst->client->shm, w->offset, w->length, inst->info.chunk_bytes);
         if (!s[i].data) {
             free(s);
-            return kvp_conn_error(conn, KVP_EBADSLOT, "slot %u (offset %llu, %llu bytes) is "
-                                  "outside the %llu-byte pool", i,
-                                  (unsigned long long)w->offset, (unsigned long long)w->length,
+            return kvp_conn_error(conn, KVP_EBADSLOT,
+                                  "slot %u (offset %llu, %llu bytes) is "
+                                  "outside the %llu-byte pool",
+                                  i, (unsigned long long)w->offset, (unsigned long long)w->length,
                                   (unsigned long long)inst->client->shm.size);
         }
     }
@@ -262,8 +266,8 @@ out_unlock:
 }
 
 /* PREPARE_STORE of a checked range of nchunks chunks. Fills plan; returns nslots or an error. */
-static int do_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
-                            uint32_t end, uint32_t nchunks, kvp_store_plan *plan)
+static int do_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end,
+                            uint32_t nchunks, kvp_store_plan *plan)
 {
     struct kvp_slots_reply r;
     int rc;
@@ -277,7 +281,8 @@ static int do_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t 
     /* Every chunk of the range is in exactly one category: that is what lets a worker tell
      * "cached" from "could not store". */
     if ((uint64_t)r.cached + r.busy + r.no_space + r.nslots != r.nchunks)
-        return kvp_conn_fail(&inst->client->conn, KVP_EPROTO, "PREPARE_STORE reply counts "
+        return kvp_conn_fail(&inst->client->conn, KVP_EPROTO,
+                             "PREPARE_STORE reply counts "
                              "%u cached + %u busy + %u no_space + %u slots for %u chunks",
                              r.cached, r.busy, r.no_space, r.nslots, r.nchunks);
     rc = do_make_slots(inst, &r, &plan->slots);
@@ -392,20 +397,17 @@ static int do_check_plan_chunks(kvp_instance *inst, const kvp_store_plan *plan,
     struct kvp_conn *conn = &inst->client->conn;
 
     if (plan->nslots && !plan->slots)
-        return kvp_conn_error(conn, -EINVAL, "plan has %u slots but no slot array",
-                              plan->nslots);
+        return kvp_conn_error(conn, -EINVAL, "plan has %u slots but no slot array", plan->nslots);
     if (plan->nslots && !chunks)
         return kvp_conn_error(conn, -EINVAL, "chunks is NULL");
     for (uint32_t i = 0; i < plan->nslots; i++)
         if (!chunks[plan->slots[i].chunk_index])
-            return kvp_conn_error(conn, -EINVAL, "chunks[%u] is NULL",
-                                  plan->slots[i].chunk_index);
+            return kvp_conn_error(conn, -EINVAL, "chunks[%u] is NULL", plan->slots[i].chunk_index);
     return 0;
 }
 
 /* A plan with nothing reserved needs no round trip: there is nothing to send or commit. */
-KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan,
-                                const void *const *chunks)
+KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan, const void *const *chunks)
 {
     kvp_client *c;
     int rc;
@@ -444,7 +446,8 @@ static int do_prepare_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32
     int rc;
 
     if (!inst->shm)
-        return kvp_conn_error(&inst->client->conn, KVP_ENOSHM, "instance uses the inline "
+        return kvp_conn_error(&inst->client->conn, KVP_ENOSHM,
+                              "instance uses the inline "
                               "transport: use kvp_retrieve()");
     rc = do_key_call(inst, KVP_OP_PREPARE_RETRIEVE, seq, start, end, false);
     if (rc == -EOPNOTSUPP)
@@ -554,8 +557,10 @@ KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t sta
     }
 
     if (rc >= 0 && result)
-        *result = (kvp_store_result){.nchunks = plan.nchunks, .stored = (uint32_t)rc,
-                                     .cached = plan.cached, .busy = plan.busy,
+        *result = (kvp_store_result){.nchunks = plan.nchunks,
+                                     .stored = (uint32_t)rc,
+                                     .cached = plan.cached,
+                                     .busy = plan.busy,
                                      .no_space = plan.no_space};
     plan_reset_store(&plan);
     return rc;
@@ -599,8 +604,8 @@ static int do_retrieve_inline(kvp_instance *inst, const kvp_tokens *seq, uint32_
  * One-call retrieve. On shm the pin taken by the prepare is what makes the unlocked memcpy safe:
  * a pinned object is never evicted, so its slot cannot be reused while we copy.
  */
-KVP_EXPORT int kvp_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start,
-                            uint32_t end, void *const *out)
+KVP_EXPORT int kvp_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end,
+                            void *const *out)
 {
     kvp_retrieve_plan plan = {0};
     kvp_client *c;

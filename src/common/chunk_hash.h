@@ -17,7 +17,7 @@
 struct kvp_key_ns {
     const char *model_name;
     uint32_t world_size;
-    uint32_t rank;       /* KVP_RANK_SHARED for MLA layouts */
+    uint32_t rank; /* KVP_RANK_SHARED for MLA layouts */
     const char *dtype;
     uint32_t ndim;
     const uint32_t *shape;

@@ -149,8 +149,7 @@ int kvp_decode_key_req(const void *body, size_t len, struct kvp_key_req *m)
 uint32_t kvp_key_token(const struct kvp_key_req *m, uint32_t i)
 {
     const uint8_t *p = m->tokens + (size_t)i * 4;
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-           ((uint32_t)p[3] << 24);
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 void kvp_encode_ref_req(struct kvp_wbuf *w, const struct kvp_ref_req *m)

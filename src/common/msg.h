@@ -21,11 +21,11 @@ struct kvp_hello_reply {
     uint16_t major, minor;
     uint32_t pid;
     uint32_t chunk_tokens;
-    uint32_t shm_backend;                  /* KVP_WIRE_BACKEND_*: how a worker maps the pool */
-    uint64_t segment_size;                 /* bytes of the shared segment (0 if disabled) */
-    uint8_t nonce[KVP_NONCE_SIZE];         /* also stored in the segment's header page */
-    char shm_name[KVP_MAX_NAME + 1];       /* without leading '/' */
-    char shm_reason[KVP_MAX_REASON + 1];   /* why SHM is disabled, else "" */
+    uint32_t shm_backend;                /* KVP_WIRE_BACKEND_*: how a worker maps the pool */
+    uint64_t segment_size;               /* bytes of the shared segment (0 if disabled) */
+    uint8_t nonce[KVP_NONCE_SIZE];       /* also stored in the segment's header page */
+    char shm_name[KVP_MAX_NAME + 1];     /* without leading '/' */
+    char shm_reason[KVP_MAX_REASON + 1]; /* why SHM is disabled, else "" */
 };
 
 struct kvp_register_req {
@@ -34,13 +34,13 @@ struct kvp_register_req {
     char dtype[KVP_MAX_NAME + 1];
     uint32_t world_size, worker_rank, block_size, num_layers, hidden_dim;
     uint8_t use_mla;
-    uint8_t transport;                     /* what the worker will use: KVP_WIRE_* */
-    char reason[KVP_MAX_REASON + 1];       /* why the worker chose inline, or "" */
+    uint8_t transport;               /* what the worker will use: KVP_WIRE_* */
+    char reason[KVP_MAX_REASON + 1]; /* why the worker chose inline, or "" */
 };
 
 struct kvp_register_reply {
     uint32_t handle;
-    uint8_t transport;                     /* KVP_WIRE_SHM or KVP_WIRE_INLINE */
+    uint8_t transport; /* KVP_WIRE_SHM or KVP_WIRE_INLINE */
     uint8_t existing;
     uint8_t ndim;
     uint32_t chunk_tokens;
@@ -56,11 +56,11 @@ struct kvp_register_reply {
 /* A key range: LOOKUP, PREPARE_STORE, PREPARE_RETRIEVE, RETRIEVE_INLINE. */
 struct kvp_key_req {
     uint32_t handle;
-    uint32_t start, end;                   /* token offsets */
+    uint32_t start, end; /* token offsets */
     uint32_t ntokens;
     uint16_t salt_len;
-    const uint8_t *salt;                   /* points into the decoded body */
-    const uint8_t *tokens;                 /* ntokens little-endian u32, into the body */
+    const uint8_t *salt;   /* points into the decoded body */
+    const uint8_t *tokens; /* ntokens little-endian u32, into the body */
 };
 
 /* A handle plus a reservation or pin id: UNREGISTER (id 0), COMMIT/ABORT_STORE, STORE_INLINE,
@@ -83,11 +83,11 @@ struct kvp_lookup_reply {
 
 /* PREPARE_STORE, PREPARE_RETRIEVE and RETRIEVE_INLINE replies. */
 struct kvp_slots_reply {
-    uint64_t id;                           /* reservation or pin id (0: none) */
+    uint64_t id; /* reservation or pin id (0: none) */
     uint32_t nchunks;
-    uint32_t cached, busy, no_space;       /* store only */
+    uint32_t cached, busy, no_space; /* store only */
     uint32_t nslots;
-    struct kvp_wire_slot *slots;           /* decode: caller-provided array of KVP_MAX_CHUNKS */
+    struct kvp_wire_slot *slots; /* decode: caller-provided array of KVP_MAX_CHUNKS */
 };
 
 struct kvp_count_reply {

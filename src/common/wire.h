@@ -18,36 +18,36 @@
 #define KVP_REPLY_FLAG 0x8000u
 
 /* Limits on everything a peer controls. */
-#define KVP_MAX_BODY (8u << 20)     /* control body bytes */
-#define KVP_MAX_TOKENS (1u << 20)   /* token ids in one key */
-#define KVP_MAX_SALT 256u           /* cache salt bytes */
-#define KVP_MAX_NAME 127u           /* instance id, model name, dtype name, shm name */
-#define KVP_MAX_REASON 255u         /* transport reason strings */
-#define KVP_MAX_ERRMSG 255u         /* error reply messages */
-#define KVP_MAX_CHUNKS 4096u        /* chunks in one request range */
-#define KVP_MAX_STATS 128u          /* statistics in one reply */
+#define KVP_MAX_BODY (8u << 20)   /* control body bytes */
+#define KVP_MAX_TOKENS (1u << 20) /* token ids in one key */
+#define KVP_MAX_SALT 256u         /* cache salt bytes */
+#define KVP_MAX_NAME 127u         /* instance id, model name, dtype name, shm name */
+#define KVP_MAX_REASON 255u       /* transport reason strings */
+#define KVP_MAX_ERRMSG 255u       /* error reply messages */
+#define KVP_MAX_CHUNKS 4096u      /* chunks in one request range */
+#define KVP_MAX_STATS 128u        /* statistics in one reply */
 
-#define KVP_OPCODE_MAP(XX)        \
-    XX(HELLO, 1)                  \
-    XX(PING, 2)                   \
-    XX(STATS, 3)                  \
-    XX(REGISTER, 4)               \
-    XX(UNREGISTER, 5)             \
-    XX(LOOKUP, 6)                 \
-    XX(PREPARE_STORE, 7)          \
-    XX(COMMIT_STORE, 8)           \
-    XX(ABORT_STORE, 9)            \
-    XX(STORE_INLINE, 10)          \
-    XX(PREPARE_RETRIEVE, 11)      \
-    XX(COMMIT_RETRIEVE, 12)       \
-    XX(RETRIEVE_INLINE, 13)      \
+#define KVP_OPCODE_MAP(XX)   \
+    XX(HELLO, 1)             \
+    XX(PING, 2)              \
+    XX(STATS, 3)             \
+    XX(REGISTER, 4)          \
+    XX(UNREGISTER, 5)        \
+    XX(LOOKUP, 6)            \
+    XX(PREPARE_STORE, 7)     \
+    XX(COMMIT_STORE, 8)      \
+    XX(ABORT_STORE, 9)       \
+    XX(STORE_INLINE, 10)     \
+    XX(PREPARE_RETRIEVE, 11) \
+    XX(COMMIT_RETRIEVE, 12)  \
+    XX(RETRIEVE_INLINE, 13)  \
     XX(MAP_SEGMENT, 14)
 
 enum kvp_opcode {
 #define KVP_OPCODE_ENUM(name, val) KVP_OP_##name = (val),
     KVP_OPCODE_MAP(KVP_OPCODE_ENUM)
 #undef KVP_OPCODE_ENUM
-    KVP_OP_MAX_
+        KVP_OP_MAX_
 };
 
 /* Name of an opcode ("?" when unknown). Reply flag ignored. */
@@ -60,7 +60,7 @@ struct kvp_header {
     uint16_t opcode;     /* request opcode; replies set KVP_REPLY_FLAG */
     uint64_t request_id; /* echoed in the reply */
     uint32_t body_len;
-    int32_t status;      /* replies: 0 or -errno; requests: 0 */
+    int32_t status; /* replies: 0 or -errno; requests: 0 */
     uint64_t payload_len;
 };
 

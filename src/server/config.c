@@ -53,7 +53,8 @@ struct opt_desc {
 static const struct opt_desc opts[] = {
     {"socket", "KVPOOL_SOCKET", "PATH",
      "Unix socket to listen on.\n"
-     "Default: $XDG_RUNTIME_DIR/kvpool.sock, else /tmp/kvpool-<uid>.sock", OPT_SOCKET},
+     "Default: $XDG_RUNTIME_DIR/kvpool.sock, else /tmp/kvpool-<uid>.sock",
+     OPT_SOCKET},
     {"socket-mode", "KVPOOL_SOCKET_MODE", "MODE",
      "Permission bits of the socket file, octal. Default: 0600 (owner only)", OPT_SOCKET_MODE},
     {"l1-size", "KVPOOL_L1_SIZE", "SIZE",
@@ -84,8 +85,7 @@ static const struct opt_desc opts[] = {
     {"max-clients", "KVPOOL_MAX_CLIENTS", "N",
      "Maximum simultaneous connections (1..4096). Default: 256", OPT_MAX_CLIENTS},
     {"reserve-timeout", "KVPOOL_RESERVE_TIMEOUT", "SECONDS",
-     "Cancel store reservations not committed within this time. Default: 600",
-     OPT_RESERVE_TIMEOUT},
+     "Cancel store reservations not committed within this time. Default: 600", OPT_RESERVE_TIMEOUT},
     {"io-timeout", "KVPOOL_IO_TIMEOUT", "MS",
      "Drop a client that stalls in the middle of a frame for this long. Default: 30000",
      OPT_IO_TIMEOUT},
@@ -120,7 +120,7 @@ int kvp_parse_size(const char *s, uint64_t *out)
         const char *unit;
         unsigned shift;
     } units[] = {
-        {"", 0},   {"b", 0},    {"k", 10},   {"kib", 10}, {"m", 20},
+        {"", 0},     {"b", 0},  {"k", 10},   {"kib", 10}, {"m", 20},
         {"mib", 20}, {"g", 30}, {"gib", 30}, {"t", 40},   {"tib", 40},
     };
     char *end;
@@ -326,8 +326,10 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
             return 1;
         }
         if (c == '?' || c == ':') {
-            fprintf(err, "kvpoold: unknown or incomplete option '%s'\n"
-                         "Try 'kvpoold --help'.\n", argv[optind - 1]);
+            fprintf(err,
+                    "kvpoold: unknown or incomplete option '%s'\n"
+                    "Try 'kvpoold --help'.\n",
+                    argv[optind - 1]);
             return -EINVAL;
         }
         if (apply(cfg, c, optarg, "command line", err))

@@ -20,17 +20,17 @@ enum kvp_shm_backend {
 
 struct kvp_config {
     char socket_path[108];
-    uint32_t socket_mode;      /* permission bits of the socket file */
-    uint64_t l1_size;          /* pool bytes, multiple of 4096 */
+    uint32_t socket_mode; /* permission bits of the socket file */
+    uint64_t l1_size;     /* pool bytes, multiple of 4096 */
     uint32_t chunk_tokens;
-    bool shm_enabled;          /* false: --shm-name "" or --shm-backend none */
-    char shm_name[128];        /* normalised, without '/' */
+    bool shm_enabled;   /* false: --shm-name "" or --shm-backend none */
+    char shm_name[128]; /* normalised, without '/' */
     enum kvp_log_level log_level;
     uint32_t max_clients;
     uint32_t reserve_timeout_s;
-    uint32_t io_timeout_ms;    /* bound on receiving the rest of a started frame */
+    uint32_t io_timeout_ms; /* bound on receiving the rest of a started frame */
     enum kvp_shm_backend shm_backend;
-    uint32_t shm_mode;         /* permission bits of a POSIX segment */
+    uint32_t shm_mode; /* permission bits of a POSIX segment */
     uint32_t allow_uids[KVP_MAX_ALLOW];
     uint32_t n_allow_uids;
     uint32_t allow_gids[KVP_MAX_ALLOW];

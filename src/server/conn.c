@@ -57,7 +57,8 @@ static int recv_header(struct kvp_conn *c, uint8_t *hdr)
     for (;;) {
         ssize_t n = recv(c->fd, hdr, KVP_HEADER_SIZE, 0);
         if (n > 0)
-            return n == KVP_HEADER_SIZE ? 0 : kvp_conn_recv(c, hdr + n, KVP_HEADER_SIZE - (size_t)n);
+            return n == KVP_HEADER_SIZE ? 0
+                                        : kvp_conn_recv(c, hdr + n, KVP_HEADER_SIZE - (size_t)n);
         if (n == 0)
             return -ECONNRESET;
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
@@ -76,7 +77,8 @@ static int recv_header(struct kvp_conn *c, uint8_t *hdr)
 static int send_all(struct kvp_conn *c, struct iovec *iov, int iovcnt)
 {
     while (iovcnt > 0) {
-        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)(iovcnt > IOV_MAX ? IOV_MAX : iovcnt)};
+        struct msghdr mh = {.msg_iov = iov,
+                            .msg_iovlen = (size_t)(iovcnt > IOV_MAX ? IOV_MAX : iovcnt)};
         ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
@@ -164,7 +166,9 @@ int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd)
         char buf[CMSG_SPACE(sizeof(int))];
     } ctl;
     struct iovec iov = {hdr, sizeof(hdr)};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = ctl.buf,
                         .msg_controllen = sizeof(ctl.buf)};
 
     kvp_header_encode(&h, hdr);
@@ -213,8 +217,7 @@ struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_
 }
 
 /* Ids, handles and kinds must all match: a pin id never commits a store, and vice versa. */
-struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t handle,
-                                    bool is_pin)
+struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t handle, bool is_pin)
 {
     for (uint32_t i = 0; i < c->nholds; i++) {
         struct kvp_hold *h = &c->holds[i];
@@ -285,8 +288,8 @@ static void reply_protocol_error(struct kvp_conn *c, const struct kvp_header *h,
     snprintf(c->errmsg, sizeof(c->errmsg), "%s", what);
     kvp_conn_reply(c, &req, status, NULL, 0, 0);
     KVP_COUNT(protocol_errors, 1);
-    log_warn("Connection %llu (pid %d): %s; closing", (unsigned long long)c->id,
-             (int)c->peer.pid, what);
+    log_warn("Connection %llu (pid %d): %s; closing", (unsigned long long)c->id, (int)c->peer.pid,
+             what);
 }
 
 /* Serves requests until the connection ends. Returns why it ended. */

@@ -20,7 +20,7 @@ struct kvp_server;
 /* A reservation (prepare-store) or a pin set (prepare-retrieve) owned by one connection. */
 struct kvp_hold {
     uint64_t id;
-    uint32_t handle;         /* instance it was made for */
+    uint32_t handle; /* instance it was made for */
     bool is_pin;
     uint32_t n;
     uint64_t chunk_bytes;
@@ -32,16 +32,16 @@ struct kvp_conn {
     int fd;
     uint64_t id;
     struct ucred peer;
-    struct kvp_conn *prev, *next;   /* server's connection list */
+    struct kvp_conn *prev, *next; /* server's connection list */
 
-    uint8_t *body;                  /* current request body */
+    uint8_t *body; /* current request body */
     size_t body_cap;
-    struct kvp_wbuf out;            /* reply body being built */
+    struct kvp_wbuf out; /* reply body being built */
     char errmsg[KVP_MAX_ERRMSG + 1];
 
-    uint8_t *keys;                  /* KVP_MAX_CHUNKS keys of the current request */
-    struct kvp_obj **objs;          /* KVP_MAX_CHUNKS */
-    uint32_t *idx;                  /* KVP_MAX_CHUNKS */
+    uint8_t *keys;         /* KVP_MAX_CHUNKS keys of the current request */
+    struct kvp_obj **objs; /* KVP_MAX_CHUNKS */
+    uint32_t *idx;         /* KVP_MAX_CHUNKS */
 
     struct kvp_hold *holds;
     uint32_t nholds;
@@ -67,8 +67,7 @@ int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd);
 /* Hold table. */
 struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_pin,
                                    struct kvp_obj **objs, uint32_t n, uint64_t chunk_bytes);
-struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t handle,
-                                    bool is_pin);
+struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t handle, bool is_pin);
 /* Releases (abort or unpin) and removes a hold. */
 void kvp_conn_hold_release(struct kvp_conn *c, struct kvp_hold *h);
 /* Removes a hold whose objects were already committed. */

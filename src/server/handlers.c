@@ -90,8 +90,8 @@ static int handle_stats(struct kvp_conn *c, const struct kvp_header *h)
 
     if (h->body_len != 0)
         return malformed(c, h);
-#define KVP_STAT_COUNTER(field, help)                                                    \
-    snprintf(e[n].name, sizeof(e[n].name), "%s", #field);                                \
+#define KVP_STAT_COUNTER(field, help)                     \
+    snprintf(e[n].name, sizeof(e[n].name), "%s", #field); \
     e[n++].value = atomic_load_explicit(&kvp_counters.field, memory_order_relaxed);
     /* cppcheck-suppress legacyUninitvar ; the macro writes each e[n] before anything reads it */
     KVP_COUNTER_MAP(KVP_STAT_COUNTER)
@@ -186,8 +186,8 @@ static int handle_unregister(struct kvp_conn *c, const struct kvp_header *h)
 struct keyed {
     struct kvp_key_req req;
     struct kvp_instance inst;
-    uint32_t first;  /* first chunk of the range */
-    uint32_t n;      /* chunks in the range */
+    uint32_t first; /* first chunk of the range */
+    uint32_t n;     /* chunks in the range */
 };
 
 /*
@@ -316,10 +316,12 @@ static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
     if (rc)
         return rc < 0 ? rc : 0;
     if (c->nholds == KVP_MAX_HOLDS)
-        return fail(c, h, -EMFILE, "too many open reservations and pins on this connection "
-                                   "(max %d)", KVP_MAX_HOLDS);
-    rc = kvp_store_prepare(&s->store, c->keys, k.n, k.inst.layout.bytes, now_ms(), c->objs,
-                           c->idx, &pr);
+        return fail(c, h, -EMFILE,
+                    "too many open reservations and pins on this connection "
+                    "(max %d)",
+                    KVP_MAX_HOLDS);
+    rc = kvp_store_prepare(&s->store, c->keys, k.n, k.inst.layout.bytes, now_ms(), c->objs, c->idx,
+                           &pr);
     if (rc)
         return fail(c, h, rc, "out of memory while reserving");
     if (pr.nslots) {
@@ -337,7 +339,8 @@ static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
     KVP_COUNT(store_chunks_no_space, pr.no_space);
     if (pr.no_space)
         log_debug("Instance %s: %" PRIu32 " of %" PRIu32 " chunks not stored: pool full of "
-                  "pinned or reserved data", k.inst.req.instance_id, pr.no_space, k.n);
+                  "pinned or reserved data",
+                  k.inst.req.instance_id, pr.no_space, k.n);
     encode_slots(c, id, k.n, &pr, c->objs, c->idx, pr.nslots);
     return ok(c, h);
 }
@@ -363,8 +366,10 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
         return malformed(c, h);
     struct kvp_hold *hold = kvp_conn_hold_find(c, req.id, req.handle, false);
     if (!hold)
-        return fail(c, h, -ENOENT, "no reservation %" PRIu64 " for this instance on this "
-                                   "connection", req.id);
+        return fail(c, h, -ENOENT,
+                    "no reservation %" PRIu64 " for this instance on this "
+                    "connection",
+                    req.id);
     if (!commit) {
         uint32_t n = hold->n;
         kvp_conn_hold_release(c, hold);
@@ -378,7 +383,8 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
     if (kvp_registry_get(&c->srv->registry, req.handle, &inst) == 0 &&
         inst.transport != KVP_WIRE_SHM) {
         kvp_conn_hold_release(c, hold);
-        return fail(c, h, -EOPNOTSUPP, "instance %s uses the inline transport: its data must "
+        return fail(c, h, -EOPNOTSUPP,
+                    "instance %s uses the inline transport: its data must "
                     "come with STORE_INLINE; reservation %" PRIu64 " dropped",
                     inst.req.instance_id, req.id);
     }
@@ -427,11 +433,15 @@ static int handle_prepare_retrieve(struct kvp_conn *c, const struct kvp_header *
     if (rc)
         return rc < 0 ? rc : 0;
     if (k.inst.transport != KVP_WIRE_SHM)
-        return fail(c, h, -EOPNOTSUPP, "instance %s uses the inline transport; use "
-                                       "RETRIEVE_INLINE", k.inst.req.instance_id);
+        return fail(c, h, -EOPNOTSUPP,
+                    "instance %s uses the inline transport; use "
+                    "RETRIEVE_INLINE",
+                    k.inst.req.instance_id);
     if (c->nholds == KVP_MAX_HOLDS)
-        return fail(c, h, -EMFILE, "too many open reservations and pins on this connection "
-                                   "(max %d)", KVP_MAX_HOLDS);
+        return fail(c, h, -EMFILE,
+                    "too many open reservations and pins on this connection "
+                    "(max %d)",
+                    KVP_MAX_HOLDS);
     uint32_t n = kvp_store_pin(&s->store, c->keys, k.n, c->objs);
     if (n) {
         struct kvp_hold *hold = kvp_conn_hold_add(c, k.inst.handle, true, c->objs, n,

@@ -16,10 +16,10 @@ int kvp_log_parse_level(const char *s, enum kvp_log_level *out);
 void kvp_log_write(enum kvp_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-#define kvp_log(level, ...)                        \
-    do {                                           \
-        if ((level) >= kvp_log_threshold)          \
-            kvp_log_write((level), __VA_ARGS__);   \
+#define kvp_log(level, ...)                      \
+    do {                                         \
+        if ((level) >= kvp_log_threshold)        \
+            kvp_log_write((level), __VA_ARGS__); \
     } while (0)
 
 #define log_debug(...) kvp_log(KVP_LOG_DEBUG, __VA_ARGS__)

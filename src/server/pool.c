@@ -15,7 +15,6 @@
 #include <errno.h>
 #include <stdlib.h>
 
-
 /* Sets (v=1) or clears (v=0) pages [i, i+n). */
 static void set_range(struct kvp_pool *p, uint64_t i, uint64_t n, int v)
 {

@@ -12,10 +12,10 @@
 #define KVP_POOL_PAGE 4096u
 
 struct kvp_pool {
-    uint64_t base;     /* offset of page 0 */
+    uint64_t base; /* offset of page 0 */
     uint64_t npages;
-    uint64_t used;     /* pages in use */
-    uint64_t *bits;    /* 1 = used */
+    uint64_t used;  /* pages in use */
+    uint64_t *bits; /* 1 = used */
     uint64_t nwords;
 };
 

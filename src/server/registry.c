@@ -40,10 +40,10 @@ void kvp_registry_destroy(struct kvp_registry *r)
 int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
                           struct kvp_instance *inst, char *msg, size_t msg_size)
 {
-#define BAD(...)                                  \
-    do {                                          \
-        snprintf(msg, msg_size, __VA_ARGS__);     \
-        return -EINVAL;                           \
+#define BAD(...)                              \
+    do {                                      \
+        snprintf(msg, msg_size, __VA_ARGS__); \
+        return -EINVAL;                       \
     } while (0)
 
     memset(inst, 0, sizeof(*inst));
@@ -142,8 +142,8 @@ static void log_transport(const struct kvp_instance *inst, const struct kvp_offe
                  "pool_size=%" PRIu64 ")",
                  inst->req.instance_id, offer->shm_name, offer->pool_size);
     else
-        log_info("Instance %s non-GPU context using inline transport (%s)",
-                 inst->req.instance_id, inst->reason);
+        log_info("Instance %s non-GPU context using inline transport (%s)", inst->req.instance_id,
+                 inst->reason);
 }
 
 /*

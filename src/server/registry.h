@@ -18,20 +18,20 @@
 
 struct kvp_instance {
     uint32_t handle;
-    uint64_t owner;          /* connection id that registered it */
+    uint64_t owner; /* connection id that registered it */
     struct kvp_register_req req;
     struct kvp_chunk_layout layout;
     uint32_t dtype_size;
-    uint8_t transport;       /* KVP_WIRE_SHM or KVP_WIRE_INLINE */
+    uint8_t transport; /* KVP_WIRE_SHM or KVP_WIRE_INLINE */
     char reason[KVP_MAX_REASON + 1];
 };
 
 /* What the daemon offers, fixed at start-up. */
 struct kvp_offer {
     bool shm_enabled;
-    bool memfd;              /* the segment is a memfd handed out by MAP_SEGMENT */
+    bool memfd; /* the segment is a memfd handed out by MAP_SEGMENT */
     const char *shm_name;
-    const char *shm_reason;  /* why SHM is disabled */
+    const char *shm_reason; /* why SHM is disabled */
     uint64_t pool_size;
     uint32_t chunk_tokens;
 };

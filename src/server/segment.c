@@ -97,8 +97,8 @@ static int reserve_and_map(struct kvp_segment *seg, int fd, uint64_t size, const
         rc = posix_fallocate(fd, 0, (off_t)size);
     } while (rc == EINTR);
     if (rc != 0) {
-        snprintf(why, why_size, "cannot reserve %llu bytes for %s: %s",
-                 (unsigned long long)size, what, strerror(rc));
+        snprintf(why, why_size, "cannot reserve %llu bytes for %s: %s", (unsigned long long)size,
+                 what, strerror(rc));
         return -rc;
     }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -193,8 +193,7 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
     struct stat ours, named;
     char dev_path[sizeof(path) + 8];
     snprintf(dev_path, sizeof(dev_path), "/dev/shm%s", path);
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &ours) != 0 ||
-        stat(dev_path, &named) != 0 ||
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &ours) != 0 || stat(dev_path, &named) != 0 ||
         ours.st_ino != named.st_ino || ours.st_dev != named.st_dev) {
         close(fd);
         snprintf(why, why_size,
@@ -225,8 +224,7 @@ out_unlink:
     return rc;
 }
 
-int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why,
-                             size_t why_size)
+int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, size_t why_size)
 {
     *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
     why[0] = '\0';

@@ -18,16 +18,19 @@
 #define KVP_SEG_MAGIC "KVPOOLSG"
 
 struct kvp_segment {
-    uint8_t *base;      /* mapping of the whole segment */
-    uint64_t size;      /* header + pool */
-    int fd;             /* shared segment fd (holds our flock), -1 otherwise */
-    bool shared;        /* workers can map it (posix or memfd) */
-    bool memfd;         /* anonymous memfd: no name, handed out by fd passing */
-    char name[128];     /* posix: without '/'; "" otherwise */
+    uint8_t *base;  /* mapping of the whole segment */
+    uint64_t size;  /* header + pool */
+    int fd;         /* shared segment fd (holds our flock), -1 otherwise */
+    bool shared;    /* workers can map it (posix or memfd) */
+    bool memfd;     /* anonymous memfd: no name, handed out by fd passing */
+    char name[128]; /* posix: without '/'; "" otherwise */
     uint8_t nonce[16];
 };
 
-#define KVP_SEGMENT_INIT {.fd = -1}
+#define KVP_SEGMENT_INIT \
+    {                    \
+        .fd = -1         \
+    }
 
 /*
  * Creates the named segment of size bytes: O_CREAT|O_EXCL, mode 0600, an exclusive flock held
@@ -47,8 +50,7 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
  * /dev/shm and the memory goes away with the last process holding the fd. Returns 0 or a
  * negative errno with why filled (the caller falls back to private memory).
  */
-int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why,
-                             size_t why_size);
+int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, size_t why_size);
 
 /* Creates private pre-faulted memory of size bytes. Returns 0 or the negative errno of mmap
  * (-ENOMEM when the memory is not available). */

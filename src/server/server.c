@@ -65,8 +65,8 @@ static int setup_memory(struct kvp_server *s)
         snprintf(s->shm_reason, sizeof(s->shm_reason), "SHM disabled by configuration");
     } else if (cfg->shm_backend == KVP_SHM_MEMFD) {
         kvp_mem_gate_probe(&probe);
-        if (gate_allows(kvp_mem_gate_decide(size, &probe, log_line, sizeof(log_line),
-                                            s->shm_reason, sizeof(s->shm_reason)),
+        if (gate_allows(kvp_mem_gate_decide(size, &probe, log_line, sizeof(log_line), s->shm_reason,
+                                            sizeof(s->shm_reason)),
                         log_line)) {
             rc = kvp_segment_create_memfd(&s->seg, size, why, sizeof(why));
             if (rc) {
@@ -76,8 +76,8 @@ static int setup_memory(struct kvp_server *s)
         }
     } else {
         kvp_shm_gate_probe(KVP_SHM_DIR, &probe);
-        if (gate_allows(kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line),
-                                            s->shm_reason, sizeof(s->shm_reason)),
+        if (gate_allows(kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line), s->shm_reason,
+                                            sizeof(s->shm_reason)),
                         log_line)) {
             rc = kvp_segment_create_shared(&s->seg, cfg->shm_name, size, cfg->shm_mode, why,
                                            sizeof(why));
@@ -94,8 +94,7 @@ static int setup_memory(struct kvp_server *s)
     if (!s->seg.shared) {
         rc = kvp_segment_create_private(&s->seg, size);
         if (rc) {
-            log_error("Cannot allocate the %" PRIu64 "-byte pool: %s", cfg->l1_size,
-                      strerror(-rc));
+            log_error("Cannot allocate the %" PRIu64 "-byte pool: %s", cfg->l1_size, strerror(-rc));
             return rc;
         }
     }
@@ -188,8 +187,7 @@ static void *expiry_main(void *arg)
         uint32_t n = kvp_store_expire(&s->store, mono_ms(), timeout);
         if (n) {
             KVP_COUNT(reservations_expired, n);
-            log_warn("Cancelled %" PRIu32 " reserved chunk(s) not committed within %" PRIu32
-                     " s",
+            log_warn("Cancelled %" PRIu32 " reserved chunk(s) not committed within %" PRIu32 " s",
                      n, s->cfg.reserve_timeout_s);
         }
         pthread_mutex_lock(&s->expiry_lock);
@@ -374,8 +372,7 @@ static void accept_one(struct kvp_server *s)
     }
     struct ucred cr;
     socklen_t crlen = sizeof(cr);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 ||
-        !peer_allowed(&s->cfg, &cr)) {
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 || !peer_allowed(&s->cfg, &cr)) {
         char msg[128];
         KVP_COUNT(connections_rejected, 1);
         snprintf(msg, sizeof(msg), "uid %d is not allowed to use this kvpoold (see --allow-uid)",

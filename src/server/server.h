@@ -27,11 +27,11 @@ struct kvp_server {
 
     int listen_fd;
     bool socket_bound;
-    int wake_fds[2];                     /* self-pipe: stop request and expiry wake-up */
+    int wake_fds[2]; /* self-pipe: stop request and expiry wake-up */
     atomic_bool stopping;
 
-    pthread_mutex_t conns_lock;          /* guards conns, nconns, next_conn_id */
-    pthread_cond_t conns_cv;             /* signalled when a connection thread exits */
+    pthread_mutex_t conns_lock; /* guards conns, nconns, next_conn_id */
+    pthread_cond_t conns_cv;    /* signalled when a connection thread exits */
     struct kvp_conn *conns;
     uint32_t nconns;
     uint64_t next_conn_id;

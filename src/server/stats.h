@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define KVP_COUNTER_MAP(XX)                                                            \
+#define KVP_COUNTER_MAP(XX)                                                             \
     XX(connections_accepted, "connections accepted")                                    \
     XX(connections_rejected, "connections refused at --max-clients")                    \
     XX(requests, "requests answered")                                                   \

@@ -195,9 +195,9 @@ static uint32_t do_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
  * cannot be evicted by a later chunk of the same request (seen_in), and the busy/no-space
  * counts describe one moment.
  */
-int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n,
-                      uint64_t chunk_bytes, uint64_t now_ms, struct kvp_obj **objs,
-                      uint32_t *idx, struct kvp_prepare_result *res)
+int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint64_t chunk_bytes,
+                      uint64_t now_ms, struct kvp_obj **objs, uint32_t *idx,
+                      struct kvp_prepare_result *res)
 {
     *res = (struct kvp_prepare_result){0};
     pthread_mutex_lock(&s->lock);
@@ -278,8 +278,7 @@ uint32_t kvp_store_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
 }
 
 /* Pins stack: an object shared by several retrieves stays pinned until the last release. */
-uint32_t kvp_store_pin(struct kvp_store *s, const uint8_t *keys, uint32_t n,
-                       struct kvp_obj **objs)
+uint32_t kvp_store_pin(struct kvp_store *s, const uint8_t *keys, uint32_t n, struct kvp_obj **objs)
 {
     uint32_t k = 0;
     pthread_mutex_lock(&s->lock);

@@ -29,14 +29,14 @@ enum kvp_obj_state { KVP_OBJ_RESERVED, KVP_OBJ_COMMITTED, KVP_OBJ_EXPIRED };
 
 struct kvp_obj {
     uint8_t key[KVP_KEY_SIZE];
-    uint64_t offset;         /* byte offset in the segment */
+    uint64_t offset; /* byte offset in the segment */
     uint64_t length;
     uint64_t reserved_at_ms;
     uint32_t pins;
-    uint64_t seen_in;        /* last prepare that reported it cached (protects it there) */
+    uint64_t seen_in; /* last prepare that reported it cached (protects it there) */
     uint8_t state;
-    struct kvp_obj *hnext;   /* index chain */
-    struct kvp_obj *prev;    /* COMMITTED: LRU list; RESERVED/EXPIRED: pending list */
+    struct kvp_obj *hnext; /* index chain */
+    struct kvp_obj *prev;  /* COMMITTED: LRU list; RESERVED/EXPIRED: pending list */
     struct kvp_obj *next;
 };
 
@@ -45,10 +45,10 @@ struct kvp_store {
     struct kvp_pool pool;
     struct kvp_obj **buckets;
     uint64_t mask;
-    struct kvp_obj lru;      /* sentinel; lru.next is the most recently used */
-    struct kvp_obj pending;  /* sentinel of RESERVED and EXPIRED objects */
+    struct kvp_obj lru;     /* sentinel; lru.next is the most recently used */
+    struct kvp_obj pending; /* sentinel of RESERVED and EXPIRED objects */
     uint64_t ncommitted, nreserved, nexpired, npinned;
-    uint64_t prepare_seq;    /* numbers prepares, for kvp_obj.seen_in */
+    uint64_t prepare_seq; /* numbers prepares, for kvp_obj.seen_in */
 };
 
 struct kvp_prepare_result {
@@ -72,9 +72,9 @@ void kvp_store_destroy(struct kvp_store *s);
  * space counts as no_space (later cached or busy ones are still reported as such). Returns 0,
  * or -ENOMEM (nothing reserved).
  */
-int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n,
-                      uint64_t chunk_bytes, uint64_t now_ms, struct kvp_obj **objs,
-                      uint32_t *idx, struct kvp_prepare_result *res);
+int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint64_t chunk_bytes,
+                      uint64_t now_ms, struct kvp_obj **objs, uint32_t *idx,
+                      struct kvp_prepare_result *res);
 
 /*
  * Publishes reserved objects. All or nothing: if any of them expired, all are dropped and
@@ -86,8 +86,7 @@ int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n);
 uint32_t kvp_store_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n);
 
 /* Pins the leading run of committed keys into objs. Returns its length. */
-uint32_t kvp_store_pin(struct kvp_store *s, const uint8_t *keys, uint32_t n,
-                       struct kvp_obj **objs);
+uint32_t kvp_store_pin(struct kvp_store *s, const uint8_t *keys, uint32_t n, struct kvp_obj **objs);
 void kvp_store_unpin(struct kvp_store *s, struct kvp_obj **objs, uint32_t n);
 
 /* Length of the leading run of committed keys. */
@@ -97,6 +96,5 @@ uint32_t kvp_store_lookup(struct kvp_store *s, const uint8_t *keys, uint32_t n);
 uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout_ms);
 
 void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g);
-
 
 #endif /* KVP_STORE_H */

@@ -49,8 +49,7 @@ static void usage(FILE *f)
             "      --version      show the version and exit\n"
             "\n"
             "Exit status: 0 success, 1 daemon unreachable or request failed, 2 usage error.\n",
-            getenv("KVPOOL_SOCKET") && getenv("KVPOOL_SOCKET")[0] ? getenv("KVPOOL_SOCKET")
-                                                                   : path,
+            getenv("KVPOOL_SOCKET") && getenv("KVPOOL_SOCKET")[0] ? getenv("KVPOOL_SOCKET") : path,
             DEFAULT_TIMEOUT_MS);
 }
 
@@ -99,8 +98,8 @@ static int unreachable(const char *path, kvp_client *c, int rc)
     const char *msg = c ? kvp_last_error(c) : "";
 
     if (msg[0])
-        fprintf(stderr, "kvpool: cannot reach kvpoold at %s: %s (%s)\n", path,
-                kvp_strerror(rc), msg);
+        fprintf(stderr, "kvpool: cannot reach kvpoold at %s: %s (%s)\n", path, kvp_strerror(rc),
+                msg);
     else
         fprintf(stderr, "kvpool: cannot reach kvpoold at %s: %s\n", path, kvp_strerror(rc));
     return EXIT_FAILURE;
@@ -174,8 +173,8 @@ int main(int argc, char **argv)
             return EXIT_SUCCESS;
         case OPT_VERSION: {
             uint32_t v = kvp_version();
-            printf("kvpool %d.%d.%d (libkvpool %u.%u.%u)\n", KVP_VERSION_MAJOR,
-                   KVP_VERSION_MINOR, KVP_VERSION_PATCH, v >> 16, (v >> 8) & 0xff, v & 0xff);
+            printf("kvpool %d.%d.%d (libkvpool %u.%u.%u)\n", KVP_VERSION_MAJOR, KVP_VERSION_MINOR,
+                   KVP_VERSION_PATCH, v >> 16, (v >> 8) & 0xff, v & 0xff);
             return EXIT_SUCCESS;
         }
         default:

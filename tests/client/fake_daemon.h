@@ -44,14 +44,14 @@ enum fake_action {
 };
 
 struct fake_step {
-    uint16_t op;               /* expected request opcode */
+    uint16_t op; /* expected request opcode */
     enum fake_action action;
     int32_t status;
-    uint8_t *body;             /* reply body (owned) */
+    uint8_t *body; /* reply body (owned) */
     size_t body_len;
-    uint8_t *payload;          /* reply payload (owned) */
+    uint8_t *payload; /* reply payload (owned) */
     size_t payload_len;
-    uint64_t claim_payload;    /* payload_len written in the header; payload_len if ~0 */
+    uint64_t claim_payload; /* payload_len written in the header; payload_len if ~0 */
 };
 
 struct fake_req {
@@ -70,7 +70,7 @@ struct fake_daemon {
     int nsteps;
     struct fake_req reqs[FAKE_MAX_STEPS + 4];
     int nreqs;
-    char error[256];           /* what went wrong in the fake, "" if nothing */
+    char error[256]; /* what went wrong in the fake, "" if nothing */
 };
 
 static inline void fake_init(struct fake_daemon *f)
@@ -217,8 +217,7 @@ static inline int fake_reply(int fd, const struct fake_req *q, const struct fake
     if (s->action == FAKE_BAD_VERSION)
         h.version = KVP_PROTO_VERSION + 1;
     kvp_header_encode(&h, raw);
-    if (fake_io(fd, raw, sizeof(raw), true) < 0 ||
-        fake_io(fd, s->body, s->body_len, true) < 0 ||
+    if (fake_io(fd, raw, sizeof(raw), true) < 0 || fake_io(fd, s->body, s->body_len, true) < 0 ||
         fake_io(fd, s->payload, s->payload_len, true) < 0)
         return -1;
     return 0;

@@ -24,7 +24,7 @@ static const uint8_t nonce_b[KVP_NONCE_SIZE] = "fedcba9876543210";
 struct fixture {
     struct fake_daemon f;
     char seg_name[64];
-    uint8_t *seg;          /* the test's own mapping of the segment */
+    uint8_t *seg; /* the test's own mapping of the segment */
     size_t seg_size;
     kvp_client *c;
     uint32_t ids[256];
@@ -88,8 +88,13 @@ static struct kvp_register_reply register_reply(uint8_t transport, const char *s
                                                 const char *reason)
 {
     struct kvp_register_reply r = {
-        .handle = HANDLE, .transport = transport, .ndim = 4, .chunk_tokens = CT,
-        .shape = {2, 1, CT, 4}, .chunk_bytes = CHUNK, .dtype_size = 2,
+        .handle = HANDLE,
+        .transport = transport,
+        .ndim = 4,
+        .chunk_tokens = CT,
+        .shape = {2, 1, CT, 4},
+        .chunk_bytes = CHUNK,
+        .dtype_size = 2,
         .segment_size = shm_name ? SEG_SIZE : 0,
     };
     snprintf(r.dtype, sizeof(r.dtype), "float16");
@@ -117,8 +122,14 @@ static void add_slots_reply(struct fixture *x, uint16_t op, struct kvp_slots_rep
 static kvp_register_opts reg_opts(uint32_t transport)
 {
     return (kvp_register_opts){
-        .instance_id = "worker-0", .model_name = "tiny", .world_size = 1, .worker_rank = 0,
-        .block_size = 16, .num_layers = 1, .hidden_dim = 4, .dtype = "float16",
+        .instance_id = "worker-0",
+        .model_name = "tiny",
+        .world_size = 1,
+        .worker_rank = 0,
+        .block_size = 16,
+        .num_layers = 1,
+        .hidden_dim = 4,
+        .dtype = "float16",
         .transport = transport,
     };
 }
@@ -299,8 +310,8 @@ static void test_register_bad_magic(void **state)
 static void test_register_missing_segment(void **state)
 {
     struct fixture *x = *state;
-    struct kvp_hello_reply h = fake_hello_msg("kvpool_l1_pool_does_not_exist_42", SEG_SIZE,
-                                              nonce_a, NULL);
+    struct kvp_hello_reply h = fake_hello_msg("kvpool_l1_pool_does_not_exist_42", SEG_SIZE, nonce_a,
+                                              NULL);
     fake_add_hello_msg(&x->f, &h);
     check_unusable_segment(x, "cannot open /dev/shm/kvpool_l1_pool_does_not_exist_42: "
                               "No such file or directory");
@@ -487,8 +498,8 @@ static void test_shm_prepare_plan(void **state)
 {
     struct fixture *x = *state;
     struct kvp_wire_slot s[1] = {{.chunk_index = 2, .offset = 4096 + CHUNK, .length = CHUNK}};
-    struct kvp_slots_reply prep = {.id = 77, .nchunks = 4, .cached = 1, .busy = 1,
-                                   .no_space = 1, .nslots = 1, .slots = s};
+    struct kvp_slots_reply prep = {
+        .id = 77, .nchunks = 4, .cached = 1, .busy = 1, .no_space = 1, .nslots = 1, .slots = s};
     kvp_tokens seq = {.ids = x->ids, .count = 64};
     kvp_store_plan plan;
 
@@ -645,8 +656,7 @@ static void test_inline_store(void **state)
     struct fixture *x = *state;
     struct kvp_wire_slot s[2] = {{.chunk_index = 2, .offset = 8192, .length = CHUNK},
                                  {.chunk_index = 1, .offset = 4096, .length = CHUNK}};
-    struct kvp_slots_reply prep = {.id = 12, .nchunks = 3, .cached = 1, .nslots = 2,
-                                   .slots = s};
+    struct kvp_slots_reply prep = {.id = 12, .nchunks = 3, .cached = 1, .nslots = 2, .slots = s};
     uint8_t c[3][CHUNK];
     const void *chunks[3] = {c[0], c[1], c[2]};
     kvp_tokens seq = {.ids = x->ids, .count = 50};
@@ -721,7 +731,8 @@ static void test_inline_store_rejected_early(void **state)
     r.shape[3] = 4096;
     r.chunk_bytes = BIG;
     for (int i = 0; i < N; i++)
-        s[i] = (struct kvp_wire_slot){.chunk_index = (uint32_t)i, .offset = 4096 + (uint64_t)i * BIG,
+        s[i] = (struct kvp_wire_slot){.chunk_index = (uint32_t)i,
+                                      .offset = 4096 + (uint64_t)i * BIG,
                                       .length = BIG};
     uint8_t *data = calloc(1, BIG);
     assert_non_null(data);
@@ -864,10 +875,10 @@ static void test_keyed_validation(void **state)
     kvp_tokens nosalt = {.ids = x->ids, .count = 64, .salt = NULL, .salt_len = 3};
     assert_rc(kvp_lookup(inst, &nosalt), -EINVAL);
 
-    assert_rc(kvp_prepare_store(inst, &seq, 8, 64, &plan), -EINVAL);   /* unaligned start */
+    assert_rc(kvp_prepare_store(inst, &seq, 8, 64, &plan), -EINVAL); /* unaligned start */
     assert_non_null(strstr(kvp_last_error(x->c), "multiple"));
-    assert_rc(kvp_prepare_store(inst, &seq, 0, 65, &plan), -EINVAL);   /* end past count */
-    assert_rc(kvp_prepare_store(inst, &seq, 32, 16, &plan), -EINVAL);  /* end before start */
+    assert_rc(kvp_prepare_store(inst, &seq, 0, 65, &plan), -EINVAL);  /* end past count */
+    assert_rc(kvp_prepare_store(inst, &seq, 32, 16, &plan), -EINVAL); /* end before start */
     assert_rc(kvp_prepare_store(inst, &seq, 0, 64, NULL), -EINVAL);
     /* 4097 chunks */
     static uint32_t many[4097 * CT];

@@ -53,9 +53,8 @@ static void print_case(const struct pcase *k)
 {
     print_error("case: layout=%u flags=%u layers=%u blocks=%u bs=%u heads=%u hd=%u es=%u "
                 "chunk=%u start=%u n=%u skip=%u\n",
-                k->layout, k->flags, k->layers, k->num_blocks, k->block_size, k->heads,
-                k->head_dim, k->elem_size, k->chunk_tokens, k->token_start, k->num_tokens,
-                k->skip);
+                k->layout, k->flags, k->layers, k->num_blocks, k->block_size, k->heads, k->head_dim,
+                k->elem_size, k->chunk_tokens, k->token_start, k->num_tokens, k->skip);
 }
 
 static size_t planes_of(const struct pcase *k)
@@ -96,8 +95,8 @@ static size_t ref_paged_index(const struct pcase *k, size_t kv, size_t blk, size
 static size_t ref_chunk_index(const struct pcase *k, size_t kv, size_t l, size_t t, size_t h,
                               size_t d)
 {
-    return ((kv * k->layers + l) * k->chunk_tokens + t) * k->heads * k->head_dim +
-           h * k->head_dim + d;
+    return ((kv * k->layers + l) * k->chunk_tokens + t) * k->heads * k->head_dim + h * k->head_dim +
+           d;
 }
 
 /* Per-element reference: to_chunk = gather, else scatter (rows [skip, n)). */
@@ -206,8 +205,8 @@ static void run_case(const struct pcase *k)
 
     /* Round trip: gathering what was scattered gives back the chunk rows [skip, n). */
     fill_random(cb, csz);
-    assert_int_equal(kvp_paged_gather(&cache, table, tlen, k->token_start, k->num_tokens, cb,
-                                      csz, k->chunk_tokens),
+    assert_int_equal(kvp_paged_gather(&cache, table, tlen, k->token_start, k->num_tokens, cb, csz,
+                                      k->chunk_tokens),
                      0);
     size_t row = (size_t)k->heads * k->head_dim * k->elem_size;
     for (size_t p = 0; p < planes_of(k) * k->layers; p++) {
@@ -231,12 +230,12 @@ static void test_nhd(void **state)
     (void)state;
     const struct pcase cases[] = {
         /* layout, flags, layers, blocks, bs, heads, hd, es, chunk, start, n, skip */
-        {KVP_PAGED_NHD, 0, 2, 8, 16, 2, 8, 2, 16, 0, 16, 0},   /* aligned */
-        {KVP_PAGED_NHD, 0, 3, 12, 3, 2, 5, 2, 16, 16, 16, 0},  /* bs 3, 16 % 3 != 0 */
-        {KVP_PAGED_NHD, 0, 2, 12, 5, 1, 7, 4, 16, 32, 16, 3},  /* bs 5, skip */
+        {KVP_PAGED_NHD, 0, 2, 8, 16, 2, 8, 2, 16, 0, 16, 0},    /* aligned */
+        {KVP_PAGED_NHD, 0, 3, 12, 3, 2, 5, 2, 16, 16, 16, 0},   /* bs 3, 16 % 3 != 0 */
+        {KVP_PAGED_NHD, 0, 2, 12, 5, 1, 7, 4, 16, 32, 16, 3},   /* bs 5, skip */
         {KVP_PAGED_NHD, 0, 1, 9, 16, 4, 16, 2, 32, 16, 32, 17}, /* chunk spans 3 blocks */
-        {KVP_PAGED_NHD, 0, 2, 6, 7, 3, 4, 1, 16, 5, 11, 0},    /* partial chunk */
-        {KVP_PAGED_NHD, 0, 2, 4, 64, 2, 8, 8, 16, 40, 16, 0},  /* chunk inside a block */
+        {KVP_PAGED_NHD, 0, 2, 6, 7, 3, 4, 1, 16, 5, 11, 0},     /* partial chunk */
+        {KVP_PAGED_NHD, 0, 2, 4, 64, 2, 8, 8, 16, 40, 16, 0},   /* chunk inside a block */
         {KVP_PAGED_NHD, KVP_PAGED_KV_FIRST, 3, 10, 5, 2, 6, 2, 16, 16, 16, 2},
         {KVP_PAGED_NHD, KVP_PAGED_KV_FIRST, 2, 5, 16, 2, 64, 2, 16, 32, 16, 0},
     };
@@ -430,10 +429,8 @@ static void test_scatter_errors(void **state)
     int32_t bad[4] = {0, 1, 9, 2};
     assert_int_equal(kvp_paged_scatter(&e.cache, bad, 4, 4, 8, 0, e.chunk, e.csz, 8), -EINVAL);
     /* skip > n, range beyond the table, chunk too small. */
-    assert_int_equal(kvp_paged_scatter(&e.cache, e.table, 4, 0, 4, 5, e.chunk, e.csz, 8),
-                     -EINVAL);
-    assert_int_equal(kvp_paged_scatter(&e.cache, e.table, 3, 8, 8, 0, e.chunk, e.csz, 8),
-                     -EINVAL);
+    assert_int_equal(kvp_paged_scatter(&e.cache, e.table, 4, 0, 4, 5, e.chunk, e.csz, 8), -EINVAL);
+    assert_int_equal(kvp_paged_scatter(&e.cache, e.table, 3, 8, 8, 0, e.chunk, e.csz, 8), -EINVAL);
     assert_int_equal(kvp_paged_scatter(&e.cache, e.table, 4, 0, 8, 0, e.chunk, 16, 8), -EINVAL);
     assert_memory_equal(l0, e.layers[0], e.lsz);
     assert_memory_equal(l1, e.layers[1], e.lsz);

@@ -14,10 +14,10 @@
 
 #include <cmocka.h>
 
-#define assert_rc(actual, expected)                                                        \
-    do {                                                                                   \
-        long long kvp_a_ = (long long)(actual), kvp_e_ = (long long)(expected);            \
-        if (kvp_a_ != kvp_e_)                                                              \
+#define assert_rc(actual, expected)                                                         \
+    do {                                                                                    \
+        long long kvp_a_ = (long long)(actual), kvp_e_ = (long long)(expected);             \
+        if (kvp_a_ != kvp_e_)                                                               \
             fail_msg("%s is %lld, expected %s = %lld", #actual, kvp_a_, #expected, kvp_e_); \
     } while (0)
 

@@ -114,12 +114,9 @@ static void test_max_bytes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtype_sizes),
-        cmocka_unit_test(test_dtype_unknown),
-        cmocka_unit_test(test_shape_kv),
-        cmocka_unit_test(test_shape_mla),
-        cmocka_unit_test(test_zero_dims),
-        cmocka_unit_test(test_overflow),
+        cmocka_unit_test(test_dtype_sizes), cmocka_unit_test(test_dtype_unknown),
+        cmocka_unit_test(test_shape_kv),    cmocka_unit_test(test_shape_mla),
+        cmocka_unit_test(test_zero_dims),   cmocka_unit_test(test_overflow),
         cmocka_unit_test(test_max_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -53,7 +53,11 @@ static void check_strict(decode_fn fn, const struct kvp_wbuf *w)
 static struct kvp_hello_reply sample_hello(void)
 {
     struct kvp_hello_reply m = {
-        .major = 1, .minor = 3, .pid = 4242, .chunk_tokens = 256, .shm_backend = 1,
+        .major = 1,
+        .minor = 3,
+        .pid = 4242,
+        .chunk_tokens = 256,
+        .shm_backend = 1,
         .segment_size = (1ull << 33) + 4096,
     };
     for (int i = 0; i < KVP_NONCE_SIZE; i++)
@@ -140,8 +144,13 @@ static void test_hello_name_limit(void **state)
 static struct kvp_register_req sample_register_req(void)
 {
     struct kvp_register_req m = {
-        .world_size = 8, .worker_rank = 3, .block_size = 16, .num_layers = 32,
-        .hidden_dim = 1024, .use_mla = 1, .transport = KVP_WIRE_INLINE,
+        .world_size = 8,
+        .worker_rank = 3,
+        .block_size = 16,
+        .num_layers = 32,
+        .hidden_dim = 1024,
+        .use_mla = 1,
+        .transport = KVP_WIRE_INLINE,
     };
     strcpy(m.instance_id, "vllm-rank3-pid77");
     strcpy(m.model_name, "meta-llama/Llama-3-8B");
@@ -183,9 +192,15 @@ static void test_register_req(void **state)
 static struct kvp_register_reply sample_register_reply(void)
 {
     struct kvp_register_reply m = {
-        .handle = 0x00010002, .transport = KVP_WIRE_SHM, .existing = 1, .ndim = 4,
-        .chunk_tokens = 256, .shape = {2, 32, 256, 1024}, .chunk_bytes = 2ull * 32 * 256 * 1024 * 2,
-        .dtype_size = 2, .segment_size = 1ull << 30,
+        .handle = 0x00010002,
+        .transport = KVP_WIRE_SHM,
+        .existing = 1,
+        .ndim = 4,
+        .chunk_tokens = 256,
+        .shape = {2, 32, 256, 1024},
+        .chunk_bytes = 2ull * 32 * 256 * 1024 * 2,
+        .dtype_size = 2,
+        .segment_size = 1ull << 30,
     };
     strcpy(m.dtype, "float16");
     strcpy(m.shm_name, "kvpool_l1_pool_1");
@@ -398,8 +413,8 @@ static void test_slots_reply(void **state)
         {.chunk_index = 2, .offset = 4096 + 65536, .length = 65536},
         {.chunk_index = 4, .offset = 1ull << 40, .length = 65536},
     };
-    struct kvp_slots_reply m = {.id = 99, .nchunks = 6, .cached = 2, .busy = 1, .no_space = 0,
-                                .nslots = 3, .slots = slots};
+    struct kvp_slots_reply m = {
+        .id = 99, .nchunks = 6, .cached = 2, .busy = 1, .no_space = 0, .nslots = 3, .slots = slots};
     struct kvp_slots_reply d = {.slots = slot_scratch};
     struct kvp_wbuf w;
 

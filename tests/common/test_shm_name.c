@@ -103,10 +103,8 @@ static void test_default_name(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefix_added),
-        cmocka_unit_test(test_prefix_kept),
-        cmocka_unit_test(test_rejected),
-        cmocka_unit_test(test_too_long),
+        cmocka_unit_test(test_prefix_added), cmocka_unit_test(test_prefix_kept),
+        cmocka_unit_test(test_rejected),     cmocka_unit_test(test_too_long),
         cmocka_unit_test(test_default_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

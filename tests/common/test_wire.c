@@ -79,10 +79,10 @@ static void test_header_rejects(void **state)
     (void)state;
     struct kvp_header h;
 
-    assert_rc(decode_modified(0, 'X'), -EPROTO);          /* magic */
-    assert_rc(decode_modified(3, '2'), -EPROTO);          /* magic */
-    assert_rc(decode_modified(4, 2), -EPROTONOSUPPORT);   /* version 2 */
-    assert_rc(decode_modified(5, 1), -EPROTONOSUPPORT);   /* version 257 */
+    assert_rc(decode_modified(0, 'X'), -EPROTO);        /* magic */
+    assert_rc(decode_modified(3, '2'), -EPROTO);        /* magic */
+    assert_rc(decode_modified(4, 2), -EPROTONOSUPPORT); /* version 2 */
+    assert_rc(decode_modified(5, 1), -EPROTONOSUPPORT); /* version 257 */
 
     h = valid_header();
     h.opcode = 0;
@@ -134,8 +134,8 @@ static void test_integers_little_endian(void **state)
     (void)state;
     struct kvp_wbuf w;
     struct kvp_rbuf r;
-    static const uint8_t want[] = {0xab, 0x34, 0x12, 0x78, 0x56, 0x34, 0x12,
-                                   0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01};
+    static const uint8_t want[] = {0xab, 0x34, 0x12, 0x78, 0x56, 0x34, 0x12, 0xef,
+                                   0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01};
 
     kvp_wbuf_init(&w);
     kvp_put_u8(&w, 0xab);
@@ -233,7 +233,12 @@ static void test_strings(void **state)
     kvp_put_str(&w, "");
     assert_rc(w.err, 0);
     assert_int_equal(w.len, 2 + 3 + 2 + 2);
-    assert_memory_equal(w.data, "\x03\x00" "abc" "\x00\x00" "\x00\x00", w.len);
+    assert_memory_equal(w.data,
+                        "\x03\x00"
+                        "abc"
+                        "\x00\x00"
+                        "\x00\x00",
+                        w.len);
 
     kvp_rbuf_init(&r, w.data, w.len);
     kvp_get_str(&r, out, sizeof(out), sizeof(out) - 1);

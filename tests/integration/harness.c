@@ -99,8 +99,7 @@ void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args)
     assert_non_null(mkdtemp(d->dir));
     snprintf(d->socket, sizeof(d->socket), "%s/kvpool.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/kvpoold.log", d->dir);
-    snprintf(d->shm_name, sizeof(d->shm_name), "kvpool_l1_pool_it_%d_%u", (int)getpid(),
-             counter++);
+    snprintf(d->shm_name, sizeof(d->shm_name), "kvpool_l1_pool_it_%d_%u", (int)getpid(), counter++);
 
     argv[argc++] = KVP_TEST_KVPOOLD;
     argv[argc++] = "--socket";
@@ -459,8 +458,7 @@ bool kvpt_raw_closed(int fd, int timeout_ms)
     }
 }
 
-int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle,
-                      uint64_t *chunk_bytes)
+int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle, uint64_t *chunk_bytes)
 {
     struct kvpt_reply r;
     struct kvp_wbuf w;

@@ -13,10 +13,10 @@
 
 struct kvpt_daemon {
     pid_t pid;
-    char dir[64];        /* temporary directory */
+    char dir[64]; /* temporary directory */
     char socket[128];
     char log[128];
-    char shm_name[96];   /* "" when started with --shm-name "" */
+    char shm_name[96]; /* "" when started with --shm-name "" */
 };
 
 /*
@@ -78,12 +78,12 @@ uint64_t kvpt_rss_kib(pid_t pid);
  */
 struct kvpt_reply {
     int32_t status;
-    uint16_t opcode;       /* with the reply flag */
+    uint16_t opcode; /* with the reply flag */
     uint64_t request_id;
-    uint64_t payload_len;  /* left unread in the socket */
+    uint64_t payload_len; /* left unread in the socket */
     uint32_t body_len;
-    uint8_t *body;         /* malloc'd, body_len bytes plus a NUL; the caller frees it */
-    char msg[256];         /* the daemon's message when status < 0 */
+    uint8_t *body; /* malloc'd, body_len bytes plus a NUL; the caller frees it */
+    char msg[256]; /* the daemon's message when status < 0 */
 };
 
 /* Connects a raw socket to d. Returns the descriptor or a negative errno. */
@@ -109,7 +109,6 @@ bool kvpt_raw_closed(int fd, int timeout_ms);
 
 /* HELLO and REGISTER of o on a raw connection: fills *handle and *chunk_bytes (may be NULL).
  * Returns 0, the daemon's error status or a socket error. */
-int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle,
-                      uint64_t *chunk_bytes);
+int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle, uint64_t *chunk_bytes);
 
 #endif /* KVPT_HARNESS_H */

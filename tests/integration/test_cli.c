@@ -73,8 +73,8 @@ static void test_daemon_command_line(void **state)
     char cmd[512], out[16384];
     snprintf(cmd, sizeof(cmd), "%s --help", KVP_TEST_KVPOOLD);
     assert_int_equal(run(cmd, out, sizeof(out)), 0);
-    const char *opts[] = {"--socket", "--socket-mode", "--l1-size", "--chunk-size",
-                          "--shm-name", "--log-level", "--max-clients", "--reserve-timeout",
+    const char *opts[] = {"--socket",     "--socket-mode",  "--l1-size",     "--chunk-size",
+                          "--shm-name",   "--log-level",    "--max-clients", "--reserve-timeout",
                           "--io-timeout", "KVPOOL_L1_SIZE", "Default: 1GiB", "Default: 256"};
     for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
         assert_non_null(strstr(out, opts[i]));

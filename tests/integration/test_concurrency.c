@@ -30,8 +30,8 @@ static struct kvpt_daemon daemon_;
 static int setup(void **state)
 {
     (void)state;
-    const char *args[] = {"--l1-size", "64MiB", "--chunk-size", "16", "--io-timeout", "20000",
-                          NULL};
+    const char *args[] = {"--l1-size", "64MiB", "--chunk-size", "16", "--io-timeout",
+                          "20000",     NULL};
     kvpt_daemon_start(&daemon_, args);
     return 0;
 }
@@ -122,8 +122,11 @@ static int raw_connect(void)
 static void frame(int fd, uint16_t op, const struct kvp_wbuf *w, uint64_t payload)
 {
     uint8_t hdr[KVP_HEADER_SIZE];
-    struct kvp_header h = {.magic = KVP_MAGIC, .version = KVP_PROTO_VERSION, .opcode = op,
-                           .request_id = 1, .body_len = (uint32_t)w->len,
+    struct kvp_header h = {.magic = KVP_MAGIC,
+                           .version = KVP_PROTO_VERSION,
+                           .opcode = op,
+                           .request_id = 1,
+                           .body_len = (uint32_t)w->len,
                            .payload_len = payload};
     kvp_header_encode(&h, hdr);
     send_all(fd, hdr, sizeof(hdr));
@@ -157,8 +160,11 @@ static void test_no_head_of_line_blocking(void **state)
 
     frame(fd, KVP_OP_HELLO, &w, 0);
     free(reply(fd, &h));
-    struct kvp_register_req rr = {.world_size = 1, .block_size = 16, .num_layers = 8,
-                                  .hidden_dim = 1024, .transport = KVP_WIRE_INLINE};
+    struct kvp_register_req rr = {.world_size = 1,
+                                  .block_size = 16,
+                                  .num_layers = 8,
+                                  .hidden_dim = 1024,
+                                  .transport = KVP_WIRE_INLINE};
     snprintf(rr.instance_id, sizeof(rr.instance_id), "slow-uploader");
     snprintf(rr.model_name, sizeof(rr.model_name), "m");
     snprintf(rr.dtype, sizeof(rr.dtype), "float32");
@@ -214,9 +220,14 @@ static void test_no_head_of_line_blocking(void **state)
         free(bufs[i]);
     }
     /* The half-uploaded chunks are invisible to everyone. */
-    kvp_register_opts peek = {.instance_id = "peek", .model_name = "m", .world_size = 1,
-                              .block_size = 16, .num_layers = 8, .hidden_dim = 1024,
-                              .dtype = "float32", .transport = KVP_TRANSPORT_INLINE};
+    kvp_register_opts peek = {.instance_id = "peek",
+                              .model_name = "m",
+                              .world_size = 1,
+                              .block_size = 16,
+                              .num_layers = 8,
+                              .hidden_dim = 1024,
+                              .dtype = "float32",
+                              .transport = KVP_TRANSPORT_INLINE};
     kvp_instance *pi = NULL;
     kvp_tokens tt = {.ids = tok, .count = n * C};
     assert_int_equal(kvp_register(c, &peek, &pi), 0);
@@ -241,8 +252,8 @@ static void test_reservation_expires(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "4MiB", "--chunk-size", "16", "--reserve-timeout", "1",
-                          NULL};
+    const char *args[] = {"--l1-size", "4MiB", "--chunk-size", "16", "--reserve-timeout",
+                          "1",         NULL};
     kvpt_daemon_start(&d, args);
     kvp_client *a = kvpt_connect(&d);
     kvp_client *b = kvpt_connect(&d);

@@ -198,8 +198,8 @@ static void test_live_segment_refused(void **state)
     assert_int_equal(system(cmd), 0);
 
     /* The same socket path is refused too, without touching the first daemon's files. */
-    snprintf(cmd, sizeof(cmd), "%s --socket %s --l1-size 16MiB 2>%s", KVP_TEST_KVPOOLD,
-             d.socket, log);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s --l1-size 16MiB 2>%s", KVP_TEST_KVPOOLD, d.socket,
+             log);
     st = system(cmd);
     assert_int_equal(WEXITSTATUS(st), 1);
     snprintf(cmd, sizeof(cmd), "grep -q 'another kvpoold is listening' %s", log);

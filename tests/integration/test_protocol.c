@@ -25,8 +25,7 @@ static struct kvpt_daemon daemon_;
 static int setup(void **state)
 {
     (void)state;
-    const char *args[] = {"--l1-size", "8MiB", "--chunk-size", "16", "--io-timeout", "500",
-                          NULL};
+    const char *args[] = {"--l1-size", "8MiB", "--chunk-size", "16", "--io-timeout", "500", NULL};
     kvpt_daemon_start(&daemon_, args);
     return 0;
 }

@@ -313,7 +313,8 @@ static void test_duplicate_registration(void **state)
     assert_int_equal(kvp_lookup(a, &t), 0);
     assert_int_equal(kvpt_log_count(&daemon_, "Instance dup unregistered"), 0);
     assert_int_equal(kvp_unregister(a), 0);
-    assert_true(kvpt_log_wait(&daemon_, "Instance dup unregistered (unregistered by worker)", 5000));
+    assert_true(
+        kvpt_log_wait(&daemon_, "Instance dup unregistered (unregistered by worker)", 5000));
     free(tok);
     kvp_client_close(c2);
     kvp_client_close(c1);

@@ -4,13 +4,13 @@
  * process as "nobody" (uid/gid 65534); they are skipped when the test does not run as root.
  */
 #include <errno.h>
+#include <grp.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <grp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -116,8 +116,8 @@ static void test_allow_uid(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "4MiB", "--socket-mode", "0666", "--allow-uid", "123,65534",
-                          NULL};
+    const char *args[] = {"--l1-size", "4MiB", "--socket-mode", "0666", "--allow-uid",
+                          "123,65534", NULL};
     kvpt_daemon_start(&d, args);
     run_as_nobody(&d, 0, NULL, KVP_TRANSPORT_INLINE, "Permission denied");
     assert_true(kvpt_log_wait(&d,
@@ -132,8 +132,8 @@ static void test_allow_gid_and_group_segment(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "4MiB", "--socket-mode", "0666", "--allow-gid", "65534",
-                          "--shm-mode", "0660", NULL};
+    const char *args[] = {"--l1-size", "4MiB",       "--socket-mode", "0666", "--allow-gid",
+                          "65534",     "--shm-mode", "0660",          NULL};
     kvpt_daemon_start(&d, args);
     char path[160];
     struct stat st;

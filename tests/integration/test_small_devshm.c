@@ -9,8 +9,8 @@
  */
 #include <errno.h>
 #include <sched.h>
-#include <signal.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -149,8 +149,8 @@ static void test_memfd_backend(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "1GiB", "--chunk-size", "16", "--shm-backend", "memfd",
-                          NULL};
+    const char *args[] = {"--l1-size", "1GiB", "--chunk-size", "16", "--shm-backend",
+                          "memfd",     NULL};
     kvpt_daemon_start(&d, args);
     assert_true(kvpt_log_wait(&d, "SHM enabled (memfd)", 5000));
     assert_int_equal(kvpt_log_count(&d, "Insufficient"), 0);
@@ -186,14 +186,15 @@ static void test_memfd_backend(void **state)
 int main(void)
 {
     if (unshare(CLONE_NEWNS) != 0) {
-        fprintf(stderr, "skipped: cannot create a mount namespace (unshare: %s); this test "
-                        "needs root or CAP_SYS_ADMIN\n", strerror(errno));
+        fprintf(stderr,
+                "skipped: cannot create a mount namespace (unshare: %s); this test "
+                "needs root or CAP_SYS_ADMIN\n",
+                strerror(errno));
         return 77;
     }
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
         mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=64m,mode=1777") != 0) {
-        fprintf(stderr, "skipped: cannot mount a 64 MiB tmpfs on /dev/shm: %s\n",
-                strerror(errno));
+        fprintf(stderr, "skipped: cannot mount a 64 MiB tmpfs on /dev/shm: %s\n", strerror(errno));
         return 77;
     }
     const struct CMUnitTest tests[] = {

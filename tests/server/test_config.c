@@ -18,8 +18,8 @@
 #include "config.h"
 
 static const char *const env_vars[] = {
-    "KVPOOL_SOCKET",    "KVPOOL_SOCKET_MODE",  "KVPOOL_L1_SIZE",         "KVPOOL_CHUNK_SIZE",
-    "KVPOOL_SHM_NAME",  "KVPOOL_LOG_LEVEL",    "KVPOOL_MAX_CLIENTS",     "KVPOOL_RESERVE_TIMEOUT",
+    "KVPOOL_SOCKET",     "KVPOOL_SOCKET_MODE", "KVPOOL_L1_SIZE",     "KVPOOL_CHUNK_SIZE",
+    "KVPOOL_SHM_NAME",   "KVPOOL_LOG_LEVEL",   "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT",
     "KVPOOL_IO_TIMEOUT", "XDG_RUNTIME_DIR",
 };
 
@@ -208,8 +208,8 @@ static void test_command_line_values(void **state)
     struct run r;
 
     parse(&r, "--socket", "/tmp/x.sock", "--socket-mode", "0660", "--l1-size", "512MiB",
-          "--chunk-size", "64", "--log-level", "debug", "--max-clients", "8",
-          "--reserve-timeout", "30", "--io-timeout", "500", NULL);
+          "--chunk-size", "64", "--log-level", "debug", "--max-clients", "8", "--reserve-timeout",
+          "30", "--io-timeout", "500", NULL);
     expect_ok(&r);
     assert_string_equal(r.cfg.socket_path, "/tmp/x.sock");
     assert_int_equal(r.cfg.socket_mode, 0660);
@@ -389,14 +389,14 @@ static void test_help(void **state)
 {
     (void)state;
     static const char *const names[] = {
-        "--socket",      "--socket-mode",     "--l1-size",    "--chunk-size", "--shm-name",
-        "--log-level",   "--max-clients",     "--reserve-timeout", "--io-timeout", "--help",
-        "--version",
+        "--socket",     "--socket-mode", "--l1-size",     "--chunk-size",
+        "--shm-name",   "--log-level",   "--max-clients", "--reserve-timeout",
+        "--io-timeout", "--help",        "--version",
     };
     static const char *const envs[] = {
-        "KVPOOL_SOCKET",   "KVPOOL_SOCKET_MODE", "KVPOOL_L1_SIZE",         "KVPOOL_CHUNK_SIZE",
-        "KVPOOL_SHM_NAME", "KVPOOL_LOG_LEVEL",   "KVPOOL_MAX_CLIENTS",     "KVPOOL_RESERVE_TIMEOUT",
-        "KVPOOL_IO_TIMEOUT",
+        "KVPOOL_SOCKET",      "KVPOOL_SOCKET_MODE",     "KVPOOL_L1_SIZE",
+        "KVPOOL_CHUNK_SIZE",  "KVPOOL_SHM_NAME",        "KVPOOL_LOG_LEVEL",
+        "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT", "KVPOOL_IO_TIMEOUT",
     };
     struct run r;
 

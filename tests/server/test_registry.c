@@ -399,7 +399,7 @@ static void test_add_and_get(void **state)
 
     /* Handles nobody was given. */
     assert_rc(kvp_registry_get(r, 0, &got), -ENOENT);
-    assert_rc(kvp_registry_get(r, h + 0x10000u, &got), -ENOENT); /* next generation */
+    assert_rc(kvp_registry_get(r, h + 0x10000u, &got), -ENOENT);           /* next generation */
     assert_rc(kvp_registry_get(r, (h & 0xffff0000u) | 5u, &got), -ENOENT); /* unused slot */
     assert_rc(kvp_registry_get(r, (h & 0xffff0000u) | 0xffffu, &got), -ENOENT);
     assert_rc(kvp_registry_get(r, 0xffffffffu, &got), -ENOENT);

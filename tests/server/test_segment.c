@@ -166,7 +166,8 @@ static void test_two_segments_have_different_nonces(void **state)
     char why[256], name_b[128];
 
     snprintf(name_b, sizeof(name_b), "%s_b", c->name);
-    assert_rc(kvp_segment_create_shared(&a, c->name, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why)), 0);
+    assert_rc(kvp_segment_create_shared(&a, c->name, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why)),
+              0);
     int rc = kvp_segment_create_shared(&b, name_b, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why));
     if (rc != 0) {
         kvp_segment_destroy(&a);
@@ -215,13 +216,15 @@ static void test_busy_other_process(void **state)
     struct kvp_segment a = KVP_SEGMENT_INIT;
     char why[256];
 
-    assert_rc(kvp_segment_create_shared(&a, c->name, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why)), 0);
+    assert_rc(kvp_segment_create_shared(&a, c->name, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why)),
+              0);
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         struct kvp_segment b = KVP_SEGMENT_INIT;
-        int rc = kvp_segment_create_shared(&b, c->name, KVP_SEG_HEADER + MIB, 0600, why, sizeof(why));
+        int rc = kvp_segment_create_shared(&b, c->name, KVP_SEG_HEADER + MIB, 0600, why,
+                                           sizeof(why));
         if (rc != -EBUSY) {
             fprintf(stderr, "child: create = %d (%s), expected -EBUSY\n", rc, why);
             _exit(1);
@@ -416,8 +419,7 @@ static void test_destroy_zeroed_keeps_fd0(void **state)
  * tmpfs_opts) on /dev/shm. Returns the child's exit status (0 = all checks passed); skips the
  * case when the environment does not allow the namespace.
  */
-static int in_small_dev_shm(const char *tmpfs_opts, int (*fn)(const char *name),
-                            const char *name)
+static int in_small_dev_shm(const char *tmpfs_opts, int (*fn)(const char *name), const char *name)
 {
     fflush(NULL);
     pid_t pid = fork();
@@ -443,8 +445,10 @@ static int in_small_dev_shm(const char *tmpfs_opts, int (*fn)(const char *name),
     if (!WIFEXITED(status))
         fail_msg("child died with signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : -1);
     if (WEXITSTATUS(status) == EXIT_SKIP) {
-        fprintf(stderr, "skipped: cannot mount a private tmpfs on %s (needs root or "
-                        "CAP_SYS_ADMIN; see the message above)\n", KVP_SHM_DIR);
+        fprintf(stderr,
+                "skipped: cannot mount a private tmpfs on %s (needs root or "
+                "CAP_SYS_ADMIN; see the message above)\n",
+                KVP_SHM_DIR);
         skip();
     }
     return WEXITSTATUS(status);

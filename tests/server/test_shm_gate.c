@@ -100,8 +100,7 @@ static void test_small_buffers_truncate(void **state)
 
     memset(log, 'x', sizeof(log));
     memset(reason, 'x', sizeof(reason));
-    assert_int_equal(kvp_shm_gate_decide(1 << 20, &probe, log, sizeof(log), reason,
-                                         sizeof(reason)),
+    assert_int_equal(kvp_shm_gate_decide(1 << 20, &probe, log, sizeof(log), reason, sizeof(reason)),
                      KVP_GATE_INSUFFICIENT);
     /* Truncated, but terminated inside the buffers. */
     assert_int_equal(strlen(log), sizeof(log) - 1);

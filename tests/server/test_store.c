@@ -16,8 +16,8 @@
 #include "store.h"
 
 #define PG ((uint64_t)KVP_POOL_PAGE)
-#define CHUNK (2 * PG)      /* bytes of one object */
-#define POOL_BASE PG        /* the pool starts after the segment's header page */
+#define CHUNK (2 * PG) /* bytes of one object */
+#define POOL_BASE PG   /* the pool starts after the segment's header page */
 #define MAXK 16
 
 /* Key number i: distinct first 8 bytes (the bucket hash) and distinct tails. */
@@ -61,21 +61,20 @@ static void prepare(struct kvp_store *s, const uint32_t *ids, uint32_t n, uint64
     uint8_t keys[MAXK * KVP_KEY_SIZE];
     assert_true(n <= MAXK);
     memset(p, 0, sizeof(*p));
-    assert_rc(kvp_store_prepare(s, keys_of(keys, ids, n), n, CHUNK, now, p->objs, p->idx,
-                                &p->res),
+    assert_rc(kvp_store_prepare(s, keys_of(keys, ids, n), n, CHUNK, now, p->objs, p->idx, &p->res),
               0);
     /* Every chunk is accounted for exactly once. */
     assert_int_equal(p->res.cached + p->res.busy + p->res.no_space + p->res.nslots, n);
 }
 
-static void expect_result(const struct prep *p, uint32_t cached, uint32_t busy,
-                          uint32_t no_space, uint32_t nslots)
+static void expect_result(const struct prep *p, uint32_t cached, uint32_t busy, uint32_t no_space,
+                          uint32_t nslots)
 {
     if (p->res.cached != cached || p->res.busy != busy || p->res.no_space != no_space ||
         p->res.nslots != nslots)
         fail_msg("prepare: cached %u busy %u no_space %u nslots %u, expected %u %u %u %u",
-                 p->res.cached, p->res.busy, p->res.no_space, p->res.nslots, cached, busy,
-                 no_space, nslots);
+                 p->res.cached, p->res.busy, p->res.no_space, p->res.nslots, cached, busy, no_space,
+                 nslots);
 }
 
 static uint32_t lookup(struct kvp_store *s, const uint32_t *ids, uint32_t n)
