@@ -29,6 +29,7 @@ serve: build
 # (separate build directories, the daemon under test sanitized too), then every fuzz driver
 # for FUZZ_CI_SECONDS; it stops at the first failure.
 test:
+	$(MAKE) --no-print-directory format-check
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory check
 	$(MAKE) --no-print-directory test-asan
