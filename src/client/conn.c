@@ -32,6 +32,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/iov.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
 #include "kvpool.h"
@@ -188,13 +189,9 @@ int kvp_conn_begin(struct kvp_conn *c)
  */
 static int send_all(int fd, struct iovec *iov, size_t n)
 {
-    size_t i = 0;
+    size_t i = kvp_iov_advance(iov, n, 0, 0);
 
     while (i < n) {
-        if (iov[i].iov_len == 0) {
-            i++;
-            continue;
-        }
         struct msghdr msg = {
             .msg_iov = iov + i,
             .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX,
@@ -205,18 +202,7 @@ static int send_all(int fd, struct iovec *iov, size_t n)
                 continue;
             return io_errno(errno);
         }
-        size_t done = (size_t)r;
-        while (done > 0) {
-            if (done >= iov[i].iov_len) {
-                done -= iov[i].iov_len;
-                iov[i].iov_len = 0;
-                i++;
-            } else {
-                iov[i].iov_base = (uint8_t *)iov[i].iov_base + done;
-                iov[i].iov_len -= done;
-                done = 0;
-            }
-        }
+        i = kvp_iov_advance(iov, n, i, (size_t)r);
     }
     return 0;
 }
@@ -224,13 +210,9 @@ static int send_all(int fd, struct iovec *iov, size_t n)
 /* Receives exactly the bytes of iov[0..n) (consumed like send_all). EOF is -ECONNRESET. */
 static int recv_all(int fd, struct iovec *iov, size_t n)
 {
-    size_t i = 0;
+    size_t i = kvp_iov_advance(iov, n, 0, 0);
 
     while (i < n) {
-        if (iov[i].iov_len == 0) {
-            i++;
-            continue;
-        }
         struct msghdr msg = {
             .msg_iov = iov + i,
             .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX,
@@ -243,18 +225,7 @@ static int recv_all(int fd, struct iovec *iov, size_t n)
         }
         if (r == 0)
             return -ECONNRESET;
-        size_t done = (size_t)r;
-        while (done > 0) {
-            if (done >= iov[i].iov_len) {
-                done -= iov[i].iov_len;
-                iov[i].iov_len = 0;
-                i++;
-            } else {
-                iov[i].iov_base = (uint8_t *)iov[i].iov_base + done;
-                iov[i].iov_len -= done;
-                done = 0;
-            }
-        }
+        i = kvp_iov_advance(iov, n, i, (size_t)r);
     }
     return 0;
 }

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/iov.h"
 #include "common/msg.h"
 #include "log.h"
 #include "server.h"
@@ -76,24 +77,16 @@ static int recv_header(struct kvp_conn *c, uint8_t *hdr)
  */
 static int send_all(struct kvp_conn *c, struct iovec *iov, int iovcnt)
 {
-    while (iovcnt > 0) {
-        struct msghdr mh = {.msg_iov = iov,
-                            .msg_iovlen = (size_t)(iovcnt > IOV_MAX ? IOV_MAX : iovcnt)};
-        ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-        if (n < 0) {
+    size_t n = (size_t)iovcnt, i = kvp_iov_advance(iov, n, 0, 0);
+    while (i < n) {
+        struct msghdr mh = {.msg_iov = iov + i, .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX};
+        ssize_t r = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        if (r < 0) {
             if (errno == EINTR)
                 continue;
             return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
         }
-        while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
-            n -= (ssize_t)iov->iov_len;
-            iov++;
-            iovcnt--;
-        }
-        if (iovcnt > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + n;
-            iov->iov_len -= (size_t)n;
-        }
+        i = kvp_iov_advance(iov, n, i, (size_t)r);
     }
     return 0;
 }

@@ -52,13 +52,6 @@ static int ok(struct kvp_conn *c, const struct kvp_header *h)
     return kvp_conn_reply(c, h, 0, NULL, 0, 0);
 }
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static int handle_hello(struct kvp_conn *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
@@ -320,8 +313,8 @@ static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
                     "too many open reservations and pins on this connection "
                     "(max %d)",
                     KVP_MAX_HOLDS);
-    rc = kvp_store_prepare(&s->store, c->keys, k.n, k.inst.layout.bytes, now_ms(), c->objs, c->idx,
-                           &pr);
+    rc = kvp_store_prepare(&s->store, c->keys, k.n, k.inst.layout.bytes, kvp_mono_ms(), c->objs,
+                           c->idx, &pr);
     if (rc)
         return fail(c, h, rc, "out of memory while reserving");
     if (pr.nslots) {

@@ -162,7 +162,7 @@ static int setup_socket(struct kvp_server *s)
     return 0;
 }
 
-static uint64_t mono_ms(void)
+uint64_t kvp_mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -184,7 +184,7 @@ static void *expiry_main(void *arg)
         if (atomic_load(&s->stopping))
             break;
         pthread_mutex_unlock(&s->expiry_lock);
-        uint32_t n = kvp_store_expire(&s->store, mono_ms(), timeout);
+        uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), timeout);
         if (n) {
             KVP_COUNT(reservations_expired, n);
             log_warn("Cancelled %" PRIu32 " reserved chunk(s) not committed within %" PRIu32 " s",

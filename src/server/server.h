@@ -59,6 +59,9 @@ void kvp_server_stop(struct kvp_server *s);
  * socket. Safe after a failed or partial start. */
 void kvp_server_destroy(struct kvp_server *s);
 
+/* Milliseconds of CLOCK_MONOTONIC: the clock of reservation ages and their expiry. */
+uint64_t kvp_mono_ms(void);
+
 /* Connection bookkeeping used by conn.c. */
 void kvp_server_conn_exit(struct kvp_server *s, struct kvp_conn *c);
 
