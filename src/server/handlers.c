@@ -7,7 +7,9 @@
  * socket I/O. A bad value is an error reply and the connection stays usable.
  *
  * Keys: a keyed request carries the whole token prefix. The hash chain is computed here, in the
- * connection's thread, without any lock: only the finished keys reach the store.
+ * connection's thread, without any lock: only the finished keys reach the store. The namespace
+ * (the chain seed) comes from the registration the handle names, and a connection can only name
+ * its own registrations, so a namesake can never derive keys in another model's namespace.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -134,9 +136,14 @@ static int handle_register(struct kvp_conn *c, const struct kvp_header *h)
         log_warn("Registration of instance '%s' refused: %s", req.instance_id, c->errmsg);
         return kvp_conn_reply(c, h, rc, NULL, 0, 0);
     }
-    rc = kvp_registry_add(&s->registry, c->id, &inst, &existing);
-    if (rc)
-        return fail(c, h, rc, "too many instances registered (max %d)", KVP_MAX_INSTANCES);
+    /* The owner's pid is recorded so that a refused namesake learns who holds the id. */
+    rc = kvp_registry_add(&s->registry, c->id, (int32_t)c->peer.pid, &inst, &existing, c->errmsg,
+                          sizeof(c->errmsg));
+    if (rc) {
+        log_warn("Registration of instance '%s' from pid %d refused: %s", req.instance_id,
+                 (int)c->peer.pid, c->errmsg);
+        return kvp_conn_reply(c, h, rc, NULL, 0, 0);
+    }
 
     struct kvp_register_reply m = {
         .handle = inst.handle,
@@ -164,12 +171,10 @@ static int handle_unregister(struct kvp_conn *c, const struct kvp_header *h)
         return malformed(c, h);
     kvp_conn_release_holds(c, req.handle, false);
     struct kvp_instance inst;
-    if (kvp_registry_get(&c->srv->registry, req.handle, &inst))
+    /* Only the registering connection knows the handle legitimately, and only it ends the
+     * instance. */
+    if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst))
         return fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, req.handle);
-    /* A connection that got an existing registration only detaches from it (its holds are
-     * released above); only the registering connection can end the instance. */
-    if (inst.owner != c->id)
-        return ok(c, h);
     if (kvp_registry_remove(&c->srv->registry, req.handle, "unregistered by worker"))
         return fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, req.handle);
     return ok(c, h);
@@ -196,7 +201,9 @@ static int keyed_prepare(struct kvp_conn *c, const struct kvp_header *h, struct 
 
     if (kvp_decode_key_req(c->body, h->body_len, &k->req))
         return malformed(c, h);
-    if (kvp_registry_get(&s->registry, k->req.handle, &k->inst)) {
+    /* The keys come from the registration the handle names, and only from one this connection
+     * made: another connection's handle (guessed, or kept by a namesake) is unknown here. */
+    if (kvp_registry_get_owned(&s->registry, k->req.handle, c->id, &k->inst)) {
         int rc = fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, k->req.handle);
         return rc ? rc : 1;
     }
@@ -228,16 +235,8 @@ range_ok:
         }
     }
 
-    struct kvp_key_ns ns = {
-        .model_name = k->inst.req.model_name,
-        .world_size = k->inst.req.world_size,
-        .rank = k->inst.req.use_mla ? KVP_RANK_SHARED : k->inst.req.worker_rank,
-        .dtype = k->inst.req.dtype,
-        .ndim = k->inst.layout.ndim,
-        .shape = k->inst.layout.shape,
-        .salt = k->req.salt,
-        .salt_len = k->req.salt_len,
-    };
+    struct kvp_key_ns ns;
+    kvp_instance_key_ns(&k->inst, k->req.salt, k->req.salt_len, &ns);
     uint8_t seed[KVP_KEY_SIZE];
     if (kvp_key_seed(&ns, seed)) {
         rc = fail(c, h, -ENOMEM, "cannot initialise hashing");
@@ -373,7 +372,7 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
      * them would serve stale bytes (of evicted chunks, maybe of another salt) under its keys.
      * The reservation is dropped, as the client library forgets the plan after any commit. */
     struct kvp_instance inst;
-    if (kvp_registry_get(&c->srv->registry, req.handle, &inst) == 0 &&
+    if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst) == 0 &&
         inst.transport != KVP_WIRE_SHM) {
         kvp_conn_hold_release(c, hold);
         return fail(c, h, -EOPNOTSUPP,

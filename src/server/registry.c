@@ -6,6 +6,13 @@
  * is on SHM while it silently fell back. The daemon only overrides towards inline when it has
  * no segment. Exactly one INFO line per new registration names the outcome.
  *
+ * Identity rule: an instance id names one registration, owned by one connection. The keys of a
+ * request are derived from the registration its handle names (model, world size, rank,
+ * layout), so letting a namesake with another layout share it would serve one model's KV to
+ * another, and letting another connection adopt it would tie that worker to the first one's
+ * lifetime. Both are refused with a message naming the reason; only the owning connection may
+ * register the same parameters again (it gets its registration back) or use the handle.
+ *
  * Threads: connection threads call in; r->lock guards the table and is a leaf lock. Callers
  * get copies of instances, never pointers into the table, so an instance can be unregistered
  * concurrently without dangling references.
@@ -147,26 +154,74 @@ static void log_transport(const struct kvp_instance *inst, const struct kvp_offe
 }
 
 /*
+ * Names the first field in which registration want differs from have, in wire order, with
+ * both values. Returns true if one differs. The transport and its reason are not identity: a
+ * worker may ask for another transport and still gets its own registration back.
+ */
+static bool differs(const struct kvp_register_req *have, const struct kvp_register_req *want,
+                    char *msg, size_t msg_size)
+{
+#define STR_FIELD(f)                                                                       \
+    if (strcmp(have->f, want->f) != 0) {                                                   \
+        snprintf(msg, msg_size, "instance id %s is registered with " #f " '%s', not '%s'", \
+                 have->instance_id, have->f, want->f);                                     \
+        return true;                                                                       \
+    }
+#define U32_FIELD(f)                                                                   \
+    if (have->f != want->f) {                                                          \
+        snprintf(msg, msg_size,                                                        \
+                 "instance id %s is registered with " #f " %" PRIu32 ", not %" PRIu32, \
+                 have->instance_id, (uint32_t)have->f, (uint32_t)want->f);             \
+        return true;                                                                   \
+    }
+    STR_FIELD(model_name)
+    STR_FIELD(dtype)
+    U32_FIELD(world_size)
+    U32_FIELD(worker_rank)
+    U32_FIELD(block_size)
+    U32_FIELD(num_layers)
+    U32_FIELD(hidden_dim)
+    U32_FIELD(use_mla)
+#undef STR_FIELD
+#undef U32_FIELD
+    return false;
+}
+
+/*
  * Logging happens after the lock is dropped: a log write is a syscall and must not stretch a
  * critical section that every registration and request goes through.
  */
-int kvp_registry_add(struct kvp_registry *r, uint64_t owner, struct kvp_instance *inst,
-                     bool *existing)
+int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
+                     struct kvp_instance *inst, bool *existing, char *msg, size_t msg_size)
 {
+    *existing = false;
     pthread_mutex_lock(&r->lock);
     int i = do_find_id(r, inst->req.instance_id);
     if (i >= 0) {
-        *inst = r->slots[i].inst;
+        const struct kvp_instance *have = &r->slots[i].inst;
+        int rc = 0;
+        if (differs(&have->req, &inst->req, msg, msg_size)) {
+            rc = -EEXIST;
+        } else if (have->owner != owner) {
+            snprintf(msg, msg_size, "instance id %s in use by another connection, pid %" PRId32,
+                     have->req.instance_id, have->owner_pid);
+            rc = -EBUSY;
+        } else {
+            *inst = *have;
+            *existing = true;
+        }
         pthread_mutex_unlock(&r->lock);
-        *existing = true;
-        log_warn("Instance %s is already registered; returning the existing registration",
-                 inst->req.instance_id);
-        return 0;
+        if (rc == 0)
+            log_warn("Instance %s is already registered by this connection; returning the "
+                     "existing registration",
+                     inst->req.instance_id);
+        return rc;
     }
     for (i = 0; i < KVP_MAX_INSTANCES && r->slots[i].used; i++)
         ;
     if (i == KVP_MAX_INSTANCES) {
         pthread_mutex_unlock(&r->lock);
+        snprintf(msg, msg_size, "too many instances registered (max %d)", KVP_MAX_INSTANCES);
         return -ENOSPC;
     }
     r->slots[i].used = true;
@@ -174,11 +229,11 @@ int kvp_registry_add(struct kvp_registry *r, uint64_t owner, struct kvp_instance
         r->slots[i].gen = 1;
     inst->handle = ((uint32_t)r->slots[i].gen << 16) | (uint32_t)i;
     inst->owner = owner;
+    inst->owner_pid = owner_pid;
     r->slots[i].inst = *inst;
     r->count++;
     pthread_mutex_unlock(&r->lock);
 
-    *existing = false;
     KVP_COUNT(registrations, 1);
     if (inst->transport == KVP_WIRE_SHM)
         KVP_COUNT(registrations_shm, 1);
@@ -198,6 +253,35 @@ int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_instanc
         *out = r->slots[i].inst;
     pthread_mutex_unlock(&r->lock);
     return i >= 0 ? 0 : -ENOENT;
+}
+
+int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t owner,
+                           struct kvp_instance *out)
+{
+    pthread_mutex_lock(&r->lock);
+    int i = do_find_handle(r, handle);
+    if (i >= 0 && r->slots[i].inst.owner != owner)
+        i = -1;
+    if (i >= 0)
+        *out = r->slots[i].inst;
+    pthread_mutex_unlock(&r->lock);
+    return i >= 0 ? 0 : -ENOENT;
+}
+
+/* MLA layouts hold no per-rank heads, so all ranks of a model share one namespace. */
+void kvp_instance_key_ns(const struct kvp_instance *inst, const void *salt, uint32_t salt_len,
+                         struct kvp_key_ns *ns)
+{
+    *ns = (struct kvp_key_ns){
+        .model_name = inst->req.model_name,
+        .world_size = inst->req.world_size,
+        .rank = inst->req.use_mla ? KVP_RANK_SHARED : inst->req.worker_rank,
+        .dtype = inst->req.dtype,
+        .ndim = inst->layout.ndim,
+        .shape = inst->layout.shape,
+        .salt = salt,
+        .salt_len = salt_len,
+    };
 }
 
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why)

@@ -1,8 +1,12 @@
 /*
  * registry.h - registered worker instances and the per-instance transport decision.
  *
- * An instance is one worker (one tensor-parallel rank) with one KV layout. Handles are
- * (generation << 16 | slot): a handle of an unregistered instance never names a newer one.
+ * An instance is one worker (one tensor-parallel rank) with one KV layout, owned by the one
+ * connection that registered it. An instance id names at most one registration: a namesake with
+ * another layout is refused (-EEXIST), and so is an identical one from another connection
+ * (-EBUSY), so one model's chunks are never served to another and nobody can adopt a live
+ * worker's instance. Handles are (generation << 16 | slot): a handle of an unregistered instance
+ * never names a newer one.
  */
 #ifndef KVP_REGISTRY_H
 #define KVP_REGISTRY_H
@@ -11,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/chunk_hash.h"
 #include "common/layout.h"
 #include "common/msg.h"
 
@@ -18,7 +23,8 @@
 
 struct kvp_instance {
     uint32_t handle;
-    uint64_t owner; /* connection id that registered it */
+    uint64_t owner;    /* connection id that registered it */
+    int32_t owner_pid; /* that connection's peer pid (SO_PEERCRED), -1 if unknown */
     struct kvp_register_req req;
     struct kvp_chunk_layout layout;
     uint32_t dtype_size;
@@ -66,15 +72,32 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_insta
                                   char *msg, size_t msg_size);
 
 /*
- * Registers *inst for connection owner and logs the transport line. If the instance id is
- * already registered, logs a warning and copies the existing registration to *inst instead;
- * *existing tells which. Returns 0 or -ENOSPC (table full).
+ * Registers *inst for connection owner, whose peer process is owner_pid, and logs the transport
+ * line. If the instance id is already registered:
+ *   - with another model_name, world_size, worker_rank, block_size, num_layers, hidden_dim,
+ *     dtype or use_mla: -EEXIST, msg names the first differing field with both values;
+ *   - identically, by another connection: -EBUSY, msg names that connection's pid;
+ *   - identically, by the same connection: 0 with *existing = true, the existing registration
+ *     copied to *inst, and one warning logged.
+ * A refusal changes nothing in the table. Returns 0, -EEXIST, -EBUSY or -ENOSPC (table full);
+ * msg is set on every error.
  */
-int kvp_registry_add(struct kvp_registry *r, uint64_t owner, struct kvp_instance *inst,
-                     bool *existing);
+int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
+                     struct kvp_instance *inst, bool *existing, char *msg, size_t msg_size);
 
 /* Copies the instance of handle. Returns 0 or -ENOENT. */
 int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_instance *out);
+
+/* Copies the instance of handle if connection owner registered it. Returns 0, or -ENOENT for
+ * an unknown handle and for another connection's instance (handles are not capabilities to
+ * share: requests only ever act on the caller's own registration). */
+int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t owner,
+                           struct kvp_instance *out);
+
+/* The key namespace of an instance with a request's salt: every field comes from inst, the
+ * registration the request's handle names. ns points into inst and salt. */
+void kvp_instance_key_ns(const struct kvp_instance *inst, const void *salt, uint32_t salt_len,
+                         struct kvp_key_ns *ns);
 
 /* Unregisters handle. Returns 0 or -ENOENT. */
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why);

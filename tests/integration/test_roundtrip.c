@@ -1,6 +1,7 @@
 /*
  * test_roundtrip.c - store and retrieve through a real kvpoold on both transports: byte-exact
- * data, lookup counts, partial prefixes, cached stores, duplicate registration, unregister.
+ * data, lookup counts, partial prefixes, cached stores, unregister (instance identity:
+ * test_identity.c).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -287,39 +288,6 @@ static void test_prefix_and_cached(void **state)
     kvp_client_close(c);
 }
 
-static void test_duplicate_registration(void **state)
-{
-    (void)state;
-    kvp_client *c1 = kvpt_connect(&daemon_);
-    kvp_client *c2 = kvpt_connect(&daemon_);
-    kvp_register_opts o = kvpt_layout("dup", KVP_TRANSPORT_AUTO);
-    kvp_instance *a = NULL, *b = NULL;
-
-    assert_int_equal(kvp_register(c1, &o, &a), 0);
-    o.num_layers = 7; /* ignored: the existing registration is returned unchanged */
-    assert_int_equal(kvp_register(c2, &o, &b), 0);
-    const kvp_instance_info *ia = kvp_instance_get_info(a), *ib = kvp_instance_get_info(b);
-    assert_int_equal(ia->existing, 0);
-    assert_int_equal(ib->existing, 1);
-    assert_int_equal(ib->chunk_bytes, ia->chunk_bytes);
-    assert_int_equal(ib->shape[1], 2);
-    assert_true(kvpt_log_wait(&daemon_, "Instance dup is already registered", 5000));
-    assert_int_equal(kvpt_log_count(&daemon_, "Instance dup non-GPU context"), 1);
-
-    /* The second connection can only detach: the instance stays for its owner. */
-    uint32_t *tok = kvpt_tokens(60, 16);
-    kvp_tokens t = {.ids = tok, .count = 16};
-    assert_int_equal(kvp_unregister(b), 0);
-    assert_int_equal(kvp_lookup(a, &t), 0);
-    assert_int_equal(kvpt_log_count(&daemon_, "Instance dup unregistered"), 0);
-    assert_int_equal(kvp_unregister(a), 0);
-    assert_true(
-        kvpt_log_wait(&daemon_, "Instance dup unregistered (unregistered by worker)", 5000));
-    free(tok);
-    kvp_client_close(c2);
-    kvp_client_close(c1);
-}
-
 static void test_unregister_releases(void **state)
 {
     (void)state;
@@ -429,15 +397,10 @@ static void test_mla_shared_across_ranks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shm_roundtrip),
-        cmocka_unit_test(test_inline_roundtrip),
-        cmocka_unit_test(test_two_phase_shm),
-        cmocka_unit_test(test_cross_transport),
-        cmocka_unit_test(test_prefix_and_cached),
-        cmocka_unit_test(test_duplicate_registration),
-        cmocka_unit_test(test_unregister_releases),
-        cmocka_unit_test(test_bad_registration),
-        cmocka_unit_test(test_mla_shared_across_ranks),
+        cmocka_unit_test(test_shm_roundtrip),     cmocka_unit_test(test_inline_roundtrip),
+        cmocka_unit_test(test_two_phase_shm),     cmocka_unit_test(test_cross_transport),
+        cmocka_unit_test(test_prefix_and_cached), cmocka_unit_test(test_unregister_releases),
+        cmocka_unit_test(test_bad_registration),  cmocka_unit_test(test_mla_shared_across_ranks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
