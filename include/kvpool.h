@@ -154,7 +154,7 @@ typedef struct kvp_instance_info {
     uint32_t shape[4];     /* [2, layers, chunk, hidden] or [layers, chunk, hidden] */
     uint64_t chunk_bytes;  /* bytes of one chunk */
     uint32_t dtype_size;   /* bytes per element */
-    uint32_t existing;     /* non-zero: the id was already registered; answer unchanged */
+    uint32_t existing;     /* non-zero: this client had registered the id already */
     char dtype[24];
     char shm_name[128]; /* segment name when transport is shm, else "" */
     char reason[256];   /* why inline was chosen, else "" */
@@ -163,8 +163,13 @@ typedef struct kvp_instance_info {
 /*
  * Registers a KV layout. In auto mode the library maps the daemon's segment if it is offered and
  * falls back to inline if that fails, telling the daemon why. On success *ret is the instance,
- * freed by kvp_unregister() or with its client. Returns 0, -EINVAL (the daemon's message names
- * the field), KVP_ENOSHM (transport SHM requested but unavailable), or another negative error.
+ * freed by kvp_unregister() or with its client. An instance id names one registration of one
+ * client: registering it again on the same client returns that registration (info.existing);
+ * while another client holds it, the call fails. Returns 0, -EINVAL (the daemon's message names
+ * the field), -EEXIST (the id is registered with another model, world size, rank or layout; the
+ * message names the field and both values), -EBUSY (the id is registered identically by another
+ * live client; the message names its pid), KVP_ENOSHM (transport SHM requested but
+ * unavailable), or another negative error. kvp_last_error() holds the daemon's message.
  */
 KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *opts, kvp_instance **ret);
 

@@ -16,10 +16,11 @@
  * (known dtype, shape and chunk_bytes agree, same segment as HELLO) because chunk_bytes sizes
  * every later copy.
  *
- * If the id was already registered the daemon answers with the existing registration, which may
- * be on shm even though this process asked for inline; the library then tries to map the
- * segment and otherwise moves this instance's bytes inline (the daemon accepts inline transfers
- * for shm instances), reporting that in info.reason.
+ * If this client had already registered the id (with the same layout; a namesake is refused
+ * with -EEXIST or -EBUSY and the daemon's message), the daemon answers with that registration,
+ * which may be on shm even though this call asked for inline; the library then tries to map
+ * the segment and otherwise moves this instance's bytes inline (the daemon accepts inline
+ * transfers for shm instances), reporting that in info.reason.
  *
  * Threads: the client's lock is held for the whole registration, including the mapping.
  */
