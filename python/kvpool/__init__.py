@@ -19,9 +19,9 @@ from . import _lib
 from .client import DEFAULT_TIMEOUT, Client
 from .context import Context, StoreResult
 from .plans import RetrievePlan, StorePlan
-from .errors import (BadSlot, ClosedError, DaemonUnavailable, Error, InvalidArgument,
-                     LibraryError, NoSpace, NotFound, ProtocolError, ShmUnavailable, Timeout,
-                     TooBig)
+from .errors import (BadSlot, ClosedError, DaemonUnavailable, Error, InstanceBusy,
+                     InstanceConflict, InstanceExists, InvalidArgument, LibraryError, NoSpace,
+                     NotFound, ProtocolError, ShmUnavailable, Timeout, TooBig)
 from .paged import PagedKVCache, gather, scatter
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "PagedKVCache", "gather", "scatter",
     "Error", "LibraryError", "ClosedError", "InvalidArgument", "NotFound", "DaemonUnavailable",
     "Timeout", "NoSpace", "TooBig", "ProtocolError", "ShmUnavailable", "BadSlot",
+    "InstanceConflict", "InstanceExists", "InstanceBusy",
     "library_path", "library_version", "default_socket_path", "__version__",
 ]
 

@@ -26,7 +26,7 @@ import weakref
 
 from . import _lib
 from ._buffers import dtype_name
-from .context import Context, as_uint, text
+from .context import Context, as_uint, instance_id_text, text
 from .errors import ClosedError, InvalidArgument, from_code
 
 __all__ = ["Client", "DEFAULT_TIMEOUT"]
@@ -157,15 +157,21 @@ class Client:
                  dtype, block_size=16, use_mla=False, transport="auto"):
         """Registers a KV layout and returns its :class:`Context`.
 
+        ``instance_id``: a str, or an int (LMCache's workers use their pid), sent as
+        ``str(instance_id)``; any other type raises :class:`TypeError`.
         ``dtype``: "float16", "bfloat16", "float32", "float64", "int8", "uint8",
         "float8_e4m3fn" or "float8_e5m2" (numpy and torch dtypes are accepted too).
         ``transport``: "auto" (shared memory when the daemon offers it and this process can
         map it, else inline), "shm" (fail with :class:`kvpool.ShmUnavailable` otherwise) or
         "inline".
 
-        Registering an id that is already registered returns the existing registration
-        (``ctx.existing`` is True) and logs a warning. Raises :class:`kvpool.InvalidArgument`
-        with the daemon's message naming the field for a rejected layout.
+        An instance id names one registration of one connection. Registering it again on this
+        client with the same parameters returns that registration (``ctx.existing`` is True)
+        and logs a warning. Raises :class:`kvpool.InstanceExists` if the id is registered with
+        another model, world size, rank or layout (the message names the field), and
+        :class:`kvpool.InstanceBusy` if another live connection holds it (the message names its
+        pid). Raises :class:`kvpool.InvalidArgument` with the daemon's message naming the field
+        for a rejected layout.
         """
         if transport not in _TRANSPORTS:
             raise InvalidArgument("transport must be 'auto', 'shm' or 'inline', not %r"
@@ -175,17 +181,17 @@ class Client:
                           ("num_layers", num_layers), ("hidden_dim", hidden_dim),
                           ("block_size", block_size)):
             as_uint(val, name)
-        for name, val in (("instance_id", instance_id), ("model_name", model_name)):
-            if not isinstance(val, str):
-                raise InvalidArgument("%s must be a str" % name)
+        wire_id = instance_id_text(instance_id)
+        if not isinstance(model_name, str):
+            raise InvalidArgument("model_name must be a str")
         opts = _lib.kvp_register_opts(
-            instance_id=instance_id.encode("utf-8"), model_name=model_name.encode("utf-8"),
+            instance_id=wire_id.encode("utf-8"), model_name=model_name.encode("utf-8"),
             world_size=world_size, worker_rank=worker_rank, block_size=block_size,
             num_layers=num_layers, hidden_dim=hidden_dim, dtype=dtype.encode("utf-8"),
             use_mla=1 if use_mla else 0, transport=_TRANSPORTS[transport])
         inst = ctypes.c_void_p()
         with self._lock:
-            self._call("register %s" % instance_id, self._lib.kvp_register, self._h,
+            self._call("register %s" % wire_id, self._lib.kvp_register, self._h,
                        ctypes.byref(opts), ctypes.byref(inst))
             info = self._lib.kvp_instance_get_info(inst).contents
             ctx = Context(self, inst.value, info, instance_id, model_name, world_size,

@@ -42,6 +42,16 @@ def text(b):
     return b.decode("utf-8", "replace") if b else ""
 
 
+def instance_id_text(instance_id):
+    """The wire form of an instance id: a str as is, an int (a worker's pid, say) as str(int).
+    Raises TypeError for anything else (bool included: True is no worker's id)."""
+    if isinstance(instance_id, str):
+        return instance_id
+    if isinstance(instance_id, int) and not isinstance(instance_id, bool):
+        return str(instance_id)
+    raise TypeError("instance_id must be a str or an int, not %s" % type(instance_id).__name__)
+
+
 def as_uint(value, name, limit=0xFFFFFFFF):
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument("%s must be an int, not %s" % (name, type(value).__name__))
@@ -104,9 +114,11 @@ class Context:
         chunk_bytes: bytes of one chunk.
         dtype: dtype name; dtype_size: bytes per element.
         shm_name: the pool segment's name on shm, else "".
-        existing: True when the id was already registered.
-        instance_id, model_name, world_size, worker_rank, num_layers, hidden_dim, block_size,
-        use_mla: as registered.
+        existing: True when this client had already registered the id (same parameters).
+        instance_id: as given to :meth:`Client.register` (a str, or an int, which the daemon
+        knows as ``str(instance_id)``).
+        model_name, world_size, worker_rank, num_layers, hidden_dim, block_size, use_mla: as
+        registered.
 
     Keyed calls take ``token_ids`` (a sequence of ints, an ``array('I')``, a numpy or torch
     integer array) from the sequence's first token, and an optional keyword ``salt`` (bytes or

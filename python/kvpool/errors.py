@@ -25,6 +25,9 @@ __all__ = [
     "ProtocolError",
     "ShmUnavailable",
     "BadSlot",
+    "InstanceConflict",
+    "InstanceExists",
+    "InstanceBusy",
 ]
 
 # kvpool's own codes (KVP_ERRNO_MAP in kvpool.h); all other codes are negative errno values.
@@ -113,6 +116,22 @@ class BadSlot(ProtocolError):
     """The daemon sent a slot outside the mapped pool (KVP_EBADSLOT)."""
 
 
+class InstanceConflict(Error):
+    """The instance id is taken by another registration: :class:`InstanceExists` or
+    :class:`InstanceBusy`. The daemon's message (in the text and in ``message``) says why."""
+
+
+class InstanceExists(InstanceConflict):
+    """-EEXIST: the id is registered with another model_name, dtype, world_size, worker_rank,
+    block_size, num_layers, hidden_dim or use_mla. The message names the field and both values,
+    e.g. "instance id rank0 is registered with model_name 'llama-3-8b', not 'mistral-7b'"."""
+
+
+class InstanceBusy(InstanceConflict):
+    """-EBUSY: the id is registered with the same parameters by another live connection. The
+    message names that connection's pid; the id is free again once that worker has closed."""
+
+
 _BY_CODE = {
     -_errno.EINVAL: InvalidArgument,
     -_errno.EOVERFLOW: InvalidArgument,
@@ -132,6 +151,8 @@ _BY_CODE = {
     -_errno.EPROTO: ProtocolError,
     -_errno.EPROTONOSUPPORT: ProtocolError,
     -_errno.EOPNOTSUPP: ShmUnavailable,
+    -_errno.EEXIST: InstanceExists,
+    -_errno.EBUSY: InstanceBusy,
     KVP_EPROTO: ProtocolError,
     KVP_EVERSION: ProtocolError,
     KVP_EBADSLOT: BadSlot,

@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import threading
+import time
 import unittest
 
 import kvpool
@@ -432,6 +433,103 @@ class TestInlineDaemon(_RoundTrips):
         with self.assertRaises(kvpool.ShmUnavailable) as cm:
             self.register(transport="shm")
         self.assertEqual(cm.exception.name, "KVP_ENOSHM")
+
+
+class TestIdentity(unittest.TestCase):
+    """Instance ids: int or str, one registration per id and connection, clear conflicts."""
+
+    daemon = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon(shm=True).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.daemon:
+            rc = cls.daemon.stop()
+            log = cls.daemon.log()
+            cls.daemon.cleanup()
+            if rc != 0:
+                raise AssertionError("kvpoold exited with %s:\n%s" % (rc, log))
+
+    def register(self, client, iid, model="llama-3-8b", num_layers=LAYERS, hidden_dim=HIDDEN):
+        return client.register(iid, model, 1, 0, num_layers, hidden_dim, "float16")
+
+    def test_int_instance_id(self):
+        iid = 1000000 + random.randrange(1 << 30)  # like a worker's pid
+        with self.daemon.client() as c:
+            ctx = self.register(c, iid)
+            self.assertEqual(ctx.instance_id, iid)
+            self.assertFalse(ctx.existing)
+            toks = random_tokens(16)
+            data = os.urandom(ctx.chunk_bytes)
+            self.assertEqual(ctx.store(toks, [data]), 1)
+            self.assertEqual(bytes(ctx.retrieve(toks)[0]), data)
+            # On the wire it is str(iid): the same id as a str is the same registration.
+            with self.assertLogs("kvpool", logging.WARNING):
+                again = self.register(c, str(iid))
+            self.assertTrue(again.existing)
+            self.assertEqual(again.lookup(toks), 1)
+        self.assertIn("Instance %d non-GPU context" % iid, self.daemon.log())
+
+    def test_instance_id_other_types(self):
+        before = self.daemon.stats()["instances"]
+        with self.daemon.client() as c:
+            for bad in (True, 1.5, b"rank0", None, ["rank0"]):
+                with self.assertRaises(TypeError) as cm:
+                    self.register(c, bad)
+                self.assertIn("instance_id must be a str or an int", str(cm.exception))
+            self.assertEqual(self.daemon.stats()["instances"], before)
+            c.ping()
+
+    def test_other_model_refused(self):
+        iid = "py-rank0-%d" % random.randrange(1 << 30)
+        toks = random_tokens(32)
+        with self.daemon.client() as a, self.daemon.client() as b:
+            llama = self.register(a, iid)
+            data = [os.urandom(llama.chunk_bytes) for _ in range(2)]
+            self.assertEqual(llama.store(toks, data), 2)
+            with self.assertRaises(kvpool.InstanceExists) as cm:
+                self.register(b, iid, model="mistral-7b", num_layers=4, hidden_dim=16)
+            e = cm.exception
+            want = "instance id %s is registered with model_name 'llama-3-8b', not 'mistral-7b'" \
+                % iid
+            self.assertEqual(e.message, want)
+            self.assertIn(want, str(e))
+            self.assertEqual(e.name, "EEXIST")
+            self.assertIsInstance(e, kvpool.InstanceConflict)
+            self.assertIsInstance(e, kvpool.Error)
+            with self.assertRaises(kvpool.InstanceExists) as cm:
+                self.register(b, iid, hidden_dim=2 * HIDDEN)
+            self.assertIn("hidden_dim %d, not %d" % (HIDDEN, 2 * HIDDEN), str(cm.exception))
+            # The first registration is untouched.
+            self.assertEqual(llama.lookup(toks), 2)
+            self.assertEqual([bytes(x) for x in llama.retrieve(toks)], data)
+
+    def test_busy_then_free(self):
+        iid = "py-busy-%d" % random.randrange(1 << 30)
+        with self.daemon.client() as b:
+            with self.daemon.client() as a:
+                self.register(a, iid)
+                with self.assertRaises(kvpool.InstanceBusy) as cm:
+                    self.register(b, iid)
+                e = cm.exception
+                self.assertEqual(e.name, "EBUSY")
+                self.assertIsInstance(e, kvpool.InstanceConflict)
+                self.assertIn("instance id %s in use by another connection, pid %d"
+                              % (iid, os.getpid()), str(e))
+            # a closed: the id is free.
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    ctx = self.register(b, iid)
+                    break
+                except kvpool.InstanceBusy:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+            self.assertFalse(ctx.existing)
 
 
 class TestDaemonGone(unittest.TestCase):
