@@ -315,18 +315,29 @@ static void test_sighup_and_sigpipe(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/* A failed case skips its own clean-up: no variable it set may reach the next case. */
+static int clean_env(void **state)
+{
+    (void)state;
+    unsetenv("KVPOOL_L1_SIZE");
+    unsetenv("KVPOOL_PROGRESS_INTERVAL_MS");
+    return 0;
+}
+
+#define T(f) cmocka_unit_test_teardown(f, clean_env)
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_overlapping_starts),
-        cmocka_unit_test(test_second_start_keeps_first_socket),
-        cmocka_unit_test(test_replaced_socket_not_unlinked),
-        cmocka_unit_test(test_missing_directory),
-        cmocka_unit_test(test_path_not_a_socket),
-        cmocka_unit_test(test_progress_lines),
-        cmocka_unit_test(test_during_reservation),
-        cmocka_unit_test(test_bad_env_overridden),
-        cmocka_unit_test(test_sighup_and_sigpipe),
+        T(test_overlapping_starts),
+        T(test_second_start_keeps_first_socket),
+        T(test_replaced_socket_not_unlinked),
+        T(test_missing_directory),
+        T(test_path_not_a_socket),
+        T(test_progress_lines),
+        T(test_during_reservation),
+        T(test_bad_env_overridden),
+        T(test_sighup_and_sigpipe),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, clean_env, NULL);
 }
