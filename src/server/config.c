@@ -296,7 +296,8 @@ static void usage(FILE *out)
             fprintf(out, "      Environment: %s\n", opts[i].env);
         fputc('\n', out);
     }
-    fprintf(out, "Signals: SIGINT and SIGTERM stop the daemon cleanly and remove the segment.\n");
+    fprintf(out, "Signals: SIGINT, SIGTERM and SIGHUP stop the daemon cleanly and remove the\n"
+                 "segment and the socket file.\n");
 }
 
 int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err)
