@@ -454,6 +454,7 @@ uint64_t kvp_segment_sweep(const char *dir, const char *own_name, uint32_t min_a
         log_debug("Cannot look for stale segments in %s: %s", dir, strerror(errno));
         return 0;
     }
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and d is private to this call */
     for (struct dirent *e = readdir(d); e; e = readdir(d))
         if (sweep_candidate(e->d_name, own_name))
             freed += sweep_one(dirfd(d), dir, e->d_name,
