@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -300,6 +301,38 @@ static void unlink_own_socket(struct kvp_server *s)
     unlink(path);
 }
 
+/* Descriptors the daemon needs besides one per client: lock, socket, pipe, segment, logs... */
+#define KVP_FD_RESERVE 64
+
+/*
+ * --max-clients is only a promise if the descriptor limit allows it: raise the soft limit as far
+ * as needed (up to the hard limit) and refuse to start when even the hard limit is too low.
+ */
+static int check_fd_limit(const struct kvp_config *cfg)
+{
+    struct rlimit rl;
+    rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
+        return 0;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, but "
+                  "the limit is %llu (ulimit -n); lower --max-clients or raise the limit",
+                  cfg->max_clients, (unsigned long long)need, (unsigned long long)rl.rlim_max);
+        return -EMFILE;
+    }
+    rl.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        int err = errno;
+        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, and "
+                  "the limit cannot be raised: %s",
+                  cfg->max_clients, (unsigned long long)need, strerror(err));
+        return -err;
+    }
+    log_debug("Raised the file descriptor limit to %llu for --max-clients %" PRIu32,
+              (unsigned long long)need, cfg->max_clients);
+    return 0;
+}
+
 /* Creates a thread with the stop signals blocked, so that only the main thread handles them. */
 static int create_thread(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
@@ -407,6 +440,9 @@ int kvp_server_start(struct kvp_server *s)
     if (rc)
         return rc;
     rc = bind_socket(s);
+    if (rc)
+        return rc;
+    rc = check_fd_limit(cfg);
     if (rc)
         return rc;
     if (atomic_load(&s->stopping))

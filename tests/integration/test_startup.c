@@ -225,6 +225,45 @@ static void test_path_not_a_socket(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* A --max-clients the descriptor limit cannot serve is a configuration error, in words. */
+static void test_max_clients_over_fd_limit(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    char cmd[512];
+    kvpt_daemon_start(&d, small); /* for a directory; stopped at once */
+    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
+    assert_int_equal(truncate(d.log, 0), 0);
+    snprintf(cmd, sizeof(cmd),
+             "ulimit -n 200 && exec timeout -s TERM 20 %s --socket %s --l1-size 1GiB "
+             "--max-clients 256 --shm-name '' </dev/null >/dev/null 2>%s",
+             KVP_TEST_KVPOOLD, d.socket, d.log);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    expect_one_error(&d, "--max-clients 256 needs 320 file descriptors, but the limit is 200");
+    assert_int_equal(kvpt_log_count(&d, "Too many"), 0);
+    assert_int_equal(kvpt_log_count(&d, "Reserving"), 0);
+
+    /* Within the hard limit the soft one is raised, and the daemon starts. */
+    snprintf(cmd, sizeof(cmd),
+             "ulimit -Sn 100 && ulimit -Hn 1024 && exec %s --socket %s --l1-size 16MiB "
+             "--max-clients 256 --shm-name '' </dev/null >/dev/null 2>%s & echo $! >%s/pid",
+             KVP_TEST_KVPOOLD, d.socket, d.log, d.dir);
+    assert_int_equal(system(cmd), 0);
+    assert_true(kvpt_log_wait(&d, " ready: ", 20000));
+    char pidfile[160];
+    snprintf(pidfile, sizeof(pidfile), "%s/pid", d.dir);
+    FILE *f = fopen(pidfile, "re");
+    assert_non_null(f);
+    int pid = 0;
+    assert_int_equal(fscanf(f, "%d", &pid), 1);
+    fclose(f);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    assert_true(kvpt_log_wait(&d, "kvpoold stopped", 20000));
+    kvpt_daemon_stop(&d);
+}
+
 /* Progress lines while the pool is reserved (interval 0: after every 256 MiB step). */
 static void test_progress_lines(void **state)
 {
@@ -334,6 +373,7 @@ int main(void)
         T(test_replaced_socket_not_unlinked),
         T(test_missing_directory),
         T(test_path_not_a_socket),
+        T(test_max_clients_over_fd_limit),
         T(test_progress_lines),
         T(test_during_reservation),
         T(test_bad_env_overridden),
