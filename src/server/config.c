@@ -5,6 +5,10 @@
  * variable; the command line wins over the environment, which wins over the defaults. The option
  * table below is the single source for getopt, the environment and --help, so the three cannot
  * drift apart. Values are validated here, once, with a message that names the option.
+ *
+ * "The command line wins" holds for errors too: the command line is scanned first for the
+ * options it sets, and a variable whose option it sets is not applied at all, so a bad value
+ * there is only noted, never fatal. A bad variable the command line does not override is.
  */
 #include "config.h"
 
@@ -265,7 +269,8 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
         for (size_t i = 0; i < NOPTS; i++)
             if (opts[i].id == id)
                 name = opts[i].name;
-        fprintf(err, "kvpoold: invalid %s '%s' (from %s): expected %s\n", name, val, src, want);
+        if (err)
+            fprintf(err, "kvpoold: invalid %s '%s' (from %s): expected %s\n", name, val, src, want);
         return -EINVAL;
     }
     return 0;
@@ -291,27 +296,48 @@ static void usage(FILE *out)
             fprintf(out, "      Environment: %s\n", opts[i].env);
         fputc('\n', out);
     }
-    fprintf(out, "Signals: SIGINT and SIGTERM stop the daemon cleanly and remove the segment.\n");
+    fprintf(out, "Signals: SIGINT, SIGTERM and SIGHUP stop the daemon cleanly and remove the\n"
+                 "segment and the socket file.\n");
 }
 
 int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err)
 {
     struct option lopts[NOPTS + 1];
-
-    for (size_t i = 0; i < NOPTS; i++) {
-        if (!opts[i].env)
-            continue;
-        const char *v = getenv(opts[i].env);
-        if (v && apply(cfg, opts[i].id, v, opts[i].env, err))
-            return -EINVAL;
-    }
+    bool on_command_line[OPT_VERSION + 1] = {false};
 
     for (size_t i = 0; i < NOPTS; i++)
         lopts[i] = (struct option){opts[i].name, opts[i].arg ? required_argument : no_argument,
                                    NULL, opts[i].id};
     lopts[NOPTS] = (struct option){0};
 
-    optind = 1;
+    /* First pass: which options the command line sets. Its errors are reported below. */
+    optind = 0;
+    opterr = 0;
+    for (int c; (c = getopt_long(argc, argv, "h", lopts, NULL)) != -1;)
+        if (c > 0 && c <= OPT_VERSION)
+            on_command_line[c] = true;
+    bool info_only = on_command_line[OPT_HELP] || on_command_line[OPT_VERSION];
+
+    for (size_t i = 0; i < NOPTS && !info_only; i++) {
+        if (!opts[i].env)
+            continue;
+        const char *v = getenv(opts[i].env);
+        if (!v)
+            continue;
+        if (on_command_line[opts[i].id]) {
+            struct kvp_config scratch = *cfg;
+            if (apply(&scratch, opts[i].id, v, opts[i].env, NULL))
+                fprintf(err,
+                        "kvpoold: ignoring invalid %s '%s': --%s on the command line "
+                        "overrides it\n",
+                        opts[i].env, v, opts[i].name);
+            continue;
+        }
+        if (apply(cfg, opts[i].id, v, opts[i].env, err))
+            return -EINVAL;
+    }
+
+    optind = 0;
     opterr = 0;
     for (;;) {
         int c = getopt_long(argc, argv, "h", lopts, NULL);

@@ -281,8 +281,8 @@ static void reply_protocol_error(struct kvp_conn *c, const struct kvp_header *h,
     snprintf(c->errmsg, sizeof(c->errmsg), "%s", what);
     kvp_conn_reply(c, &req, status, NULL, 0, 0);
     KVP_COUNT(protocol_errors, 1);
-    log_warn("Connection %llu (pid %d): %s; closing", (unsigned long long)c->id, (int)c->peer.pid,
-             what);
+    log_warn_rl("Connection %llu (pid %d): %s; closing", (unsigned long long)c->id,
+                (int)c->peer.pid, what);
 }
 
 /* Serves requests until the connection ends. Returns why it ended. */
@@ -349,12 +349,12 @@ void *kvp_conn_main(void *arg)
     if (rc == 0)
         rc = conn_serve(c);
     else
-        log_error("Connection %llu: out of memory for connection buffers",
-                  (unsigned long long)c->id);
+        log_error_rl("Connection %llu: out of memory for connection buffers",
+                     (unsigned long long)c->id);
 
     if (rc == -ETIMEDOUT)
-        log_warn("Connection %llu (pid %d) stalled mid-frame for more than %u ms; dropped",
-                 (unsigned long long)c->id, (int)c->peer.pid, s->cfg.io_timeout_ms);
+        log_warn_rl("Connection %llu (pid %d) stalled mid-frame for more than %u ms; dropped",
+                    (unsigned long long)c->id, (int)c->peer.pid, s->cfg.io_timeout_ms);
     else
         log_debug("Connection %llu closed (%s)", (unsigned long long)c->id, strerror(-rc));
 

@@ -44,8 +44,8 @@ static int malformed(struct kvp_conn *c, const struct kvp_header *h)
 {
     fail(c, h, -EPROTO, "malformed %s body", kvp_opcode_name(h->opcode));
     KVP_COUNT(protocol_errors, 1);
-    log_warn("Connection %llu (pid %d): malformed %s body; closing", (unsigned long long)c->id,
-             (int)c->peer.pid, kvp_opcode_name(h->opcode));
+    log_warn_rl("Connection %llu (pid %d): malformed %s body; closing", (unsigned long long)c->id,
+                (int)c->peer.pid, kvp_opcode_name(h->opcode));
     return -EPROTO;
 }
 
@@ -133,7 +133,7 @@ static int handle_register(struct kvp_conn *c, const struct kvp_header *h)
     if (rc == 0)
         rc = kvp_registry_choose_transport(&s->registry, &inst, c->errmsg, sizeof(c->errmsg));
     if (rc) {
-        log_warn("Registration of instance '%s' refused: %s", req.instance_id, c->errmsg);
+        log_warn_rl("Registration of instance '%s' refused: %s", req.instance_id, c->errmsg);
         return kvp_conn_reply(c, h, rc, NULL, 0, 0);
     }
     /* The owner's pid is recorded so that a refused namesake learns who holds the id. */

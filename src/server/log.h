@@ -2,9 +2,20 @@
  * log.h - the daemon's leveled logger. One line per message on stderr:
  *   2026-12-02T12:00:00.123Z INFO  message
  * The level is checked before the arguments are formatted.
+ *
+ * Rate-limited variants (log_warn_rl, log_error_rl) are for messages a client can cause once per
+ * connection or per request: each call site passes at most KVP_LOG_RL_BURST lines per
+ * KVP_LOG_RL_WINDOW_MS, then counts what it drops and reports the count in one line,
+ *   WARN  suppressed 45 similar messages: "Connection %llu (pid %d): %s; closing"
+ * either before its next admitted line or from kvp_log_rl_flush() (the daemon calls it once a
+ * second and at shutdown), whichever comes first.
  */
 #ifndef KVP_LOG_H
 #define KVP_LOG_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
 
 enum kvp_log_level { KVP_LOG_DEBUG, KVP_LOG_INFO, KVP_LOG_WARN, KVP_LOG_ERROR };
 
@@ -26,5 +37,61 @@ void kvp_log_write(enum kvp_log_level level, const char *fmt, ...)
 #define log_info(...) kvp_log(KVP_LOG_INFO, __VA_ARGS__)
 #define log_warn(...) kvp_log(KVP_LOG_WARN, __VA_ARGS__)
 #define log_error(...) kvp_log(KVP_LOG_ERROR, __VA_ARGS__)
+
+/* ---- rate limiting ---- */
+
+#define KVP_LOG_RL_BURST 5        /* lines a call site may log per window */
+#define KVP_LOG_RL_WINDOW_MS 1000 /* length of a window */
+
+/* The state of one call site. Static, zero-initialised but for the mutex; guarded by lock. */
+struct kvp_log_rl {
+    pthread_mutex_t lock;
+    uint64_t window_start_ms; /* start of the current window */
+    uint32_t passed;          /* lines admitted in the current window */
+    uint32_t suppressed;      /* lines dropped since the last report */
+    bool started;             /* window_start_ms is valid */
+    bool listed;              /* on the flush list (guarded by the list lock in log.c) */
+    enum kvp_log_level level; /* of the call site, for its report */
+    const char *what;         /* the call site's format string, names the kind in the report */
+    struct kvp_log_rl *next;  /* flush list */
+};
+
+#define KVP_LOG_RL_INIT(lvl, fmt)                                        \
+    {                                                                    \
+        .lock = PTHREAD_MUTEX_INITIALIZER, .level = (lvl), .what = (fmt) \
+    }
+
+/*
+ * Decides whether the call site may log a line at time now_ms. Returns true to log. Before an
+ * admitted line, a count of lines dropped in earlier windows is reported (one line). A dropped
+ * line puts the site on the flush list so that its count is reported even if it never logs
+ * again. Thread-safe.
+ */
+bool kvp_log_rl_admit(struct kvp_log_rl *rl, uint64_t now_ms);
+
+/* Reports the count of every site whose window has ended and that dropped lines. Returns the
+ * number of report lines written. Thread-safe. */
+int kvp_log_rl_flush(uint64_t now_ms);
+
+/* Reports every pending count now, whatever the windows (shutdown). */
+int kvp_log_rl_flush_all(void);
+
+/* CLOCK_MONOTONIC in milliseconds: the clock of the rate limiter. */
+uint64_t kvp_log_now_ms(void);
+
+/* The format string of a call: names the call site's kind of message. */
+#define KVP_LOG_FIRST_(a, ...) a
+#define KVP_LOG_FIRST(...) KVP_LOG_FIRST_(__VA_ARGS__, 0)
+
+#define kvp_log_rl(level, ...)                                                                 \
+    do {                                                                                       \
+        static struct kvp_log_rl kvp_rl_site_ = KVP_LOG_RL_INIT((level),                       \
+                                                                KVP_LOG_FIRST(__VA_ARGS__));   \
+        if ((level) >= kvp_log_threshold && kvp_log_rl_admit(&kvp_rl_site_, kvp_log_now_ms())) \
+            kvp_log_write((level), __VA_ARGS__);                                               \
+    } while (0)
+
+#define log_warn_rl(...) kvp_log_rl(KVP_LOG_WARN, __VA_ARGS__)
+#define log_error_rl(...) kvp_log_rl(KVP_LOG_ERROR, __VA_ARGS__)
 
 #endif /* KVP_LOG_H */

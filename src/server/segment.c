@@ -8,24 +8,40 @@
  *      unlinked and creation is retried once. Liveness, not the name, decides.
  *   2. flock(LOCK_EX) on our new segment, held until exit: this is what step 1 of the next
  *      daemon tests.
- *   3. posix_fallocate the whole size (EINTR retried). On tmpfs this allocates every page, so
- *      success means no later write can hit ENOSPC/SIGBUS; failure (ENOSPC because /dev/shm was
- *      filled after the capacity gate) unlinks the segment and the daemon goes inline.
- *   4. mmap(MAP_SHARED|MAP_POPULATE): the pages are already allocated and are now mapped, so the
- *      first worker request does not pay the first-touch cost.
- *   5. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
- *      it mapped this daemon's segment and not a namesake in another IPC namespace.
+ *   3. mmap(MAP_SHARED) of the whole size, then, in steps of KVP_RESERVE_STEP bytes:
+ *      posix_fallocate the step (EINTR retried) and populate and touch its pages. On tmpfs this
+ *      allocates every page, so success means no later write can hit ENOSPC/SIGBUS; failure
+ *      (ENOSPC because /dev/shm was filled after the capacity gate) unlinks the segment and the
+ *      daemon goes inline. The pages are mapped and touched, so the first worker request does
+ *      not pay the first-touch cost. Steps make the reservation of a large pool observable (an
+ *      INFO progress line every few seconds: bytes done, GB/s, time left) and interruptible (a
+ *      stop request between steps ends it with -ECANCELED).
+ *   4. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
+ *      it mapped this daemon's segment and not a namesake in another IPC namespace. The magic
+ *      is written last, after the lock: a segment with a valid header whose lock is free was
+ *      left by a dead daemon.
  *
  * memfd case: the same reservation and pre-faulting on an anonymous memfd, sealed against
  * shrinking and growing; it has no name to collide with, nothing to unlink, and no /dev/shm size
  * limit (the capacity gate checks available memory instead).
  *
  * Attach-only processes (workers) never unlink; only the owner does, in kvp_segment_destroy().
+ *
+ * Crash leftovers (kvp_segment_sweep): a SIGKILLed or OOM-killed daemon leaves its whole pool
+ * in /dev/shm, and with the default name kvpool_l1_pool_<pid> nobody would ever reuse it. At
+ * start-up, before the capacity gate, the daemon removes such segments: those of its euid whose
+ * liveness lock is free and that either carry a valid header or are older than
+ * KVP_SWEEP_MIN_AGE_S (a segment without a header that young may belong to a daemon that has
+ * just created it and not yet locked it).
+ *
+ * Threads: everything here runs on the main thread at start-up and shutdown.
  */
 #include "segment.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
@@ -33,9 +49,24 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "common/shm_name.h"
 #include "log.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+static uint32_t progress_interval_ms = KVP_RESERVE_PROGRESS_MS;
+static const atomic_bool *reserve_cancel;
+
+void kvp_segment_set_reserve_control(uint32_t interval_ms, const atomic_bool *cancel)
+{
+    progress_interval_ms = interval_ms;
+    reserve_cancel = cancel;
+}
 
 static void write_header(struct kvp_segment *seg)
 {
@@ -88,29 +119,88 @@ __attribute__((no_sanitize_thread)) static void touch_pages(uint8_t *base, uint6
         close(zfd);
 }
 
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
 /*
- * Reserves every page of fd (posix_fallocate, EINTR retried), maps it pre-faulted and writes
- * the header. On success seg owns fd and the mapping; on failure neither is touched.
+ * Reserves and pre-faults base[0, size) in steps: for a file-backed mapping (fd >= 0) each step
+ * is first allocated with posix_fallocate. Logs progress at INFO every progress_interval_ms.
+ * Returns 0, -ECANCELED when a stop was requested, or the negative errno of posix_fallocate
+ * (why filled).
+ */
+static int reserve_steps(uint8_t *base, int fd, uint64_t size, const char *what, char *why,
+                         size_t why_size)
+{
+    struct timespec t0;
+    double last = 0;
+    bool reported = false;
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    log_info("Reserving %" PRIu64 " bytes for the pool (%s)", size, what);
+    for (uint64_t off = 0; off < size;) {
+        uint64_t n = size - off < KVP_RESERVE_STEP ? size - off : KVP_RESERVE_STEP;
+        if (reserve_cancel && atomic_load(reserve_cancel)) {
+            snprintf(why, why_size, "start-up interrupted while reserving %s", what);
+            return -ECANCELED;
+        }
+        if (fd >= 0) {
+            int rc;
+            do {
+                rc = posix_fallocate(fd, (off_t)off, (off_t)n);
+            } while (rc == EINTR);
+            if (rc != 0) {
+                snprintf(why, why_size, "cannot reserve %" PRIu64 " bytes for %s: %s", size, what,
+                         strerror(rc));
+                return -rc;
+            }
+        }
+        /* Best effort (EINVAL before Linux 5.14): touch_pages faults the pages in anyway. */
+        (void)madvise(base + off, n, MADV_POPULATE_WRITE);
+        touch_pages(base + off, n);
+        off += n;
+
+        double t = seconds_since(&t0);
+        if (off < size && (t - last) * 1000 >= progress_interval_ms) {
+            double rate = t > 0 ? (double)off / t : 0;
+            log_info("Reserving the pool: %" PRIu64 " of %" PRIu64 " bytes (%d%%), %.2f GB/s, "
+                     "about %.0f s left",
+                     off, size, (int)(off * 100 / size), rate / 1e9,
+                     rate > 0 ? (double)(size - off) / rate : 0.0);
+            last = t;
+            reported = true;
+        }
+    }
+    double t = seconds_since(&t0);
+    kvp_log(reported ? KVP_LOG_INFO : KVP_LOG_DEBUG,
+            "Reserved %" PRIu64 " bytes for the pool in %.1f s (%.2f GB/s)", size, t,
+            t > 0 ? (double)size / t / 1e9 : 0.0);
+    return 0;
+}
+
+/*
+ * Maps fd, reserves every page of it (posix_fallocate in steps, EINTR retried), pre-faults it
+ * and writes the header. On success seg owns fd and the mapping; on failure neither is touched.
  */
 static int reserve_and_map(struct kvp_segment *seg, int fd, uint64_t size, const char *what,
                            char *why, size_t why_size)
 {
-    int rc;
-    do {
-        rc = posix_fallocate(fd, 0, (off_t)size);
-    } while (rc == EINTR);
-    if (rc != 0) {
-        snprintf(why, why_size, "cannot reserve %llu bytes for %s: %s", (unsigned long long)size,
-                 what, strerror(rc));
-        return -rc;
-    }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    /* Mapping a file beyond its end is allowed; only access faults, and every step is
+     * allocated before it is touched. */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
-        rc = -errno;
+        int rc = -errno;
         snprintf(why, why_size, "cannot map %s: %s", what, strerror(errno));
         return rc;
     }
-    touch_pages(p, size);
+    int rc = reserve_steps(p, fd, size, what, why, why_size);
+    if (rc) {
+        munmap(p, size);
+        return rc;
+    }
     seg->base = p;
     seg->size = size;
     seg->fd = fd;
@@ -254,13 +344,18 @@ int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, 
 
 int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size)
 {
+    char why[160];
     *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE;
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
     /* cppcheck-suppress invalidFunctionArg ; an anonymous mapping takes fd -1 */
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED)
         return -errno;
-    touch_pages(p, size);
+    int rc = reserve_steps(p, -1, size, "private memory", why, sizeof(why));
+    if (rc) {
+        munmap(p, size);
+        return rc;
+    }
     seg->base = p;
     seg->size = size;
     randombytes_buf(seg->nonce, sizeof(seg->nonce));
@@ -283,4 +378,87 @@ void kvp_segment_destroy(struct kvp_segment *seg)
     if (seg->shared && seg->fd >= 0)
         close(seg->fd);
     *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+}
+
+/* A name the sweep may consider: the default kvpool_l1_pool_<pid>, or the configured name. */
+static bool sweep_candidate(const char *name, const char *own_name)
+{
+    size_t plen = strlen(KVP_SHM_PREFIX);
+    if (own_name && own_name[0] && strcmp(name, own_name) == 0)
+        return true;
+    if (strncmp(name, KVP_SHM_PREFIX, plen) != 0 || name[plen] == '\0')
+        return false;
+    for (const char *p = name + plen; *p; p++)
+        if (*p < '0' || *p > '9')
+            return false;
+    return true;
+}
+
+/* True when fd starts with the segment magic, which the owner writes after taking the lock. */
+static bool has_header(int fd)
+{
+    char magic[8];
+    return pread(fd, magic, sizeof(magic), 0) == (ssize_t)sizeof(magic) &&
+           memcmp(magic, KVP_SEG_MAGIC, sizeof(magic)) == 0;
+}
+
+/*
+ * Removes one leftover if it is one: ours (euid), a regular file, its lock free, a header or
+ * old enough, and the name still refers to the file we locked. Returns its size, or 0 when it
+ * stays.
+ */
+static uint64_t sweep_one(int dfd, const char *dir, const char *name, bool own, uint32_t min_age_s)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct stat st, named;
+    uint64_t freed = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+        goto out_close;
+    if (!has_header(fd)) {
+        time_t newest = st.st_mtim.tv_sec > st.st_ctim.tv_sec ? st.st_mtim.tv_sec
+                                                              : st.st_ctim.tv_sec;
+        /* Possibly a daemon between O_EXCL and its flock: never lock it, or that daemon would
+         * take its own segment for a competitor's. */
+        if (time(NULL) - newest < (time_t)min_age_s)
+            goto out_close;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        goto out_close; /* a live daemon holds it */
+    if (fstatat(dfd, name, &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_ino != st.st_ino ||
+        named.st_dev != st.st_dev)
+        goto out_close; /* replaced meanwhile: not the file we judged */
+    uint32_t pid = header_pid(fd);
+    if (unlinkat(dfd, name, 0) != 0)
+        goto out_close;
+    freed = (uint64_t)st.st_size;
+    if (pid)
+        log_warn("%s stale segment %s/%s (%" PRIu64 " bytes) left by a dead kvpoold (pid %" PRIu32
+                 ")",
+                 own ? "Replacing" : "Removing", dir, name, freed, pid);
+    else
+        log_warn("%s stale segment %s/%s (%" PRIu64 " bytes) left by a kvpoold that died "
+                 "while creating it",
+                 own ? "Replacing" : "Removing", dir, name, freed);
+out_close:
+    close(fd); /* releases our lock, if taken */
+    return freed;
+}
+
+uint64_t kvp_segment_sweep(const char *dir, const char *own_name, uint32_t min_age_s)
+{
+    DIR *d = opendir(dir);
+    uint64_t freed = 0;
+    if (!d) {
+        log_debug("Cannot look for stale segments in %s: %s", dir, strerror(errno));
+        return 0;
+    }
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and d is private to this call */
+    for (struct dirent *e = readdir(d); e; e = readdir(d))
+        if (sweep_candidate(e->d_name, own_name))
+            freed += sweep_one(dirfd(d), dir, e->d_name,
+                               own_name && strcmp(e->d_name, own_name) == 0, min_age_s);
+    closedir(d);
+    return freed;
 }

@@ -10,12 +10,17 @@
 #ifndef KVP_SEGMENT_H
 #define KVP_SEGMENT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define KVP_SEG_HEADER 4096u
 #define KVP_SEG_MAGIC "KVPOOLSG"
+
+#define KVP_RESERVE_STEP (256ull << 20) /* bytes reserved and touched per step */
+#define KVP_RESERVE_PROGRESS_MS 5000    /* default interval of the progress lines */
+#define KVP_SWEEP_MIN_AGE_S 10          /* a headerless leftover younger than this stays */
 
 struct kvp_segment {
     uint8_t *base;  /* mapping of the whole segment */
@@ -34,9 +39,11 @@ struct kvp_segment {
 
 /*
  * Creates the named segment of size bytes: O_CREAT|O_EXCL, mode 0600, an exclusive flock held
- * for the daemon's lifetime, posix_fallocate (retrying on EINTR), MAP_POPULATE mapping, header.
+ * for the daemon's lifetime, mapping, posix_fallocate and first touch in steps (see
+ * kvp_segment_set_reserve_control), header.
  * A namesake left by a dead daemon (no lock held) is logged and replaced.
- * Returns 0; -EBUSY when a live daemon holds the name (fatal: never share a pool); any other
+ * Returns 0; -EBUSY when a live daemon holds the name (fatal: never share a pool); -ECANCELED
+ * when a stop was requested during the reservation (the name is unlinked); any other
  * negative errno when the segment cannot be made (why says what happened, the name is unlinked,
  * the caller falls back to private memory).
  */
@@ -52,9 +59,27 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
  */
 int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, size_t why_size);
 
-/* Creates private pre-faulted memory of size bytes. Returns 0 or the negative errno of mmap
- * (-ENOMEM when the memory is not available). */
+/* Creates private pre-faulted memory of size bytes. Returns 0, the negative errno of mmap
+ * (-ENOMEM when the memory is not available) or -ECANCELED (see
+ * kvp_segment_set_reserve_control). */
 int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size);
+
+/*
+ * Sets how the reservation of every create function reports and stops: an INFO progress line
+ * (bytes done, GB/s, time left) at most every interval_ms (0: after every step), and when
+ * cancel is non-NULL and becomes true, the creation stops between two steps and returns
+ * -ECANCELED. Call before creating; the default is KVP_RESERVE_PROGRESS_MS and no cancel.
+ */
+void kvp_segment_set_reserve_control(uint32_t interval_ms, const atomic_bool *cancel);
+
+/*
+ * Removes the segments in dir (KVP_SHM_DIR) left by dead daemons: files named
+ * kvpool_l1_pool_<digits> (the default, pid-based name) or own_name (may be NULL), owned by
+ * this euid, whose liveness lock is free, and that have a valid header or were last changed at
+ * least min_age_s seconds ago. Logs each removal (name, size) at WARN. A segment whose lock is
+ * held or of another uid is never touched. Returns the bytes freed (file sizes).
+ */
+uint64_t kvp_segment_sweep(const char *dir, const char *own_name, uint32_t min_age_s);
 
 /* Unmaps, unlinks the name if we own it, closes. Safe on a half-built or zeroed segment. */
 void kvp_segment_destroy(struct kvp_segment *seg);

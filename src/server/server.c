@@ -1,20 +1,37 @@
 /*
  * server.c - start-up, the accept loop, the expiry thread and shutdown.
  *
- * Start-up order (each step logs what it decided):
- *   1. capacity gate (shm_gate.c) on the segment size: header page + pool;
- *   2. the shared segment (segment.c), or private memory when the gate or the reservation said
- *      no; a segment held by a live daemon is fatal;
- *   3. store and registry over that memory;
- *   4. the listening socket: a path answered by a live daemon is fatal, a dead socket file is
- *      replaced; the file gets --socket-mode (umask is tightened around bind so it is never
- *      more open than that, even briefly).
+ * Start-up order (each step logs what it decided). Everything that can be wrong with the
+ * configuration or the socket path is found before the pool, which may take minutes to
+ * reserve, is touched:
+ *   1. the socket's owner lock: flock(LOCK_EX|LOCK_NB) on <socket>.lock (0600, created if
+ *      needed, never unlinked: unlinking a lock file races with the next daemon opening it).
+ *      Held until exit, it makes one daemon at a time the owner of the socket path; a second
+ *      one exits at once naming the owner's pid, which the lock file holds. A missing socket
+ *      directory is found here.
+ *   2. the socket path: a file that is not a socket is refused; a socket that answers belongs
+ *      to a daemon that does not take the lock and is refused; a dead one is replaced. The new
+ *      socket is bound (not yet listening: a client gets ECONNREFUSED until step 6, never a
+ *      hang) with --socket-mode (umask is tightened around bind so it is never more open than
+ *      that, even briefly), and its inode is recorded;
+ *   3. crash leftovers: segments of dead daemons in /dev/shm are removed (segment.c), so the
+ *      gate counts the space they held;
+ *   4. capacity gate (shm_gate.c) on the segment size (header page + pool), then the shared
+ *      segment (segment.c), or private memory when the gate or the reservation said no; a
+ *      segment held by a live daemon is fatal. The reservation logs its progress and stops
+ *      early on SIGINT/SIGTERM/SIGHUP;
+ *   5. store and registry over that memory;
+ *   6. listen, the expiry thread, the "ready" line.
+ * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
  * Threads: the main thread accepts; each connection has a detached thread (conn.c); one expiry
- * thread cancels overdue reservations once a second. Shutdown: the signal handler writes to a
- * self-pipe; the main thread stops accepting, shuts every connection's socket down (their
- * threads see EOF, release their holds and exit), waits for them, then frees the store and
- * unlinks the segment and the socket file.
+ * thread cancels overdue reservations and reports rate-limited log counts once a second. The
+ * threads are created with the stop signals blocked, so only the main thread handles them.
+ * Shutdown: the signal handler writes to a self-pipe; the main thread stops accepting, shuts
+ * every connection's socket down (their threads see EOF, release their holds and exit), waits
+ * for them, then frees the store, unlinks the segment, and unlinks the socket file only if it
+ * is still the one this daemon bound (same device and inode): a path taken over by another
+ * daemon is left alone. The lock goes last.
  */
 #include "server.h"
 
@@ -22,9 +39,12 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -69,6 +89,8 @@ static int setup_memory(struct kvp_server *s)
                                             sizeof(s->shm_reason)),
                         log_line)) {
             rc = kvp_segment_create_memfd(&s->seg, size, why, sizeof(why));
+            if (rc == -ECANCELED)
+                return rc;
             if (rc) {
                 log_warn("Cannot create the memfd segment (%s). Disabling SHM transport.", why);
                 snprintf(s->shm_reason, sizeof(s->shm_reason), "SHM disabled: %s", why);
@@ -85,6 +107,8 @@ static int setup_memory(struct kvp_server *s)
                 log_error("Refusing to start: %s", why);
                 return rc;
             }
+            if (rc == -ECANCELED)
+                return rc;
             if (rc) {
                 log_warn("Cannot create the shared segment (%s). Disabling SHM transport.", why);
                 snprintf(s->shm_reason, sizeof(s->shm_reason), "SHM disabled: %s", why);
@@ -93,6 +117,8 @@ static int setup_memory(struct kvp_server *s)
     }
     if (!s->seg.shared) {
         rc = kvp_segment_create_private(&s->seg, size);
+        if (rc == -ECANCELED)
+            return rc;
         if (rc) {
             log_error("Cannot allocate the %" PRIu64 "-byte pool: %s", cfg->l1_size, strerror(-rc));
             return rc;
@@ -101,72 +127,230 @@ static int setup_memory(struct kvp_server *s)
     return 0;
 }
 
-/* A socket path that still answers belongs to a live daemon: never steal it. Checked before
- * the pool is built so that a second daemon fails fast. */
-static int check_socket_free(const char *path)
+/* The directory part of path, for messages. */
+static void dir_of(const char *path, char *dir, size_t size)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, size, ".");
+    else if (slash == path)
+        snprintf(dir, size, "/");
+    else
+        snprintf(dir, size, "%.*s", (int)(slash - path), path);
+}
+
+/* The pid the owner wrote into the lock file, 0 while it has not (yet). */
+static long lock_owner_pid(int fd)
+{
+    char buf[32];
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    return strtol(buf, NULL, 10);
+}
+
+/* Step 1: the owner lock of the socket path. Returns 0 or a negative errno after logging. */
+static int take_socket_lock(struct kvp_server *s)
+{
+    const char *path = s->cfg.socket_path;
+    char lock[sizeof(s->cfg.socket_path) + 8], dir[sizeof(s->cfg.socket_path)];
+    struct stat st;
+
+    snprintf(lock, sizeof(lock), "%s.lock", path);
+    dir_of(path, dir, sizeof(dir));
+    int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ENOENT)
+            log_error("Cannot start: the socket directory %s does not exist (--socket %s)", dir,
+                      path);
+        else if (err == ENOTDIR)
+            log_error("Cannot start: the socket directory %s is not a directory (--socket %s)", dir,
+                      path);
+        else if (err == EACCES)
+            log_error("Cannot start: no permission to create %s in the socket directory %s", lock,
+                      dir);
+        else if (err == ELOOP)
+            log_error("Refusing to start: the lock file %s is a symbolic link", lock);
+        else
+            log_error("Cannot start: cannot create the lock file %s: %s", lock, strerror(err));
+        return -err;
+    }
+    /* A lock file of another user could be held forever by that user: not ours to trust. */
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || !S_ISREG(st.st_mode)) {
+        log_error("Refusing to start: the lock file %s is not a regular file of uid %d", lock,
+                  (int)geteuid());
+        close(fd);
+        return -EPERM;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        long pid = 0;
+        if (err == EWOULDBLOCK) {
+            /* The owner writes its pid right after locking: give it a moment. */
+            for (int i = 0; i < 50 && (pid = lock_owner_pid(fd)) <= 0; i++)
+                usleep(2000);
+            if (pid > 0)
+                log_error("Refusing to start: another kvpoold (pid %ld) owns socket %s", pid, path);
+            else
+                log_error("Refusing to start: another kvpoold owns socket %s (it holds %s)", path,
+                          lock);
+        } else {
+            log_error("Cannot start: cannot lock %s: %s", lock, strerror(err));
+        }
+        close(fd);
+        return -err;
+    }
+    char buf[32];
+    int n = snprintf(buf, sizeof(buf), "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)n, 0) != n)
+        log_warn("Cannot write our pid into %s: %s", lock, strerror(errno));
+    s->lock_fd = fd;
+    return 0;
+}
+
+/* True if something accepts connections on path: a daemon that does not take the lock. */
+static bool socket_answers(const char *path)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        int err = errno;
-        log_error("Cannot create socket: %s", strerror(err));
-        return -err;
-    }
+    if (fd < 0)
+        return false;
     int rc = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
     close(fd);
-    if (rc == 0) {
-        log_error("Refusing to start: another kvpoold is listening on %s", path);
-        return -EADDRINUSE;
-    }
-    return 0;
+    return rc == 0;
 }
 
-/* Binds and listens; a dead socket file is replaced, anything else at the path is refused. */
-static int setup_socket(struct kvp_server *s)
+/*
+ * Step 2: binds the socket, without listening. A dead socket file is replaced, anything else
+ * at the path is refused. Records the inode so that shutdown removes only our own file.
+ */
+static int bind_socket(struct kvp_server *s)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     const char *path = s->cfg.socket_path;
     snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
 
     struct stat st;
-    int fd;
+    int fd, err;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
-            log_error("Refusing to start: %s exists and is not a socket", path);
+            log_error("Refusing to start: %s exists and is not a socket (remove it or choose "
+                      "another --socket)",
+                      path);
             return -EEXIST;
         }
+        if (socket_answers(path)) {
+            log_error("Refusing to start: another kvpoold is listening on %s", path);
+            return -EADDRINUSE;
+        }
+        log_debug("Replacing the dead socket file %s", path);
         unlink(path);
+    } else if (errno != ENOENT) {
+        err = errno;
+        log_error("Cannot start: cannot inspect %s: %s", path, strerror(err));
+        return -err;
     }
 
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
+    if (fd < 0) {
+        err = errno;
+        log_error("Cannot start: cannot create a Unix socket: %s", strerror(err));
+        return -err;
+    }
     mode_t old = umask(0777 & ~s->cfg.socket_mode);
     int rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
-    int err = errno;
+    err = errno;
     umask(old);
     if (rc != 0) {
         close(fd);
-        log_error("Cannot bind %s: %s", path, strerror(err));
-        return -err;
-    }
-    s->socket_bound = true;
-    if (chmod(path, s->cfg.socket_mode) != 0 || listen(fd, 128) != 0) {
-        err = errno;
-        close(fd);
-        log_error("Cannot listen on %s: %s", path, strerror(err));
+        log_error("Cannot start: cannot bind %s: %s", path, strerror(err));
         return -err;
     }
     s->listen_fd = fd;
+    if (stat(path, &st) != 0) {
+        err = errno;
+        log_error("Cannot start: cannot inspect the socket %s just bound: %s", path, strerror(err));
+        return -err;
+    }
+    s->socket_dev = st.st_dev;
+    s->socket_ino = st.st_ino;
+    s->socket_bound = true;
+    if (chmod(path, s->cfg.socket_mode) != 0) {
+        err = errno;
+        log_error("Cannot start: cannot set mode %o on %s: %s", s->cfg.socket_mode, path,
+                  strerror(err));
+        return -err;
+    }
     return 0;
+}
+
+/* At exit: unlinks the socket file only if it is still the one we bound. */
+static void unlink_own_socket(struct kvp_server *s)
+{
+    struct stat st;
+    const char *path = s->cfg.socket_path;
+    if (lstat(path, &st) != 0)
+        return;
+    if (!S_ISSOCK(st.st_mode) || st.st_dev != s->socket_dev || st.st_ino != s->socket_ino) {
+        log_info("Leaving %s alone: it is no longer the socket this kvpoold bound", path);
+        return;
+    }
+    unlink(path);
+}
+
+/* Descriptors the daemon needs besides one per client: lock, socket, pipe, segment, logs... */
+#define KVP_FD_RESERVE 64
+
+/*
+ * --max-clients is only a promise if the descriptor limit allows it: raise the soft limit as far
+ * as needed (up to the hard limit) and refuse to start when even the hard limit is too low.
+ */
+static int check_fd_limit(const struct kvp_config *cfg)
+{
+    struct rlimit rl;
+    rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
+        return 0;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, but "
+                  "the limit is %llu (ulimit -n); lower --max-clients or raise the limit",
+                  cfg->max_clients, (unsigned long long)need, (unsigned long long)rl.rlim_max);
+        return -EMFILE;
+    }
+    rl.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        int err = errno;
+        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, and "
+                  "the limit cannot be raised: %s",
+                  cfg->max_clients, (unsigned long long)need, strerror(err));
+        return -err;
+    }
+    log_debug("Raised the file descriptor limit to %llu for --max-clients %" PRIu32,
+              (unsigned long long)need, cfg->max_clients);
+    return 0;
+}
+
+/* Creates a thread with the stop signals blocked, so that only the main thread handles them. */
+static int create_thread(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    int rc = pthread_create(t, attr, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }
 
 uint64_t kvp_mono_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return kvp_log_now_ms();
 }
 
 /* Once a second: cancel reservations older than --reserve-timeout. Woken early at shutdown. */
@@ -184,6 +368,7 @@ static void *expiry_main(void *arg)
         if (atomic_load(&s->stopping))
             break;
         pthread_mutex_unlock(&s->expiry_lock);
+        kvp_log_rl_flush(kvp_mono_ms());
         uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), timeout);
         if (n) {
             KVP_COUNT(reservations_expired, n);
@@ -216,29 +401,61 @@ static void log_startup(const struct kvp_server *s)
                  cfg->chunk_tokens);
 }
 
-int kvp_server_start(struct kvp_server *s, const struct kvp_config *cfg)
+int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
 {
     memset(s, 0, sizeof(*s));
     s->cfg = *cfg;
     s->seg = (struct kvp_segment)KVP_SEGMENT_INIT;
     s->listen_fd = -1;
+    s->lock_fd = -1;
     s->wake_fds[0] = s->wake_fds[1] = -1;
     pthread_mutex_init(&s->conns_lock, NULL);
     pthread_cond_init(&s->conns_cv, NULL);
     pthread_mutex_init(&s->expiry_lock, NULL);
     pthread_cond_init(&s->expiry_cv, NULL);
+    if (pipe2(s->wake_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+        int err = errno;
+        log_error("Cannot start: cannot create the wake-up pipe: %s", strerror(err));
+        return -err;
+    }
+    return 0;
+}
 
-    if (pipe2(s->wake_fds, O_CLOEXEC | O_NONBLOCK) != 0)
-        return -errno;
-    int rc = check_socket_free(cfg->socket_path);
+/* The reservation's progress interval: KVPOOL_PROGRESS_INTERVAL_MS, for tests. */
+static uint32_t progress_interval(void)
+{
+    const char *v = getenv("KVPOOL_PROGRESS_INTERVAL_MS");
+    char *end;
+    if (!v || !*v)
+        return KVP_RESERVE_PROGRESS_MS;
+    unsigned long ms = strtoul(v, &end, 10);
+    return *end || ms > 3600000 ? KVP_RESERVE_PROGRESS_MS : (uint32_t)ms;
+}
+
+int kvp_server_start(struct kvp_server *s)
+{
+    const struct kvp_config *cfg = &s->cfg;
+
+    int rc = take_socket_lock(s);
     if (rc)
         return rc;
+    rc = bind_socket(s);
+    if (rc)
+        return rc;
+    rc = check_fd_limit(cfg);
+    if (rc)
+        return rc;
+    if (atomic_load(&s->stopping))
+        return -ECANCELED;
+
+    kvp_segment_sweep(KVP_SHM_DIR, cfg->shm_enabled ? cfg->shm_name : NULL, KVP_SWEEP_MIN_AGE_S);
+    kvp_segment_set_reserve_control(progress_interval(), &s->stopping);
     rc = setup_memory(s);
     if (rc)
         return rc;
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size);
     if (rc) {
-        log_error("Cannot allocate the pool index: %s", strerror(-rc));
+        log_error("Cannot start: cannot allocate the pool index: %s", strerror(-rc));
         return rc;
     }
     s->store_ready = true;
@@ -254,15 +471,19 @@ int kvp_server_start(struct kvp_server *s, const struct kvp_config *cfg)
     kvp_registry_init(&s->registry, &offer);
     s->registry_ready = true;
 
-    rc = setup_socket(s);
-    if (rc)
-        return rc;
-    rc = pthread_create(&s->expiry_thread, NULL, expiry_main, s);
+    if (listen(s->listen_fd, 128) != 0) {
+        int err = errno;
+        log_error("Cannot start: cannot listen on %s: %s", cfg->socket_path, strerror(err));
+        return -err;
+    }
+    rc = create_thread(&s->expiry_thread, NULL, expiry_main, s);
     if (rc) {
-        log_error("Cannot start the expiry thread: %s", strerror(rc));
+        log_error("Cannot start: cannot create the expiry thread: %s", strerror(rc));
         return -rc;
     }
     s->expiry_started = true;
+    if (atomic_load(&s->stopping))
+        return -ECANCELED;
     log_startup(s);
     return 0;
 }
@@ -363,8 +584,9 @@ static void accept_one(struct kvp_server *s)
 {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
-        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-            log_error("accept: %s", strerror(errno));
+        int err = errno;
+        if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
+            log_error_rl("accept: %s", strerror(err));
             /* EMFILE and friends: back off instead of spinning. */
             usleep(100000);
         }
@@ -377,9 +599,9 @@ static void accept_one(struct kvp_server *s)
         KVP_COUNT(connections_rejected, 1);
         snprintf(msg, sizeof(msg), "uid %d is not allowed to use this kvpoold (see --allow-uid)",
                  (int)cr.uid);
-        log_warn("Refusing a connection from pid %d uid %d gid %d: not allowed by "
-                 "--allow-uid/--allow-gid",
-                 (int)cr.pid, (int)cr.uid, (int)cr.gid);
+        log_warn_rl("Refusing a connection from pid %d uid %d gid %d: not allowed by "
+                    "--allow-uid/--allow-gid",
+                    (int)cr.pid, (int)cr.uid, (int)cr.gid);
         refuse(fd, -EACCES, msg);
         return;
     }
@@ -388,15 +610,15 @@ static void accept_one(struct kvp_server *s)
     pthread_mutex_unlock(&s->conns_lock);
     if (full) {
         KVP_COUNT(connections_rejected, 1);
-        log_warn("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
-                 s->cfg.max_clients);
+        log_warn_rl("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
+                    s->cfg.max_clients);
         refuse(fd, -EUSERS, "too many clients connected (--max-clients)");
         return;
     }
 
     struct kvp_conn *c = calloc(1, sizeof(*c));
     if (!c) {
-        log_error("Out of memory accepting a connection");
+        log_error_rl("Out of memory accepting a connection");
         close(fd);
         return;
     }
@@ -417,10 +639,10 @@ static void accept_one(struct kvp_server *s)
     pthread_t tid;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&tid, &attr, kvp_conn_main, c);
+    int rc = create_thread(&tid, &attr, kvp_conn_main, c);
     pthread_attr_destroy(&attr);
     if (rc) {
-        log_error("Cannot start a connection thread: %s", strerror(rc));
+        log_error_rl("Cannot start a connection thread: %s", strerror(rc));
         kvp_server_conn_exit(s, c);
         close(fd);
         free(c);
@@ -460,7 +682,7 @@ void kvp_server_destroy(struct kvp_server *s)
         s->listen_fd = -1;
     }
     if (s->socket_bound)
-        unlink(s->cfg.socket_path);
+        unlink_own_socket(s);
 
     /* Wake every connection thread; each releases its holds and leaves the list. */
     pthread_mutex_lock(&s->conns_lock);
@@ -481,6 +703,11 @@ void kvp_server_destroy(struct kvp_server *s)
     if (s->store_ready)
         kvp_store_destroy(&s->store);
     kvp_segment_destroy(&s->seg);
+    kvp_log_rl_flush_all();
+    /* Last: until here a new daemon on this socket would find our files in use. */
+    if (s->lock_fd >= 0)
+        close(s->lock_fd);
+    s->lock_fd = -1;
     for (int i = 0; i < 2; i++)
         if (s->wake_fds[i] >= 0)
             close(s->wake_fds[i]);

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "config.h"
 #include "registry.h"
@@ -25,8 +26,11 @@ struct kvp_server {
     bool store_ready, registry_ready;
     char shm_reason[KVP_MAX_REASON + 1]; /* why SHM is off, "" when on */
 
+    int lock_fd; /* <socket>.lock, flocked for our lifetime */
     int listen_fd;
-    bool socket_bound;
+    bool socket_bound; /* the socket file at cfg.socket_path is ours ... */
+    dev_t socket_dev;  /* ... as long as it is this inode */
+    ino_t socket_ino;
     int wake_fds[2]; /* self-pipe: stop request and expiry wake-up */
     atomic_bool stopping;
 
@@ -43,11 +47,20 @@ struct kvp_server {
 };
 
 /*
- * Builds everything the daemon needs before serving: capacity gate, segment (or private
- * memory), store, registry, listening socket. Logs the start-up line. Returns 0, or a negative
- * errno after logging why (the caller exits non-zero). kvp_server_destroy() undoes any part.
+ * Initialises s with a copy of cfg: nothing is acquired but the self-pipe, so that
+ * kvp_server_stop() works from here on. Returns 0 or a negative errno after logging why.
  */
-int kvp_server_start(struct kvp_server *s, const struct kvp_config *cfg);
+int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg);
+
+/*
+ * Builds everything the daemon needs before serving, in this order: the socket's owner lock,
+ * the bound socket, removal of dead daemons' segments, capacity gate, segment (or private
+ * memory), store, registry, listening, expiry thread. Logs the start-up line. Returns 0,
+ * -ECANCELED when kvp_server_stop() was called meanwhile (not an error: nothing was logged), or
+ * another negative errno after logging exactly one ERROR line that says why.
+ * kvp_server_destroy() undoes any part.
+ */
+int kvp_server_start(struct kvp_server *s);
 
 /* Accepts and serves connections until kvp_server_stop(). Returns 0 or a negative errno. */
 int kvp_server_run(struct kvp_server *s);

@@ -42,8 +42,8 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* Forks and execs argv with stderr to d->log (opened with log_flags), then waits for a ping. */
-static void spawn_and_wait(struct kvpt_daemon *d, const char **argv, int log_flags)
+/* Forks and execs argv with stderr to d->log (opened with log_flags). */
+static void spawn(struct kvpt_daemon *d, const char **argv, int log_flags)
 {
     pid_t parent = getpid();
     d->pid = fork();
@@ -61,7 +61,11 @@ static void spawn_and_wait(struct kvpt_daemon *d, const char **argv, int log_fla
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
+}
 
+/* Waits until d answers a ping; fails the test if it exits or does not answer in 30 s. */
+static void wait_ready(struct kvpt_daemon *d)
+{
     uint64_t deadline = now_ms() + 30000;
     for (;;) {
         kvp_client *c = NULL;
@@ -87,7 +91,14 @@ static void spawn_and_wait(struct kvpt_daemon *d, const char **argv, int log_fla
     }
 }
 
-void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args)
+static void spawn_and_wait(struct kvpt_daemon *d, const char **argv, int log_flags)
+{
+    spawn(d, argv, log_flags);
+    wait_ready(d);
+}
+
+/* Builds the argument list of kvpt_daemon_start() and kvpt_daemon_spawn() and starts it. */
+static void launch(struct kvpt_daemon *d, const char *socket, const char *const *args, bool wait)
 {
     static unsigned counter;
     const char *argv[64];
@@ -97,7 +108,10 @@ void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args)
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/kvpt-XXXXXX");
     assert_non_null(mkdtemp(d->dir));
-    snprintf(d->socket, sizeof(d->socket), "%s/kvpool.sock", d->dir);
+    if (socket)
+        snprintf(d->socket, sizeof(d->socket), "%s", socket);
+    else
+        snprintf(d->socket, sizeof(d->socket), "%s/kvpool.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/kvpoold.log", d->dir);
     snprintf(d->shm_name, sizeof(d->shm_name), "kvpool_l1_pool_it_%d_%u", (int)getpid(), counter++);
 
@@ -119,7 +133,36 @@ void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args)
     }
     argv[argc] = NULL;
 
-    spawn_and_wait(d, argv, O_TRUNC);
+    spawn(d, argv, O_TRUNC);
+    if (wait)
+        wait_ready(d);
+}
+
+void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args)
+{
+    launch(d, NULL, args, true);
+}
+
+void kvpt_daemon_spawn(struct kvpt_daemon *d, const char *socket, const char *const *args)
+{
+    launch(d, socket, args, false);
+}
+
+int kvpt_daemon_wait_exit(struct kvpt_daemon *d, int timeout_ms)
+{
+    int status;
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    if (d->pid <= 0)
+        return -1;
+    for (;;) {
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid)
+            break;
+        if (now_ms() > deadline)
+            return -1;
+        sleep_ms(10);
+    }
+    d->pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 int kvpt_daemon_signal_wait(struct kvpt_daemon *d, int sig)

@@ -26,6 +26,17 @@ struct kvpt_daemon {
  */
 void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args);
 
+/*
+ * Like kvpt_daemon_start() but returns at once, without waiting for the daemon to answer; with
+ * socket non-NULL the daemon listens there instead of in its own directory (which still holds
+ * its log).
+ */
+void kvpt_daemon_spawn(struct kvpt_daemon *d, const char *socket, const char *const *args);
+
+/* Waits up to timeout_ms for d to exit by itself. Returns its exit status (or 128+signal), or
+ * -1 if it is still running. */
+int kvpt_daemon_wait_exit(struct kvpt_daemon *d, int timeout_ms);
+
 /* Sends sig and waits up to 20 s for exit. Returns the exit status (or 128+signal). */
 int kvpt_daemon_signal_wait(struct kvpt_daemon *d, int sig);
 

@@ -20,7 +20,8 @@
 static const char *const env_vars[] = {
     "KVPOOL_SOCKET",     "KVPOOL_SOCKET_MODE", "KVPOOL_L1_SIZE",     "KVPOOL_CHUNK_SIZE",
     "KVPOOL_SHM_NAME",   "KVPOOL_LOG_LEVEL",   "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT",
-    "KVPOOL_IO_TIMEOUT", "XDG_RUNTIME_DIR",
+    "KVPOOL_IO_TIMEOUT", "KVPOOL_SHM_BACKEND", "KVPOOL_SHM_MODE",    "KVPOOL_ALLOW_UID",
+    "KVPOOL_ALLOW_GID",  "XDG_RUNTIME_DIR",
 };
 
 static int clean_env(void **state)
@@ -385,6 +386,43 @@ static void test_bad_environment_names_variable(void **state)
     run_free(&r);
 }
 
+/* The command line wins over a bad variable too: it is noted, not fatal. */
+static void test_command_line_overrides_bad_environment(void **state)
+{
+    (void)state;
+    struct run r;
+
+    setenv("KVPOOL_L1_SIZE", "1KiB", 1);
+    setenv("KVPOOL_CHUNK_SIZE", "lots", 1);
+    parse(&r, "--l1-size", "64MiB", "--chunk-size=32", NULL);
+    if (r.rc != 0)
+        fail_msg("kvp_config_parse = %d, expected 0; stderr: %s", r.rc, r.err);
+    assert_int_equal(r.cfg.l1_size, 64ull << 20);
+    assert_int_equal(r.cfg.chunk_tokens, 32);
+    assert_non_null(strstr(r.err, "ignoring invalid KVPOOL_L1_SIZE '1KiB'"));
+    assert_non_null(strstr(r.err, "ignoring invalid KVPOOL_CHUNK_SIZE 'lots'"));
+    run_free(&r);
+
+    /* A valid overridden variable says nothing. */
+    setenv("KVPOOL_CHUNK_SIZE", "512", 1);
+    parse(&r, "--l1-size", "64MiB", "--chunk-size", "32", NULL);
+    assert_rc(r.rc, 0);
+    assert_int_equal(r.cfg.chunk_tokens, 32);
+    assert_null(strstr(r.err, "KVPOOL_CHUNK_SIZE"));
+    run_free(&r);
+
+    /* A bad variable that the command line does not override stays fatal. */
+    parse(&r, "--chunk-size", "32", NULL);
+    expect_einval(&r, "l1-size", "KVPOOL_L1_SIZE", NULL);
+    run_free(&r);
+
+    /* --help still works next to a bad variable. */
+    parse(&r, "--help", NULL);
+    assert_rc(r.rc, 1);
+    assert_non_null(strstr(r.out, "Usage: kvpoold"));
+    run_free(&r);
+}
+
 static void test_help(void **state)
 {
     (void)state;
@@ -537,6 +575,7 @@ int main(void)
         T(test_l1_size_rounding_overflow),
         T(test_environment),
         T(test_bad_environment_names_variable),
+        T(test_command_line_overrides_bad_environment),
         T(test_help),
         T(test_version),
         T(test_unknown_option),

@@ -547,6 +547,145 @@ static void test_enospc_filled_after_gate(void **state)
     assert_int_equal(code, 0);
 }
 
+/* ---- kvp_segment_sweep: crash leftovers ---- */
+
+/* Creates dir/name of size bytes, with the segment magic when header is set. Returns the fd. */
+static int make_leftover(const char *dir, const char *name, uint64_t size, bool header)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_rc(ftruncate(fd, (off_t)size), 0);
+    if (header) {
+        uint8_t h[48] = {0};
+        memcpy(h, KVP_SEG_MAGIC, 8);
+        h[40] = 0x39; /* owner pid 12345 */
+        h[41] = 0x30;
+        assert_rc(pwrite(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+    }
+    return fd;
+}
+
+static bool exists_in(const char *dir, const char *name)
+{
+    char path[256];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return lstat(path, &st) == 0;
+}
+
+static void test_sweep_leftovers(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvpt-sweep-XXXXXX", cmd[128];
+    assert_non_null(mkdtemp(dir));
+    kvp_log_threshold = KVP_LOG_ERROR;
+
+    /* Dead (nobody holds the lock), with a header: removed. */
+    close(make_leftover(dir, "kvpool_l1_pool_101", 3 * MIB, true));
+    /* Held by a live owner: another open file description holds the flock. */
+    int live = make_leftover(dir, "kvpool_l1_pool_102", MIB, true);
+    assert_rc(flock(live, LOCK_EX | LOCK_NB), 0);
+    /* Of another uid (only root can make one here). */
+    int other = make_leftover(dir, "kvpool_l1_pool_103", MIB, true);
+    bool root = geteuid() == 0;
+    if (root)
+        assert_rc(fchown(other, 65534, 65534), 0);
+    close(other);
+    /* No header yet and young: perhaps a daemon between creating and locking it. */
+    close(make_leftover(dir, "kvpool_l1_pool_104", MIB, false));
+    /* Not a default (pid) name: left to the daemon configured with it... */
+    close(make_leftover(dir, "kvpool_l1_pool_named", 2 * MIB, true));
+    /* ...which removes it as its own name. */
+    close(make_leftover(dir, "kvpool_l1_pool_mine", 5 * MIB, true));
+    /* Not a segment at all. */
+    close(make_leftover(dir, "something_else_1", MIB, true));
+    char target[256], link[256];
+    snprintf(target, sizeof(target), "%s/something_else_1", dir);
+    snprintf(link, sizeof(link), "%s/kvpool_l1_pool_105", dir);
+    assert_rc(symlink(target, link), 0);
+
+    uint64_t freed = kvp_segment_sweep(dir, "kvpool_l1_pool_mine", KVP_SWEEP_MIN_AGE_S);
+    assert_int_equal(freed, 8 * MIB);
+    assert_false(exists_in(dir, "kvpool_l1_pool_101"));
+    assert_false(exists_in(dir, "kvpool_l1_pool_mine"));
+    assert_true(exists_in(dir, "kvpool_l1_pool_102"));
+    if (root)
+        assert_true(exists_in(dir, "kvpool_l1_pool_103"));
+    assert_true(exists_in(dir, "kvpool_l1_pool_104"));
+    assert_true(exists_in(dir, "kvpool_l1_pool_named"));
+    assert_true(exists_in(dir, "something_else_1"));
+    assert_true(exists_in(dir, "kvpool_l1_pool_105"));
+
+    /* The live owner still holds its lock, and its file was not touched. */
+    assert_rc(flock(live, LOCK_EX | LOCK_NB), 0);
+
+    /* A headerless leftover past the minimum age goes too (age 0 stands for "old"). */
+    uint64_t again = kvp_segment_sweep(dir, NULL, 0);
+    assert_int_equal(again, root ? MIB : 2 * MIB);
+    assert_false(exists_in(dir, "kvpool_l1_pool_104"));
+    assert_true(exists_in(dir, "kvpool_l1_pool_102"));
+    if (root)
+        assert_true(exists_in(dir, "kvpool_l1_pool_103"));
+
+    /* Once its owner is gone, the held one is a leftover as well. */
+    close(live);
+    assert_int_equal(kvp_segment_sweep(dir, NULL, KVP_SWEEP_MIN_AGE_S), MIB);
+    assert_false(exists_in(dir, "kvpool_l1_pool_102"));
+
+    /* A missing directory is not an error. */
+    assert_int_equal(kvp_segment_sweep("/nonexistent-kvpool-dir", NULL, 0), 0);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    assert_rc(system(cmd), 0);
+}
+
+/* Progress lines during a reservation, at the interval set by the control call. */
+static void test_reserve_progress(void **state)
+{
+    (void)state;
+    struct kvp_segment seg = KVP_SEGMENT_INIT;
+    int p[2], saved = dup(STDERR_FILENO);
+    char text[8192];
+    assert_rc(pipe2(p, O_CLOEXEC), 0);
+    kvp_log_threshold = KVP_LOG_INFO;
+    kvp_segment_set_reserve_control(0, NULL);
+    assert_rc(dup2(p[1], STDERR_FILENO), STDERR_FILENO);
+    close(p[1]);
+    int rc = kvp_segment_create_private(&seg, 3 * KVP_RESERVE_STEP / 2);
+    assert_rc(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+    close(saved);
+    ssize_t n = read(p[0], text, sizeof(text) - 1);
+    close(p[0]);
+    kvp_segment_set_reserve_control(KVP_RESERVE_PROGRESS_MS, NULL);
+    kvp_log_threshold = KVP_LOG_ERROR;
+    assert_rc(rc, 0);
+    kvp_segment_destroy(&seg);
+    assert_true(n > 0);
+    text[n] = '\0';
+    char want[128];
+    snprintf(want, sizeof(want), "Reserving the pool: %llu of %llu bytes (66%%)",
+             (unsigned long long)KVP_RESERVE_STEP, (unsigned long long)(3 * KVP_RESERVE_STEP / 2));
+    if (!strstr(text, want) || !strstr(text, "GB/s, about ") || !strstr(text, "INFO  Reserved "))
+        fail_msg("no progress lines in:\n%s", text);
+}
+
+/* A stop request between two steps ends the reservation, leaving nothing behind. */
+static void test_reserve_cancel(void **state)
+{
+    struct ctx *c = *state;
+    struct kvp_segment seg = KVP_SEGMENT_INIT;
+    atomic_bool stop = true;
+    char why[256];
+    kvp_segment_set_reserve_control(KVP_RESERVE_PROGRESS_MS, &stop);
+    int rc = kvp_segment_create_shared(&seg, c->name, 2 * KVP_RESERVE_STEP, 0600, why, sizeof(why));
+    int prc = kvp_segment_create_private(&seg, KVP_RESERVE_STEP);
+    kvp_segment_set_reserve_control(KVP_RESERVE_PROGRESS_MS, NULL);
+    assert_rc(rc, -ECANCELED);
+    assert_rc(prc, -ECANCELED);
+    assert_false(exists_in(KVP_SHM_DIR, c->name));
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -564,6 +703,9 @@ int main(void)
         T(test_destroy_zeroed_keeps_fd0),
         T(test_enospc_small_tmpfs),
         T(test_enospc_filled_after_gate),
+        cmocka_unit_test(test_sweep_leftovers),
+        cmocka_unit_test(test_reserve_progress),
+        T(test_reserve_cancel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,383 @@
+/*
+ * test_startup.c - how kvpoold starts and stops: one owner per socket path, configuration
+ * errors found before the pool is reserved and reported in one ERROR line, progress lines while
+ * a pool is reserved, the command line winning over a bad environment value, a socket that is
+ * bound but not yet listening during the reservation, and the stop signals (SIGHUP like
+ * SIGTERM, SIGPIPE harmless).
+ *
+ * "Before the pool is reserved" is checked through the log, not a clock: the daemon logs
+ * "Reserving N bytes for the pool" before it touches the pool, so a failure that must come
+ * first is one whose log has no such line.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+static const char *const small[] = {"--l1-size", "16MiB", "--chunk-size", "16", NULL};
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static bool shm_exists(const char *name)
+{
+    char path[160];
+    struct stat st;
+    snprintf(path, sizeof(path), "/dev/shm/%s", name);
+    return stat(path, &st) == 0;
+}
+
+static void rm_dir(const struct kvpt_daemon *d)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void dump_log(const struct kvpt_daemon *d)
+{
+    char cmd[320];
+    snprintf(cmd, sizeof(cmd), "echo '--- %s:' >&2; cat %s >&2", d->log, d->log);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log)\n");
+}
+
+/* The log of a daemon that must have failed with one ERROR line containing want. */
+static void expect_one_error(const struct kvpt_daemon *d, const char *want)
+{
+    if (kvpt_log_count(d, " ERROR ") != 1 || kvpt_log_count(d, want) != 1) {
+        dump_log(d);
+        fail_msg("expected exactly one ERROR line, containing \"%s\"", want);
+    }
+}
+
+static bool answers_ping(const char *socket)
+{
+    kvp_client *c = NULL;
+    kvp_opts o = {.socket_path = socket, .timeout_ms = 5000};
+    if (kvp_client_open(&o, &c) != 0)
+        return false;
+    int rc = kvp_ping(c);
+    kvp_client_close(c);
+    return rc == 0;
+}
+
+/* Two daemons started at the same moment on one socket: exactly one serves it. */
+static void test_overlapping_starts(void **state)
+{
+    (void)state;
+    struct kvpt_daemon a, b;
+    const char *args[] = {"--l1-size", "256MiB", "--chunk-size", "16", NULL};
+    kvpt_daemon_spawn(&a, NULL, args);
+    kvpt_daemon_spawn(&b, a.socket, args);
+
+    /* Wait until each has either said ready or exited. */
+    int status[2] = {-1, -1};
+    struct kvpt_daemon *d[2] = {&a, &b};
+    for (int i = 0; i < 3000; i++) {
+        bool settled = true;
+        for (int k = 0; k < 2; k++) {
+            if (status[k] < 0 && d[k]->pid > 0)
+                status[k] = kvpt_daemon_wait_exit(d[k], 0);
+            settled &= status[k] >= 0 || kvpt_log_count(d[k], " ready: ") > 0;
+        }
+        if (settled)
+            break;
+        sleep_ms(10);
+    }
+    int ready = kvpt_log_count(&a, " ready: ") + kvpt_log_count(&b, " ready: ");
+    if (ready != 1) {
+        dump_log(&a);
+        dump_log(&b);
+        fail_msg("%d daemons reported ready on one socket", ready);
+    }
+    struct kvpt_daemon *winner = kvpt_log_count(&a, " ready: ") ? &a : &b;
+    struct kvpt_daemon *loser = winner == &a ? &b : &a;
+    int lost = status[loser == &a ? 0 : 1];
+    if (lost < 0)
+        lost = kvpt_daemon_wait_exit(loser, 20000);
+    assert_int_equal(lost, 1);
+    char want[256];
+    snprintf(want, sizeof(want), "another kvpoold (pid %d) owns socket %s", (int)winner->pid,
+             a.socket);
+    expect_one_error(loser, want);
+    /* The loser gave up before reserving anything. */
+    assert_int_equal(kvpt_log_count(loser, "Reserving"), 0);
+
+    /* The loser's exit left the winner's socket alone. */
+    assert_true(answers_ping(a.socket));
+    kvpt_daemon_stop(winner);
+    struct stat st;
+    assert_int_equal(lstat(a.socket, &st), -1); /* the winner removed its own socket */
+    kvpt_daemon_stop(loser);
+    if (winner != &a)
+        rm_dir(&a);
+}
+
+/* A second daemon started on a live daemon's socket never removes it, even when stopped. */
+static void test_second_start_keeps_first_socket(void **state)
+{
+    (void)state;
+    struct kvpt_daemon a, b;
+    kvpt_daemon_start(&a, small);
+    kvpt_daemon_spawn(&b, a.socket, small);
+    assert_int_equal(kvpt_daemon_wait_exit(&b, 20000), 1);
+    char want[256];
+    snprintf(want, sizeof(want), "another kvpoold (pid %d) owns socket %s", (int)a.pid, a.socket);
+    expect_one_error(&b, want);
+    assert_true(answers_ping(a.socket));
+    /* Its lock file stays (unlinking a lock file races with the next daemon opening it). */
+    char lock[160];
+    snprintf(lock, sizeof(lock), "%s.lock", a.socket);
+    assert_int_equal(access(lock, F_OK), 0);
+    kvpt_daemon_stop(&b);
+    assert_int_equal(kvpt_daemon_signal_wait(&a, SIGTERM), 0);
+    assert_int_equal(access(a.socket, F_OK), -1);
+    assert_int_equal(access(lock, F_OK), 0);
+    kvpt_daemon_stop(&a);
+}
+
+/*
+ * Someone removes the socket and its lock file (a /tmp cleaner, say) and another daemon takes
+ * the path: the first daemon's exit must leave the new socket alone.
+ */
+static void test_replaced_socket_not_unlinked(void **state)
+{
+    (void)state;
+    struct kvpt_daemon a, b;
+    char lock[160];
+    kvpt_daemon_start(&a, small);
+    snprintf(lock, sizeof(lock), "%s.lock", a.socket);
+    assert_int_equal(unlink(a.socket), 0);
+    assert_int_equal(unlink(lock), 0);
+
+    kvpt_daemon_spawn(&b, a.socket, small);
+    assert_true(kvpt_log_wait(&b, " ready: ", 20000));
+    assert_true(answers_ping(a.socket));
+
+    assert_int_equal(kvpt_daemon_signal_wait(&a, SIGTERM), 0);
+    struct stat st;
+    assert_int_equal(lstat(a.socket, &st), 0);
+    assert_true(S_ISSOCK(st.st_mode));
+    assert_true(answers_ping(a.socket));
+    assert_true(kvpt_log_wait(&a, "is no longer the socket this kvpoold bound", 1000));
+
+    kvpt_daemon_stop(&b);
+    assert_int_equal(lstat(a.socket, &st), -1);
+    kvpt_daemon_stop(&a);
+}
+
+/* A missing socket directory is found before a 4 GiB pool is reserved. */
+static void test_missing_directory(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    const char *args[] = {"--l1-size", "4GiB", NULL};
+    kvpt_daemon_spawn(&d, "/nonexistent/kvpt-dir/s.sock", args);
+    assert_int_equal(kvpt_daemon_wait_exit(&d, 20000), 1);
+    expect_one_error(&d, "the socket directory /nonexistent/kvpt-dir does not exist");
+    assert_int_equal(kvpt_log_count(&d, "Reserving"), 0);
+    assert_int_equal(kvpt_log_count(&d, "No such file"), 0);
+    assert_false(shm_exists(d.shm_name));
+    kvpt_daemon_stop(&d);
+}
+
+/* A file that is not a socket: refused in words, before the pool, and left as it was. */
+static void test_path_not_a_socket(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    char dir[] = "/tmp/kvpt-file-XXXXXX", path[160], cmd[160];
+    const char *args[] = {"--l1-size", "1GiB", NULL};
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/data.txt", dir);
+    FILE *f = fopen(path, "we");
+    assert_non_null(f);
+    fputs("precious\n", f);
+    fclose(f);
+
+    kvpt_daemon_spawn(&d, path, args);
+    assert_int_equal(kvpt_daemon_wait_exit(&d, 20000), 1);
+    expect_one_error(&d, "exists and is not a socket");
+    assert_int_equal(kvpt_log_count(&d, "File exists"), 0);
+    assert_int_equal(kvpt_log_count(&d, "Reserving"), 0);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_size, 9);
+    kvpt_daemon_stop(&d);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A --max-clients the descriptor limit cannot serve is a configuration error, in words. */
+static void test_max_clients_over_fd_limit(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    char cmd[512];
+    kvpt_daemon_start(&d, small); /* for a directory; stopped at once */
+    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
+    assert_int_equal(truncate(d.log, 0), 0);
+    snprintf(cmd, sizeof(cmd),
+             "ulimit -n 200 && exec timeout -s TERM 20 %s --socket %s --l1-size 1GiB "
+             "--max-clients 256 --shm-name '' </dev/null >/dev/null 2>%s",
+             KVP_TEST_KVPOOLD, d.socket, d.log);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+    expect_one_error(&d, "--max-clients 256 needs 320 file descriptors, but the limit is 200");
+    assert_int_equal(kvpt_log_count(&d, "Too many"), 0);
+    assert_int_equal(kvpt_log_count(&d, "Reserving"), 0);
+
+    /* Within the hard limit the soft one is raised, and the daemon starts. */
+    snprintf(cmd, sizeof(cmd),
+             "ulimit -Sn 100 && ulimit -Hn 1024 && exec %s --socket %s --l1-size 16MiB "
+             "--max-clients 256 --shm-name '' </dev/null >/dev/null 2>%s & echo $! >%s/pid",
+             KVP_TEST_KVPOOLD, d.socket, d.log, d.dir);
+    assert_int_equal(system(cmd), 0);
+    assert_true(kvpt_log_wait(&d, " ready: ", 20000));
+    char pidfile[160];
+    snprintf(pidfile, sizeof(pidfile), "%s/pid", d.dir);
+    FILE *f = fopen(pidfile, "re");
+    assert_non_null(f);
+    int pid = 0;
+    assert_int_equal(fscanf(f, "%d", &pid), 1);
+    fclose(f);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    assert_true(kvpt_log_wait(&d, "kvpoold stopped", 20000));
+    kvpt_daemon_stop(&d);
+}
+
+/* Progress lines while the pool is reserved (interval 0: after every 256 MiB step). */
+static void test_progress_lines(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    const char *args[] = {"--l1-size", "768MiB", "--chunk-size", "16", NULL};
+    setenv("KVPOOL_PROGRESS_INTERVAL_MS", "0", 1);
+    kvpt_daemon_start(&d, args);
+    unsetenv("KVPOOL_PROGRESS_INTERVAL_MS");
+    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving 805310464 bytes for the pool"), 1);
+    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving the pool: 268435456 of 805310464 bytes "
+                                        "(33%)"),
+                     1);
+    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving the pool: "), 3);
+    assert_int_equal(kvpt_log_count(&d, " GB/s, about "), 3);
+    assert_int_equal(kvpt_log_count(&d, "INFO  Reserved 805310464 bytes for the pool in "), 1);
+    kvpt_daemon_stop(&d);
+}
+
+/*
+ * During a reservation the socket exists but does not listen (a client is refused at once,
+ * it does not hang), and SIGTERM ends the start-up cleanly.
+ */
+static void test_during_reservation(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    const char *args[] = {"--l1-size", "4GiB", "--chunk-size", "16", NULL};
+    setenv("KVPOOL_PROGRESS_INTERVAL_MS", "0", 1);
+    kvpt_daemon_spawn(&d, NULL, args);
+    unsetenv("KVPOOL_PROGRESS_INTERVAL_MS");
+    assert_true(kvpt_log_wait(&d, "INFO  Reserving 4294971392 bytes for the pool", 20000));
+    if (kvpt_log_count(&d, " ready: ") == 0) {
+        int fd = kvpt_raw_connect(&d);
+        if (fd >= 0)
+            close(fd);
+        /* Ready may have come in between; only a refused or accepted connect is possible. */
+        if (kvpt_log_count(&d, " ready: ") == 0)
+            assert_int_equal(fd, -ECONNREFUSED);
+    }
+    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
+    assert_false(shm_exists(d.shm_name));
+    assert_int_equal(access(d.socket, F_OK), -1);
+    assert_int_equal(kvpt_log_count(&d, " ERROR "), 0);
+    kvpt_daemon_stop(&d);
+}
+
+/* The command line wins over a bad environment value; without it the value is fatal. */
+static void test_bad_env_overridden(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    setenv("KVPOOL_L1_SIZE", "1KiB", 1);
+    kvpt_daemon_start(&d, small);
+    assert_true(kvpt_log_wait(&d, "ignoring invalid KVPOOL_L1_SIZE '1KiB'", 1000));
+    assert_true(kvpt_log_wait(&d, "ready: pool 16777216 bytes", 1000));
+    kvpt_daemon_stop(&d);
+
+    const char *no_size[] = {"--chunk-size", "16", NULL};
+    kvpt_daemon_spawn(&d, NULL, no_size);
+    unsetenv("KVPOOL_L1_SIZE");
+    assert_int_equal(kvpt_daemon_wait_exit(&d, 20000), 2);
+    assert_true(kvpt_log_wait(&d, "invalid l1-size '1KiB' (from KVPOOL_L1_SIZE)", 1000));
+    kvpt_daemon_stop(&d);
+}
+
+/* SIGHUP (the terminal went away) stops the daemon like SIGTERM; SIGPIPE does nothing. */
+static void test_sighup_and_sigpipe(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    kvpt_daemon_start(&d, small);
+    char name[96];
+    snprintf(name, sizeof(name), "%s", d.shm_name);
+    assert_true(shm_exists(name));
+
+    /* A connected client has a thread in the daemon: the signal may land anywhere. */
+    kvp_client *c = kvpt_connect(&d);
+    assert_int_equal(kill(d.pid, SIGPIPE), 0);
+    sleep_ms(100);
+    assert_int_equal(kvp_ping(c), 0);
+    kvp_client_close(c);
+
+    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGHUP), 0);
+    assert_false(shm_exists(name));
+    assert_int_equal(access(d.socket, F_OK), -1);
+    assert_true(kvpt_log_wait(&d, "kvpoold stopped", 1000));
+    kvpt_daemon_stop(&d);
+}
+
+/* A failed case skips its own clean-up: no variable it set may reach the next case. */
+static int clean_env(void **state)
+{
+    (void)state;
+    unsetenv("KVPOOL_L1_SIZE");
+    unsetenv("KVPOOL_PROGRESS_INTERVAL_MS");
+    return 0;
+}
+
+#define T(f) cmocka_unit_test_teardown(f, clean_env)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_overlapping_starts),
+        T(test_second_start_keeps_first_socket),
+        T(test_replaced_socket_not_unlinked),
+        T(test_missing_directory),
+        T(test_path_not_a_socket),
+        T(test_max_clients_over_fd_limit),
+        T(test_progress_lines),
+        T(test_during_reservation),
+        T(test_bad_env_overridden),
+        T(test_sighup_and_sigpipe),
+    };
+    return cmocka_run_group_tests(tests, clean_env, NULL);
+}

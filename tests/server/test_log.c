@@ -1,0 +1,225 @@
+/*
+ * test_log.c - the daemon's logger (src/server/log.h): line format and the per-call-site rate
+ * limit of log_warn_rl() and friends.
+ *
+ * Log lines go to stderr with one write(2) each; every case redirects stderr into a pipe
+ * (dup2) for the time of the calls, then reads back what was written and counts lines.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/kvp_assert.h"
+#include "log.h"
+
+/* Captured stderr. */
+struct capture {
+    int pipe_rd, saved_fd;
+    char text[65536];
+};
+
+static void capture_begin(struct capture *c)
+{
+    int p[2];
+    assert_rc(pipe2(p, O_CLOEXEC), 0);
+    /* Read only at the end of a case: the pipe must hold everything written until then. */
+    assert_rc(fcntl(p[1], F_SETPIPE_SZ, 1 << 20) >= 0, 1);
+    c->saved_fd = dup(STDERR_FILENO);
+    assert_true(c->saved_fd >= 0);
+    assert_rc(dup2(p[1], STDERR_FILENO), STDERR_FILENO);
+    close(p[1]);
+    c->pipe_rd = p[0];
+}
+
+/* Restores stderr; the pipe's last write end is then closed, so the read ends at EOF. */
+static void capture_end(struct capture *c)
+{
+    assert_rc(dup2(c->saved_fd, STDERR_FILENO), STDERR_FILENO);
+    close(c->saved_fd);
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = read(c->pipe_rd, c->text + len, sizeof(c->text) - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    c->text[len] = '\0';
+    close(c->pipe_rd);
+}
+
+static int count(const char *text, const char *s)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, s)); p += strlen(s))
+        n++;
+    return n;
+}
+
+static int lines(const char *text)
+{
+    return count(text, "\n");
+}
+
+static void test_line_format(void **state)
+{
+    (void)state;
+    struct capture c;
+    kvp_log_threshold = KVP_LOG_INFO;
+    capture_begin(&c);
+    log_info("hello %d", 42);
+    log_debug("not shown");
+    log_warn("careful");
+    capture_end(&c);
+    assert_rc(lines(c.text), 2);
+    /* 2026-12-02T12:00:00.123Z INFO  hello 42 */
+    assert_rc(c.text[4] == '-' && c.text[10] == 'T' && c.text[23] == 'Z', 1);
+    assert_non_null(strstr(c.text, "Z INFO  hello 42\n"));
+    assert_non_null(strstr(c.text, "Z WARN  careful\n"));
+    assert_null(strstr(c.text, "not shown"));
+}
+
+/* Explicit clock: a burst within one window, then the next window. */
+static void test_burst_then_report(void **state)
+{
+    (void)state;
+    static struct kvp_log_rl rl = KVP_LOG_RL_INIT(KVP_LOG_WARN, "bad frame from %d");
+    struct capture c;
+    int admitted = 0;
+
+    capture_begin(&c);
+    for (int i = 0; i < 50; i++)
+        admitted += kvp_log_rl_admit(&rl, 1000 + (uint64_t)i);
+    capture_end(&c);
+    assert_rc(admitted, KVP_LOG_RL_BURST);
+    assert_rc(lines(c.text), 0); /* the count waits for the end of the window */
+
+    /* Still inside the window: the flush reports nothing yet. */
+    capture_begin(&c);
+    assert_rc(kvp_log_rl_flush(1000 + KVP_LOG_RL_WINDOW_MS - 1), 0);
+    capture_end(&c);
+    assert_rc(lines(c.text), 0);
+
+    /* The next window: one report line, then the line is admitted again. */
+    capture_begin(&c);
+    assert_true(kvp_log_rl_admit(&rl, 1000 + KVP_LOG_RL_WINDOW_MS));
+    capture_end(&c);
+    assert_rc(lines(c.text), 1);
+    assert_non_null(strstr(c.text, "WARN  suppressed 45 similar messages: \"bad frame from %d\""));
+
+    /* Nothing is reported twice. */
+    capture_begin(&c);
+    assert_rc(kvp_log_rl_flush(1000 + 10 * KVP_LOG_RL_WINDOW_MS), 0);
+    capture_end(&c);
+    assert_rc(lines(c.text), 0);
+}
+
+/* A site that floods and then falls silent still gets its count out through the flush. */
+static void test_flush_reports_silent_site(void **state)
+{
+    (void)state;
+    static struct kvp_log_rl rl = KVP_LOG_RL_INIT(KVP_LOG_ERROR, "accept failed");
+    static struct kvp_log_rl quiet = KVP_LOG_RL_INIT(KVP_LOG_WARN, "quiet site");
+    struct capture c;
+
+    assert_true(kvp_log_rl_admit(&quiet, 5000)); /* never drops: never reported */
+    for (int i = 0; i < KVP_LOG_RL_BURST + 3; i++)
+        kvp_log_rl_admit(&rl, 5000);
+    capture_begin(&c);
+    assert_rc(kvp_log_rl_flush(5000 + KVP_LOG_RL_WINDOW_MS), 1);
+    capture_end(&c);
+    assert_rc(lines(c.text), 1);
+    assert_non_null(strstr(c.text, "ERROR suppressed 3 similar messages: \"accept failed\""));
+    assert_null(strstr(c.text, "quiet site"));
+}
+
+/* The macro: each call site has its own budget; other sites are not starved. */
+static void test_macro_per_call_site(void **state)
+{
+    (void)state;
+    struct capture c;
+    kvp_log_threshold = KVP_LOG_INFO;
+    capture_begin(&c);
+    for (int i = 0; i < 100; i++) {
+        log_warn_rl("flood %d", i);
+        if (i % 10 == 0)
+            log_warn_rl("other kind %d", i);
+    }
+    log_warn("plain warning");
+    kvp_log_rl_flush_all();
+    capture_end(&c);
+    /* Both sites at most a burst each (a window boundary may pass once on a slow machine). */
+    int flood = count(c.text, "WARN  flood "), other = count(c.text, "WARN  other kind ");
+    assert_true(flood >= KVP_LOG_RL_BURST && flood <= 2 * KVP_LOG_RL_BURST);
+    assert_true(other >= KVP_LOG_RL_BURST && other <= 10);
+    assert_non_null(strstr(c.text, "WARN  flood 0\n"));
+    assert_non_null(strstr(c.text, "similar messages: \"flood %d\""));
+    assert_rc(count(c.text, "plain warning"), 1);
+    if (other < 10)
+        assert_true(count(c.text, "similar messages: \"other kind %d\"") >= 1);
+}
+
+/* Below the threshold nothing is counted or reported. */
+static void test_below_threshold(void **state)
+{
+    (void)state;
+    struct capture c;
+    kvp_log_threshold = KVP_LOG_ERROR;
+    capture_begin(&c);
+    for (int i = 0; i < 20; i++)
+        log_warn_rl("hidden %d", i);
+    kvp_log_rl_flush_all();
+    capture_end(&c);
+    kvp_log_threshold = KVP_LOG_INFO;
+    assert_rc(lines(c.text), 0);
+}
+
+#define THREADS 4
+#define CALLS 2000
+static struct kvp_log_rl shared_rl = KVP_LOG_RL_INIT(KVP_LOG_WARN, "threaded");
+static _Atomic int threaded_admitted;
+
+static void *hammer(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < CALLS; i++)
+        if (kvp_log_rl_admit(&shared_rl, 77000))
+            threaded_admitted++;
+    return NULL;
+}
+
+/* Concurrent callers: exactly a burst passes in one window, every drop is counted once. */
+static void test_threads(void **state)
+{
+    (void)state;
+    pthread_t t[THREADS];
+    struct capture c;
+    for (int i = 0; i < THREADS; i++)
+        assert_rc(pthread_create(&t[i], NULL, hammer, NULL), 0);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    assert_rc(threaded_admitted, KVP_LOG_RL_BURST);
+    capture_begin(&c);
+    assert_rc(kvp_log_rl_flush(77000 + KVP_LOG_RL_WINDOW_MS), 1);
+    capture_end(&c);
+    char want[128];
+    snprintf(want, sizeof(want), "suppressed %d similar messages: \"threaded\"",
+             THREADS * CALLS - KVP_LOG_RL_BURST);
+    assert_non_null(strstr(c.text, want));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_line_format),
+        cmocka_unit_test(test_burst_then_report),
+        cmocka_unit_test(test_flush_reports_silent_site),
+        cmocka_unit_test(test_macro_per_call_site),
+        cmocka_unit_test(test_below_threshold),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
