@@ -36,10 +36,10 @@ def random_tokens(n):
     return [random.randrange(1 << 32) for _ in range(n)]
 
 
-class _Base(unittest.TestCase):
+class _DaemonPerClass(unittest.TestCase):
+    """One kvpoold for the whole class, stopped cleanly (exit 0) at its end."""
+
     shm = True            # start the daemon with a segment
-    transport = "auto"    # what the worker asks for
-    expect = "shm"        # transport it must get
     daemon = None
 
     @classmethod
@@ -54,6 +54,11 @@ class _Base(unittest.TestCase):
             cls.daemon.cleanup()
             if rc != 0:
                 raise AssertionError("kvpoold exited with %s:\n%s" % (rc, log))
+
+
+class _Base(_DaemonPerClass):
+    transport = "auto"    # what the worker asks for
+    expect = "shm"        # transport it must get
 
     def setUp(self):
         self.client = self.daemon.client()
@@ -435,23 +440,8 @@ class TestInlineDaemon(_RoundTrips):
         self.assertEqual(cm.exception.name, "KVP_ENOSHM")
 
 
-class TestIdentity(unittest.TestCase):
+class TestIdentity(_DaemonPerClass):
     """Instance ids: int or str, one registration per id and connection, clear conflicts."""
-
-    daemon = None
-
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = Daemon(shm=True).start()
-
-    @classmethod
-    def tearDownClass(cls):
-        if cls.daemon:
-            rc = cls.daemon.stop()
-            log = cls.daemon.log()
-            cls.daemon.cleanup()
-            if rc != 0:
-                raise AssertionError("kvpoold exited with %s:\n%s" % (rc, log))
 
     def register(self, client, iid, model="llama-3-8b", num_layers=LAYERS, hidden_dim=HIDDEN):
         return client.register(iid, model, 1, 0, num_layers, hidden_dim, "float16")
