@@ -503,7 +503,7 @@ bool kvpt_raw_closed(int fd, int timeout_ms)
 
 int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle, uint64_t *chunk_bytes)
 {
-    struct kvpt_reply r;
+    struct kvpt_reply r = {.body = NULL};
     struct kvp_wbuf w;
     struct kvp_register_req req = {.world_size = o->world_size,
                                    .worker_rank = o->worker_rank,
@@ -519,16 +519,20 @@ int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle, uint
     snprintf(req.dtype, sizeof(req.dtype), "%s", o->dtype);
     if (o->transport == KVP_TRANSPORT_INLINE)
         snprintf(req.reason, sizeof(req.reason), "raw test client");
+    /* A refusal still carries a body (the error message): free it on every path. */
     int rc = kvpt_raw_call(fd, KVP_OP_HELLO, NULL, 0, &r);
+    free(r.body);
     if (rc)
         return rc;
-    free(r.body);
     kvp_wbuf_init(&w);
     kvp_encode_register_req(&w, &req);
+    r.body = NULL;
     rc = w.err ? w.err : kvpt_raw_call(fd, KVP_OP_REGISTER, w.data, (uint32_t)w.len, &r);
     kvp_wbuf_free(&w);
-    if (rc)
+    if (rc) {
+        free(r.body);
         return rc;
+    }
     rc = kvp_decode_register_reply(r.body, r.body_len, &reg);
     free(r.body);
     if (rc)
