@@ -3,7 +3,10 @@
 The library is looked up, in order, at:
 
 1. ``$KVPOOL_LIB``: a path to the shared object, or a directory holding ``libkvpool.so``;
-2. the build tree of a source checkout (``<repo>/build*/lib/libkvpool.so``, next to ``python/``);
+2. the build tree of a source checkout, next to ``python/``: ``<repo>/build/lib/libkvpool.so``
+   (the normal build), then the other ``<repo>/build*/lib/libkvpool.so`` by name, skipping
+   sanitizer builds (``make test`` creates ``build-asan/``, ``build-tsan/`` and ``build-fuzz/``):
+   a library built with ASan or TSan cannot be loaded into an uninstrumented interpreter;
 3. the installed prefix: the dynamic loader's search path (``libkvpool.so.1``, then
    ``libkvpool.so``), then ``<sys.prefix>/lib``.
 
@@ -16,6 +19,7 @@ ctypes applies the platform's C alignment rules, so the layouts match the C comp
 
 import ctypes
 import glob
+import mmap
 import os
 import sys
 import threading
@@ -191,12 +195,40 @@ def _candidates():
         yield ("$KVPOOL_LIB", env)
         return
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for build in sorted(glob.glob(os.path.join(repo, "build*", "lib", "libkvpool.so"))):
+    normal = os.path.join(repo, "build", "lib", "libkvpool.so")
+    others = sorted(glob.glob(os.path.join(repo, "build?*", "lib", "libkvpool.so")))
+    for build in [normal] + others:
         yield ("build tree", build)
     for soname in ("libkvpool.so.%d" % SUPPORTED_MAJOR, "libkvpool.so"):
         yield ("loader path", soname)
     for libdir in ("lib", "lib64"):
         yield ("prefix", os.path.join(sys.prefix, libdir, "libkvpool.so"))
+
+
+# Options of a sanitizer build in a build directory's CMakeCache.txt, and the symbols every
+# ASan- or TSan-instrumented object references (gcc and clang alike, whatever the build flags).
+_SANITIZER_OPTIONS = ("KVP_ASAN:BOOL=ON", "KVP_TSAN:BOOL=ON", "KVP_FUZZ:BOOL=ON")
+_SANITIZER_SYMBOLS = (b"__asan_init", b"__tsan_init")
+
+
+def _sanitizer_build(path):
+    """Why the library at path (in <build>/lib/) is a sanitizer build, or None."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(path)), "CMakeCache.txt")
+    try:
+        with open(cache, "r", errors="replace") as f:
+            for line in f:
+                if line.strip() in _SANITIZER_OPTIONS:
+                    return "sanitizer build, %s in %s" % (line.strip(), cache)
+    except OSError:
+        pass
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            for sym in _SANITIZER_SYMBOLS:
+                if m.find(sym) >= 0:
+                    return "sanitizer build, references %s" % sym.decode()
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _declare(lib, path):
@@ -224,6 +256,10 @@ def load():
         for where, cand in _candidates():
             if os.sep in cand and not os.path.exists(cand):
                 tried.append("%s: %s (missing)" % (where, cand))
+                continue
+            skip = _sanitizer_build(cand) if where == "build tree" else None
+            if skip:
+                tried.append("%s: %s (skipped: %s)" % (where, cand, skip))
                 continue
             try:
                 lib = ctypes.CDLL(cand)

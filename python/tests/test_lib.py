@@ -107,6 +107,98 @@ class TestDiscovery(unittest.TestCase):
         self.assertIn("not a kvpool client library", out)
 
 
+class TestBuildTreeChoice(unittest.TestCase):
+    """Without $KVPOOL_LIB, a checkout's build/ is used and sanitizer builds never are.
+
+    Each test makes a fake checkout: a copy of the kvpool package in <tmp>/python/ and build
+    directories holding copies of this build's library.
+    """
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            cls.lib = os.path.realpath(kvpool.library_path())
+        except kvpool.LibraryError as e:
+            raise unittest.SkipTest("libkvpool.so not usable: %s" % e)
+
+    def setUp(self):
+        self.repo = tempfile.mkdtemp(prefix="kvpool-pytree-")
+        self.addCleanup(shutil.rmtree, self.repo, True)
+        shutil.copytree(os.path.join(PYTHON_DIR, "kvpool"),
+                        os.path.join(self.repo, "python", "kvpool"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+    def build_dir(self, name, cache_option=None, lib=None):
+        """<repo>/<name>/lib/libkvpool.so (a copy of lib, default this build's library) and a
+        CMakeCache.txt that sets cache_option, if given."""
+        d = os.path.join(self.repo, name)
+        os.makedirs(os.path.join(d, "lib"))
+        shutil.copy(lib or self.lib, os.path.join(d, "lib", "libkvpool.so"))
+        with open(os.path.join(d, "CMakeCache.txt"), "w") as f:
+            f.write("CMAKE_BUILD_TYPE:STRING=RelWithDebInfo\n")
+            if cache_option:
+                f.write("%s:BOOL=ON\n" % cache_option)
+        return d
+
+    def chosen(self):
+        """(exit status, output) of a process that loads the fake checkout's kvpool package
+        with $KVPOOL_LIB unset; it prints the chosen path or the LibraryError."""
+        env = dict(os.environ)
+        env.pop("KVPOOL_LIB", None)
+        env["PYTHONPATH"] = os.path.join(self.repo, "python")
+        code = textwrap.dedent("""
+            import kvpool
+            try:
+                print("chosen:", kvpool.library_path())
+            except kvpool.LibraryError as e:
+                print("LibraryError:", e)
+        """)
+        # cwd: "python -c" puts it first on sys.path, before the fake checkout.
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60, cwd=self.repo)
+        return p.returncode, p.stdout + p.stderr
+
+    def test_normal_build_preferred(self):
+        self.build_dir("build-asan", "KVP_ASAN")
+        self.build_dir("build-fuzz", "KVP_FUZZ")
+        self.build_dir("build")
+        rc, out = self.chosen()
+        self.assertEqual(rc, 0, out)
+        self.assertIn("chosen: %s\n" % os.path.join(self.repo, "build", "lib", "libkvpool.so"),
+                      out)
+
+    def test_sanitizer_builds_skipped(self):
+        self.build_dir("build-asan", "KVP_ASAN")
+        self.build_dir("build-tsan", "KVP_TSAN")
+        self.build_dir("build-other")
+        rc, out = self.chosen()
+        self.assertEqual(rc, 0, out)
+        self.assertIn("chosen: %s\n" % os.path.join(self.repo, "build-other", "lib",
+                                                    "libkvpool.so"), out)
+
+    def test_instrumented_library_skipped(self):
+        # A really ASan-instrumented library in a build directory whose cache says nothing:
+        # loading it into this interpreter would abort ("ASan runtime does not come first").
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            self.skipTest("no C compiler to build an instrumented library")
+        src = os.path.join(self.repo, "fake.c")
+        so = os.path.join(self.repo, "libfake.so")
+        with open(src, "w") as f:
+            f.write("unsigned kvp_version(void) { return 1u << 16; }\n")
+        p = subprocess.run([cc, "-shared", "-fPIC", "-fsanitize=address", "-o", so, src],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            self.skipTest("cannot build with -fsanitize=address: %s" % p.stderr.strip())
+        self.build_dir("build-custom", lib=so)
+        rc, out = self.chosen()
+        self.assertEqual(rc, 0, out)
+        if out.startswith("chosen:"):
+            self.assertNotIn(self.repo, out)    # an installed library, if there is one
+        else:
+            self.assertIn("skipped: sanitizer build, references __asan_init", out)
+
+
 class TestStructLayouts(unittest.TestCase):
     """The ctypes mirrors in kvpool/_lib.py against the C compiler's layout of the headers."""
 
