@@ -201,8 +201,13 @@ class Client:
             log.warning("Instance %s was already registered: using the existing registration",
                         instance_id)
         if ctx.transport == "shm":
-            log.info("Instance %s using SHM transport (shm_name=%s, chunk_bytes=%d)",
-                     instance_id, ctx.shm_name, ctx.chunk_bytes)
+            # The daemon's wording: a memfd segment has no name, the backend is named instead.
+            if ctx.shm_backend == "posix":
+                where = "shm_name=%s" % ctx.shm_name
+            else:
+                where = "backend=%s" % ctx.shm_backend
+            log.info("Instance %s using SHM transport (%s, chunk_bytes=%d)", instance_id, where,
+                     ctx.chunk_bytes)
         elif transport == "inline":
             log.info("Instance %s using inline transport (%s)", instance_id, ctx.reason)
         else:

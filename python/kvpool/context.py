@@ -113,7 +113,9 @@ class Context:
             ``(num_layers, chunk_size, hidden_dim)``.
         chunk_bytes: bytes of one chunk.
         dtype: dtype name; dtype_size: bytes per element.
-        shm_name: the pool segment's name on shm, else "".
+        shm_name: the pool segment's name with the posix backend, else "".
+        shm_backend: how the pool is shared on shm: "posix" (a named segment in /dev/shm) or
+            "memfd" (an anonymous segment the daemon handed over the socket, no name); "" inline.
         existing: True when this client had already registered the id (same parameters).
         instance_id: as given to :meth:`Client.register` (a str, or an int, which the daemon
         knows as ``str(instance_id)``).
@@ -152,6 +154,11 @@ class Context:
         self.dtype = text(info.dtype)
         self.dtype_size = int(info.dtype_size)
         self.shm_name = text(info.shm_name)
+        # A posix segment always has a name; a memfd one never has.
+        if self.transport != "shm":
+            self.shm_backend = ""
+        else:
+            self.shm_backend = "posix" if self.shm_name else "memfd"
         self.existing = bool(info.existing)
 
     def __repr__(self):

@@ -40,11 +40,12 @@ class _DaemonPerClass(unittest.TestCase):
     """One kvpoold for the whole class, stopped cleanly (exit 0) at its end."""
 
     shm = True            # start the daemon with a segment
+    extra = ()            # more daemon options
     daemon = None
 
     @classmethod
     def setUpClass(cls):
-        cls.daemon = Daemon(shm=cls.shm).start()
+        cls.daemon = Daemon(shm=cls.shm, extra=cls.extra).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -103,7 +104,12 @@ class _RoundTrips(_Base):
         self.assertIn(ctx.instance_id, text)
         if self.expect == "shm":
             self.assertIn("SHM transport", text)
-            self.assertIn(ctx.shm_name, text)
+            if ctx.shm_backend == "memfd":
+                self.assertIn("(backend=memfd, chunk_bytes=%d)" % ctx.chunk_bytes, text)
+                self.assertNotIn("shm_name=", text)
+            else:
+                self.assertIn("(shm_name=%s, chunk_bytes=%d)" % (ctx.shm_name, ctx.chunk_bytes),
+                              text)
         else:
             self.assertIn("inline transport", text)
             self.assertIn(ctx.reason, text)
@@ -416,12 +422,27 @@ class TestShm(_RoundTrips):
             threading.Event().wait(0.05)
         self.assertLess(self.daemon.stats()["connections"], conns)
 
+    def test_backend(self):
+        self.assertEqual(self.ctx.shm_backend, "posix")
+        self.assertTrue(self.ctx.shm_name.startswith("kvpool_l1_pool_pytest_"))
+
     def test_shm_store_writes_pool_directly(self):
         toks = random_tokens(16)
         plan = self.ctx.prepare_store(toks)
         self.assertEqual(len(plan.views), 1)
         self.assertFalse(plan._staging)  # no staging buffer: the view is the pool
         self.ctx.abort_store(plan)
+
+
+class TestShmMemfd(_RoundTrips):
+    """The pool as a memfd segment handed over the socket: no name, the backend is named."""
+
+    shm, transport, expect = True, "auto", "shm"
+    extra = ("--shm-backend", "memfd")
+
+    def test_backend(self):
+        self.assertEqual(self.ctx.shm_backend, "memfd")
+        self.assertEqual(self.ctx.shm_name, "")
 
 
 class TestInlineForced(_RoundTrips):
