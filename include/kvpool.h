@@ -59,7 +59,8 @@ KVP_EXPORT uint32_t kvp_version(void);
     XX(PROTO, -10001, "protocol error: malformed or unexpected frame")         \
     XX(VERSION, -10002, "protocol version mismatch between client and daemon") \
     XX(BADSLOT, -10003, "daemon sent a slot outside the mapped pool")          \
-    XX(NOSHM, -10004, "shared-memory transport is not available")
+    XX(NOSHM, -10004, "shared-memory transport is not available")              \
+    XX(PEER, -10005, "the daemon runs as a user this process does not trust")
 
 typedef enum {
 #define KVP_ERRNO_ENUM(name, val, msg) KVP_E##name = (val),
@@ -80,12 +81,21 @@ typedef struct kvp_opts {
     const char *socket_path;
     /* Per-request I/O timeout in milliseconds. 0: 30000. */
     uint32_t timeout_ms;
+    /*
+     * A uid the daemon may run as besides this process's own uid and root (which are always
+     * trusted); 0: none. $KVPOOL_TRUST_UID (a comma-separated list of uids) adds more. The
+     * library checks the daemon's credentials (SO_PEERCRED) on every connection, so that a
+     * socket planted by another user never receives this process's KV.
+     */
+    uint32_t trust_uid;
 } kvp_opts;
 
 /*
- * Writes the default socket path into buf (NUL-terminated): $XDG_RUNTIME_DIR/kvpool.sock when
- * XDG_RUNTIME_DIR is set, else /tmp/kvpool-<uid>.sock. Returns the length, or -ENAMETOOLONG.
- * The daemon uses the same rule.
+ * Writes the default socket path into buf (NUL-terminated): $XDG_RUNTIME_DIR/kvpool/kvpool.sock
+ * when XDG_RUNTIME_DIR is set, else /tmp/kvpool-<uid>/kvpool.sock. Returns the length, or
+ * -ENAMETOOLONG. The daemon uses the same rule and creates the directory with mode 0700. Before
+ * connecting to the default path, the library checks that its directory belongs to this
+ * process's uid and is writable by nobody else (else kvp_client_open() fails with -EPERM).
  */
 KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size);
 
@@ -93,7 +103,10 @@ KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size);
  * Connects to the daemon and checks protocol versions. opts may be NULL (all defaults).
  * On success *ret is a new client; the caller frees it with kvp_client_close().
  * Returns 0, -ENOENT / -ECONNREFUSED when no daemon listens, -ETIMEDOUT, KVP_EVERSION,
- * KVP_EPROTO (the peer is not a kvpool daemon), -ENAMETOOLONG (socket path too long).
+ * KVP_EPROTO (the peer is not a kvpool daemon), -ENAMETOOLONG (socket path too long), -EPERM
+ * (the default socket's directory belongs to another user or is writable by others), KVP_EPEER
+ * (the process listening runs as a uid that is neither ours, root, opts->trust_uid nor in
+ * $KVPOOL_TRUST_UID), -EINVAL (a malformed $KVPOOL_TRUST_UID).
  */
 KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret);
 
@@ -103,7 +116,8 @@ KVP_EXPORT void kvp_client_close(kvp_client *c);
 
 /* The daemon's message, or the library's explanation, for the last call on this client if it
  * failed ("" after a call that talked to the daemon and succeeded). Valid until the next call
- * on the client. */
+ * on the client. With c == NULL: why the calling thread's last failed kvp_client_open() failed
+ * (it returns no handle to ask), valid until that thread's next failed open. */
 KVP_EXPORT const char *kvp_last_error(const kvp_client *c);
 
 /* Round trip to the daemon. Returns 0 or a negative error. */

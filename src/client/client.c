@@ -66,6 +66,9 @@ KVP_EXPORT const char *kvp_strerror(int err)
     return unknown;
 }
 
+/* Why the last kvp_client_open() of this thread failed: there is no handle to carry it. */
+static _Thread_local char open_errmsg[KVP_ERRMSG_SIZE];
+
 /* Fills path with the socket to use: the option, $KVPOOL_SOCKET, or the default rule. */
 static int resolve_path(const kvp_opts *opts, char *path, size_t size)
 {
@@ -139,6 +142,8 @@ KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
         return -rc;
     }
 
+    if (opts && opts->trust_uid)
+        c->conn.trust_uid = opts->trust_uid;
     rc = resolve_path(opts, c->socket_path, sizeof(c->socket_path));
     if (rc < 0)
         goto out_free;
@@ -153,6 +158,8 @@ KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
     return 0;
 
 out_free:
+    snprintf(open_errmsg, sizeof(open_errmsg), "%s",
+             c->conn.errmsg[0] ? c->conn.errmsg : kvp_strerror(rc));
     kvp_client_close(c);
     return rc;
 }
@@ -175,7 +182,7 @@ KVP_EXPORT void kvp_client_close(kvp_client *c)
  * always NUL-terminated. Concurrent calls on the same client may overwrite it. */
 KVP_EXPORT const char *kvp_last_error(const kvp_client *c)
 {
-    return c ? c->conn.errmsg : "";
+    return c ? c->conn.errmsg : open_errmsg;
 }
 
 /* PING has empty request and reply bodies; anything else is a confused peer. */

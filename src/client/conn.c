@@ -92,6 +92,76 @@ KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size)
     return kvp_socket_path_default(buf, size);
 }
 
+/*
+ * Whether uid may be the daemon's: ours and root always, then kvp_opts.trust_uid, then the
+ * comma-separated $KVPOOL_TRUST_UID. Returns 1 (trusted), 0 (not), or -EINVAL for a malformed
+ * variable, which is refused rather than ignored: a typo must not silently trust nobody, nor
+ * anybody.
+ */
+static int uid_trusted(const struct kvp_conn *c, uid_t uid)
+{
+    const char *env = getenv("KVPOOL_TRUST_UID");
+
+    if (uid == geteuid() || uid == 0 || (c->trust_uid >= 0 && (int64_t)uid == c->trust_uid))
+        return 1;
+    if (!env || !env[0])
+        return 0;
+    for (const char *p = env;;) {
+        char *end;
+        if (*p < '0' || *p > '9')
+            return -EINVAL;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (errno || v > UINT32_MAX || (*end && *end != ','))
+            return -EINVAL;
+        if (v == uid)
+            return 1;
+        if (!*end)
+            return 0;
+        p = end + 1;
+    }
+}
+
+/* SO_PEERCRED gives the credentials of whoever called listen(): the daemon, not a relay. */
+static int check_peer(struct kvp_conn *c, int fd, const char *path)
+{
+    struct ucred cr;
+    socklen_t len = sizeof(cr);
+
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0)
+        return kvp_conn_error(c, -errno, "cannot read the credentials of %s: %s", path,
+                              kvp_strerror(-errno));
+    int ok = uid_trusted(c, cr.uid);
+    if (ok < 0)
+        return kvp_conn_error(c, ok, "KVPOOL_TRUST_UID is not a comma-separated list of uids");
+    if (!ok)
+        return kvp_conn_error(c, KVP_EPEER,
+                              "refusing %s: the process listening there (pid %ld) runs as uid "
+                              "%lu; this process trusts only uid %lu and root (set "
+                              "KVPOOL_TRUST_UID=%lu to trust it)",
+                              path, (long)cr.pid, (unsigned long)cr.uid, (unsigned long)geteuid(),
+                              (unsigned long)cr.uid);
+    return 0;
+}
+
+/* The default socket's directory must be private: see socket_path.c for the attack. An
+ * explicit path is the caller's choice and is not judged here. */
+static int check_default_dir(struct kvp_conn *c, const char *path)
+{
+    char def[sizeof(((struct sockaddr_un *)0)->sun_path)], why[KVP_ERRMSG_SIZE - 64];
+
+    if (kvp_socket_path_default(def, sizeof(def)) <= 0 || strcmp(def, path) != 0)
+        return 0;
+    if (kvp_socket_dir_default(def, sizeof(def)) <= 0)
+        return 0;
+    int rc = kvp_socket_dir_check(def, geteuid(), why, sizeof(why));
+    if (rc == -ENOENT)
+        return kvp_conn_error(c, rc, "cannot connect to %s: no kvpoold has created %s", path, def);
+    if (rc < 0)
+        return kvp_conn_error(c, rc, "refusing %s: %s", path, why);
+    return 0;
+}
+
 /* Timeouts are set before connect() so that a daemon whose backlog is full cannot block the
  * caller for longer than timeout_ms either. */
 int kvp_conn_connect(struct kvp_conn *c, const char *path, uint32_t timeout_ms)
@@ -107,6 +177,9 @@ int kvp_conn_connect(struct kvp_conn *c, const char *path, uint32_t timeout_ms)
         return kvp_conn_error(c, -ENAMETOOLONG, "socket path is longer than %zu bytes",
                               sizeof(addr.sun_path) - 1);
     memcpy(addr.sun_path, path, len + 1);
+    rc = check_default_dir(c, path);
+    if (rc < 0)
+        return rc;
 
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -132,6 +205,9 @@ int kvp_conn_connect(struct kvp_conn *c, const char *path, uint32_t timeout_ms)
         kvp_conn_error(c, rc, "cannot connect to %s: %s", path, kvp_strerror(rc));
         goto out_close_fd;
     }
+    rc = check_peer(c, fd, path);
+    if (rc < 0)
+        goto out_close_fd;
 
     c->fd = fd;
     c->broken = 0;

@@ -29,18 +29,22 @@ struct kvp_conn {
     size_t body_cap;
     char errmsg[KVP_ERRMSG_SIZE];     /* message of the last failed call, "" if none */
     char broken_msg[KVP_ERRMSG_SIZE]; /* what broke the stream */
-    int passed_fd; /* descriptor received with the last reply (SCM_RIGHTS), or -1 */
+    int passed_fd;     /* descriptor received with the last reply (SCM_RIGHTS), or -1 */
+    int64_t trust_uid; /* a daemon uid trusted besides ours and root (kvp_opts), or -1 */
 };
 
-#define KVP_CONN_INIT                           \
-    {                                           \
-        .fd = -1, .next_id = 1, .passed_fd = -1 \
+#define KVP_CONN_INIT                                            \
+    {                                                            \
+        .fd = -1, .next_id = 1, .passed_fd = -1, .trust_uid = -1 \
     }
 
 /*
  * Connects to the Unix socket at path with SO_RCVTIMEO/SO_SNDTIMEO set to timeout_ms (0: the
- * default). Returns 0, -ENAMETOOLONG, -ENOENT / -ECONNREFUSED when nobody listens, -ETIMEDOUT,
- * or another negative errno; errmsg says what failed.
+ * default). When path is the default socket, its directory must be private first
+ * (kvp_socket_dir_check); once connected, the daemon's uid must be ours, root, c->trust_uid or
+ * in $KVPOOL_TRUST_UID. Returns 0, -ENAMETOOLONG, -ENOENT / -ECONNREFUSED when nobody listens,
+ * -ETIMEDOUT, -EPERM (the default directory is not private), KVP_EPEER (untrusted daemon uid),
+ * -EINVAL (malformed $KVPOOL_TRUST_UID), or another negative errno; errmsg says what failed.
  */
 int kvp_conn_connect(struct kvp_conn *c, const char *path, uint32_t timeout_ms);
 

@@ -1,15 +1,23 @@
 /*
- * socket_path.c - the default socket path rule (see socket_path.h). $KVPOOL_SOCKET is applied
- * by the callers, before this default.
+ * socket_path.c - the default socket path rule and the private-directory check (see
+ * socket_path.h). $KVPOOL_SOCKET and --socket are applied by the callers, before this default.
+ *
+ * Why a directory: a socket file directly in /tmp can be created first by any local user, who
+ * then receives the victim's KV (derived from prompts) and keeps the victim's daemon from
+ * starting. A directory that only its owner can write cannot hold a planted socket, and a
+ * directory planted by somebody else is refused by both sides (docs/SECURITY.md).
  */
 #include "socket_path.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-int kvp_socket_path_default(char *buf, size_t size)
+int kvp_socket_dir_default(char *buf, size_t size)
 {
     const char *dir = getenv("XDG_RUNTIME_DIR");
     int n;
@@ -18,12 +26,82 @@ int kvp_socket_path_default(char *buf, size_t size)
         return -EINVAL;
     /* The XDG spec requires an absolute path; an empty or relative one is treated as unset. */
     if (dir && dir[0] == '/')
-        n = snprintf(buf, size, "%s/kvpool.sock", dir);
+        n = snprintf(buf, size, "%s/kvpool", dir);
     else
-        n = snprintf(buf, size, "/tmp/kvpool-%lu.sock", (unsigned long)getuid());
+        n = snprintf(buf, size, "/tmp/kvpool-%lu", (unsigned long)geteuid());
     if (n < 0 || (size_t)n >= size) {
         buf[0] = '\0';
         return -ENAMETOOLONG;
     }
     return n;
+}
+
+int kvp_socket_path_default(char *buf, size_t size)
+{
+    int n = kvp_socket_dir_default(buf, size);
+
+    if (n < 0)
+        return n;
+    if ((size_t)n + 1 + strlen(KVP_SOCKET_FILE) >= size) {
+        buf[0] = '\0';
+        return -ENAMETOOLONG;
+    }
+    return n + snprintf(buf + n, size - (size_t)n, "/%s", KVP_SOCKET_FILE);
+}
+
+static int say(int err, char *why, size_t why_size, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int say(int err, char *why, size_t why_size, const char *fmt, ...)
+{
+    if (why && why_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_size, fmt, ap);
+        va_end(ap);
+    }
+    return err;
+}
+
+int kvp_socket_dir_check(const char *dir, uid_t uid, char *why, size_t why_size)
+{
+    struct stat st;
+
+    if (why && why_size)
+        why[0] = '\0';
+    /* lstat: a symbolic link planted in the dir's place would lead anywhere. */
+    if (lstat(dir, &st) != 0) {
+        int err = -errno;
+        return say(err, why, why_size, "the socket directory %s cannot be used: %s", dir,
+                   strerror(-err));
+    }
+    if (S_ISLNK(st.st_mode))
+        return say(-EPERM, why, why_size,
+                   "the socket directory %s is a symbolic link, not a private directory", dir);
+    if (!S_ISDIR(st.st_mode))
+        return say(-ENOTDIR, why, why_size, "the socket directory %s is not a directory", dir);
+    if (st.st_uid != uid)
+        return say(-EPERM, why, why_size,
+                   "the socket directory %s belongs to uid %lu, not to uid %lu: another user may "
+                   "have created it to intercept kvpool traffic; remove it or set --socket / "
+                   "KVPOOL_SOCKET",
+                   dir, (unsigned long)st.st_uid, (unsigned long)uid);
+    if (st.st_mode & (S_IWGRP | S_IWOTH))
+        return say(-EPERM, why, why_size,
+                   "the socket directory %s has mode %04o: writable by group or others, so "
+                   "another user could replace the socket; chmod 700 it",
+                   dir, (unsigned)(st.st_mode & 07777));
+    return 0;
+}
+
+int kvp_socket_dir_prepare(const char *dir, uid_t uid, char *why, size_t why_size)
+{
+    /* mkdir never follows a symlink in the last component and fails with EEXIST on anything
+     * already there, which the check then judges. */
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        int err = -errno;
+        return say(err, why, why_size, "cannot create the socket directory %s: %s", dir,
+                   strerror(-err));
+    }
+    return kvp_socket_dir_check(dir, uid, why, why_size);
 }

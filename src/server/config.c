@@ -57,7 +57,9 @@ struct opt_desc {
 static const struct opt_desc opts[] = {
     {"socket", "KVPOOL_SOCKET", "PATH",
      "Unix socket to listen on.\n"
-     "Default: $XDG_RUNTIME_DIR/kvpool.sock, else /tmp/kvpool-<uid>.sock",
+     "Default: $XDG_RUNTIME_DIR/kvpool/kvpool.sock, else /tmp/kvpool-<uid>/kvpool.sock\n"
+     "(a private directory, created 0700; refused if another user owns it or it is\n"
+     "writable by group or others)",
      OPT_SOCKET},
     {"socket-mode", "KVPOOL_SOCKET_MODE", "MODE",
      "Permission bits of the socket file, octal. Default: 0600 (owner only)", OPT_SOCKET_MODE},
@@ -366,8 +368,8 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
         return -EINVAL;
     }
     if (!cfg->socket_path[0]) {
-        fprintf(err, "kvpoold: the default socket path ($XDG_RUNTIME_DIR/kvpool.sock) is too "
-                     "long for a Unix socket; set --socket\n");
+        fprintf(err, "kvpoold: the default socket path ($XDG_RUNTIME_DIR/kvpool/kvpool.sock) is "
+                     "too long for a Unix socket; set --socket\n");
         return -EINVAL;
     }
     return 0;

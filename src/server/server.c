@@ -8,7 +8,8 @@
  *      needed, never unlinked: unlinking a lock file races with the next daemon opening it).
  *      Held until exit, it makes one daemon at a time the owner of the socket path; a second
  *      one exits at once naming the owner's pid, which the lock file holds. A missing socket
- *      directory is found here.
+ *      directory is found here; the default one (socket_path.c) is created 0700 first, and
+ *      refused if another user owns it or it is writable by group or others.
  *   2. the socket path: a file that is not a socket is refused; a socket that answers belongs
  *      to a daemon that does not take the lock and is refused; a dead one is replaced. The new
  *      socket is bound (not yet listening: a client gets ECONNREFUSED until step 6, never a
@@ -52,6 +53,7 @@
 #include <unistd.h>
 
 #include "common/msg.h"
+#include "common/socket_path.h"
 #include "conn.h"
 #include "log.h"
 #include "shm_gate.h"
@@ -159,6 +161,17 @@ static int take_socket_lock(struct kvp_server *s)
 
     snprintf(lock, sizeof(lock), "%s.lock", path);
     dir_of(path, dir, sizeof(dir));
+    /* The default path lives in a private directory that we create; one that somebody else
+     * made (or opened up) may hold a planted socket: refuse it (docs/SECURITY.md). */
+    char def[sizeof(s->cfg.socket_path)];
+    if (kvp_socket_path_default(def, sizeof(def)) > 0 && strcmp(def, path) == 0) {
+        char why[512];
+        int rc = kvp_socket_dir_prepare(dir, geteuid(), why, sizeof(why));
+        if (rc < 0) {
+            log_error("%s: %s", rc == -EPERM ? "Refusing to start" : "Cannot start", why);
+            return rc;
+        }
+    }
     int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         int err = errno;

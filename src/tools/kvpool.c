@@ -95,7 +95,8 @@ static int64_t now_us(void)
 /* Prints why the daemon could not be reached, with its message when it sent one. */
 static int unreachable(const char *path, kvp_client *c, int rc)
 {
-    const char *msg = c ? kvp_last_error(c) : "";
+    /* With c == NULL this is why kvp_client_open() failed. */
+    const char *msg = kvp_last_error(c);
 
     if (msg[0])
         fprintf(stderr, "kvpool: cannot reach kvpoold at %s: %s (%s)\n", path, kvp_strerror(rc),

@@ -102,12 +102,13 @@ static void test_default_socket_path(void **state)
     char *saved = getenv("XDG_RUNTIME_DIR") ? strdup(getenv("XDG_RUNTIME_DIR")) : NULL;
 
     setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
-    assert_rc(kvp_default_socket_path(buf, sizeof(buf)), strlen("/run/user/1234/kvpool.sock"));
-    assert_string_equal(buf, "/run/user/1234/kvpool.sock");
+    assert_rc(kvp_default_socket_path(buf, sizeof(buf)),
+              strlen("/run/user/1234/kvpool/kvpool.sock"));
+    assert_string_equal(buf, "/run/user/1234/kvpool/kvpool.sock");
     assert_rc(kvp_default_socket_path(small, sizeof(small)), -ENAMETOOLONG);
 
     unsetenv("XDG_RUNTIME_DIR");
-    snprintf(expect, sizeof(expect), "/tmp/kvpool-%lu.sock", (unsigned long)getuid());
+    snprintf(expect, sizeof(expect), "/tmp/kvpool-%lu/kvpool.sock", (unsigned long)getuid());
     assert_rc(kvp_default_socket_path(buf, sizeof(buf)), strlen(expect));
     assert_string_equal(buf, expect);
 
@@ -158,7 +159,12 @@ static void test_null_args(void **state)
     (void)state;
     kvp_client_close(NULL);
     assert_rc(kvp_unregister(NULL), 0);
-    assert_string_equal(kvp_last_error(NULL), "");
+    /* Without a handle, kvp_last_error(NULL) says why this thread's last open failed. */
+    kvp_client *c = NULL;
+    kvp_opts o = {.socket_path = "/nonexistent-kvpool-dir/s.sock"};
+    assert_rc(kvp_client_open(&o, &c), -ENOENT);
+    assert_null(c);
+    assert_non_null(strstr(kvp_last_error(NULL), "/nonexistent-kvpool-dir/s.sock"));
     assert_null(kvp_instance_get_info(NULL));
     assert_rc(kvp_client_open(NULL, NULL), -EINVAL);
     assert_rc(kvp_ping(NULL), -EINVAL);

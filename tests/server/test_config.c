@@ -177,7 +177,7 @@ static void test_defaults(void **state)
     assert_int_equal(r.cfg.reserve_timeout_s, 600);
     assert_int_equal(r.cfg.io_timeout_ms, 30000);
     /* Without XDG_RUNTIME_DIR the socket lives in /tmp, per user. */
-    snprintf(want, sizeof(want), "/tmp/kvpool-%u.sock", (unsigned)getuid());
+    snprintf(want, sizeof(want), "/tmp/kvpool-%u/kvpool.sock", (unsigned)getuid());
     assert_string_equal(r.cfg.socket_path, want);
     run_free(&r);
 }
@@ -191,14 +191,14 @@ static void test_default_socket_path_xdg(void **state)
     setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
     parse(&r, NULL);
     expect_ok(&r);
-    assert_string_equal(r.cfg.socket_path, "/run/user/4242/kvpool.sock");
+    assert_string_equal(r.cfg.socket_path, "/run/user/4242/kvpool/kvpool.sock");
     run_free(&r);
 
     /* A relative XDG_RUNTIME_DIR is ignored. */
     setenv("XDG_RUNTIME_DIR", "relative/dir", 1);
     parse(&r, NULL);
     expect_ok(&r);
-    snprintf(want, sizeof(want), "/tmp/kvpool-%u.sock", (unsigned)getuid());
+    snprintf(want, sizeof(want), "/tmp/kvpool-%u/kvpool.sock", (unsigned)getuid());
     assert_string_equal(r.cfg.socket_path, want);
     run_free(&r);
 }
