@@ -21,7 +21,8 @@ from .context import Context, StoreResult
 from .plans import RetrievePlan, StorePlan
 from .errors import (BadSlot, ClosedError, DaemonUnavailable, Error, InstanceBusy,
                      InstanceConflict, InstanceExists, InvalidArgument, LibraryError, NoSpace,
-                     NotFound, ProtocolError, ShmUnavailable, Timeout, TooBig)
+                     NotFound, ProtocolError, ShmUnavailable, Timeout, TooBig,
+                     UntrustedDaemon)
 from .paged import PagedKVCache, gather, scatter
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
     "PagedKVCache", "gather", "scatter",
     "Error", "LibraryError", "ClosedError", "InvalidArgument", "NotFound", "DaemonUnavailable",
     "Timeout", "NoSpace", "TooBig", "ProtocolError", "ShmUnavailable", "BadSlot",
-    "InstanceConflict", "InstanceExists", "InstanceBusy",
+    "InstanceConflict", "InstanceExists", "InstanceBusy", "UntrustedDaemon",
     "library_path", "library_version", "default_socket_path", "__version__",
 ]
 

@@ -46,7 +46,7 @@ KVP_PAGED_KV_FIRST = 0x1
 
 
 class kvp_opts(ctypes.Structure):
-    _fields_ = [("socket_path", c_char_p), ("timeout_ms", c_u32)]
+    _fields_ = [("socket_path", c_char_p), ("timeout_ms", c_u32), ("trust_uid", c_u32)]
 
 
 class kvp_stat(ctypes.Structure):

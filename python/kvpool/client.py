@@ -89,29 +89,38 @@ class Client:
     """A connection to kvpoold.
 
     ``socket_path``: the daemon's Unix socket; None means ``$KVPOOL_SOCKET``, else the C
-    library's default (``$XDG_RUNTIME_DIR/kvpool.sock`` or ``/tmp/kvpool-<uid>.sock``).
-    ``timeout``: seconds per request.
+    library's default (``$XDG_RUNTIME_DIR/kvpool/kvpool.sock`` or
+    ``/tmp/kvpool-<uid>/kvpool.sock``).
+    ``timeout``: seconds per request. ``trust_uid``: a uid the daemon may run as besides this
+    process's own and root (the library checks the daemon's credentials; ``$KVPOOL_TRUST_UID``
+    adds more).
 
     Raises :class:`kvpool.DaemonUnavailable` when no daemon answers, :class:`kvpool.Timeout`,
-    :class:`kvpool.ProtocolError` for an incompatible daemon, :class:`kvpool.LibraryError` when
+    :class:`kvpool.ProtocolError` for an incompatible daemon, :class:`kvpool.UntrustedDaemon`
+    for a daemon of an untrusted uid or an unsafe socket directory, :class:`kvpool.LibraryError` when
     libkvpool.so cannot be loaded.
 
     Usable as a context manager; :meth:`close` is idempotent.
     """
 
-    def __init__(self, socket_path=None, timeout=DEFAULT_TIMEOUT):
+    def __init__(self, socket_path=None, timeout=DEFAULT_TIMEOUT, trust_uid=None):
         self._h = None
         self._lib = _lib.load()
         if timeout is None or timeout <= 0:
             raise InvalidArgument("timeout must be a positive number of seconds")
         ms = max(1, min(int(timeout * 1000), 0xFFFFFFFF))
         path = socket_path.encode("utf-8") if socket_path else None
-        opts = _lib.kvp_opts(path, ms)
+        if trust_uid is not None and not 0 <= int(trust_uid) <= 0xFFFFFFFF:
+            raise InvalidArgument("trust_uid must be a uid (0..4294967295)")
+        opts = _lib.kvp_opts(path, ms, int(trust_uid or 0))
         handle = ctypes.c_void_p()
         rc = self._lib.kvp_client_open(ctypes.byref(opts), ctypes.byref(handle))
         if rc < 0:
             where = socket_path or "the default socket"
-            raise from_code(rc, "connect to %s" % where, _lib.strerror(rc), connecting=True)
+            message = text(self._lib.kvp_last_error(None))
+            raise from_code(
+                rc, "connect to %s" % where, _lib.strerror(rc), message, connecting=True
+            )
         self._h = handle.value
         self._lock = threading.RLock()
         self._contexts = set()

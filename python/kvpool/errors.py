@@ -28,6 +28,7 @@ __all__ = [
     "InstanceConflict",
     "InstanceExists",
     "InstanceBusy",
+    "UntrustedDaemon",
 ]
 
 # kvpool's own codes (KVP_ERRNO_MAP in kvpool.h); all other codes are negative errno values.
@@ -35,12 +36,14 @@ KVP_EPROTO = -10001
 KVP_EVERSION = -10002
 KVP_EBADSLOT = -10003
 KVP_ENOSHM = -10004
+KVP_EPEER = -10005
 
 _KVP_NAMES = {
     KVP_EPROTO: "KVP_EPROTO",
     KVP_EVERSION: "KVP_EVERSION",
     KVP_EBADSLOT: "KVP_EBADSLOT",
     KVP_ENOSHM: "KVP_ENOSHM",
+    KVP_EPEER: "KVP_EPEER",
 }
 
 
@@ -116,6 +119,13 @@ class BadSlot(ProtocolError):
     """The daemon sent a slot outside the mapped pool (KVP_EBADSLOT)."""
 
 
+class UntrustedDaemon(Error, PermissionError):
+    """The socket is not safe to send KV to: the process listening there runs as a uid this
+    process does not trust (KVP_EPEER: allow it with ``trust_uid`` or ``$KVPOOL_TRUST_UID``), or
+    the default socket's directory belongs to another user or is writable by others (-EPERM).
+    The message names the uid or the directory (docs/SECURITY.md)."""
+
+
 class InstanceConflict(Error):
     """The instance id is taken by another registration: :class:`InstanceExists` or
     :class:`InstanceBusy`. The daemon's message (in the text and in ``message``) says why."""
@@ -157,6 +167,8 @@ _BY_CODE = {
     KVP_EVERSION: ProtocolError,
     KVP_EBADSLOT: BadSlot,
     KVP_ENOSHM: ShmUnavailable,
+    KVP_EPEER: UntrustedDaemon,
+    -_errno.EPERM: UntrustedDaemon,
 }
 
 
