@@ -51,7 +51,7 @@ def library_version():
 
 def default_socket_path():
     """The socket a Client without socket_path uses: $KVPOOL_SOCKET, else the library's
-    default ($XDG_RUNTIME_DIR/kvpool.sock or /tmp/kvpool-<uid>.sock)."""
+    default ($XDG_RUNTIME_DIR/kvpool/kvpool.sock or /tmp/kvpool-<uid>/kvpool.sock)."""
     import ctypes
     import os
 
