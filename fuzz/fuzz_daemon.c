@@ -201,14 +201,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvp_registry_init(&srv.registry, &offer);
     FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 
-    struct kvp_conn *c = calloc(1, sizeof(*c));
-    FUZZ_CHECK(c != NULL);
-    c->srv = &srv;
-    c->fd = sv[0];
-    c->id = 1;
-    kvp_wbuf_init(&c->out);
-    srv.conns = c;
-    srv.nconns = 1;
+    struct kvp_conn *c = kvp_conn_new(&srv, sv[0]);
+    FUZZ_CHECK(c != NULL && srv.nconns == 1);
 
     struct feeder f = {
         .fd = sv[1],

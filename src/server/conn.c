@@ -1,5 +1,6 @@
 /*
- * conn.c - one connection: its thread, framing, timed I/O and the holds it owns.
+ * conn.c - one connection's whole life: allocation and the server's connection list, its thread,
+ * framing, timed I/O, and the end that releases the holds (holds.c) and instances it owns.
  *
  * Threading model: one thread per connection (bounded by --max-clients). A thread blocks only
  * on its own socket, so a worker streaming a 32 MiB inline chunk, or one that stops reading, never
@@ -15,11 +16,17 @@
  *
  * Framing errors (bad header, undecodable body) are answered with an error reply and the
  * connection is closed, because the byte stream can no longer be trusted.
+ *
+ * The server's list of connections (s->conns, under s->conns_lock) is kept here: a connection
+ * joins it before its thread starts (the --max-clients check and the insertion are one step
+ * under the lock) and leaves it as the last thing its thread does, so kvp_conns_close_all() can
+ * wait for an empty list knowing that nothing of any connection is still running.
  */
 #include "conn.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +35,7 @@
 
 #include "common/iov.h"
 #include "common/msg.h"
+#include "handlers.h"
 #include "log.h"
 #include "server.h"
 #include "stats.h"
@@ -187,74 +195,100 @@ int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd)
     return 0;
 }
 
-/* Returns NULL when the table is full or out of memory; the caller then undoes the store side. */
-struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_pin,
-                                   struct kvp_obj **objs, uint32_t n, uint64_t chunk_bytes)
-{
-    if (c->nholds == KVP_MAX_HOLDS)
-        return NULL;
-    struct kvp_obj **copy = malloc(sizeof(*copy) * n);
-    if (!copy)
-        return NULL;
-    memcpy(copy, objs, sizeof(*copy) * n);
-    struct kvp_hold *h = &c->holds[c->nholds++];
-    *h = (struct kvp_hold){
-        .id = ++c->next_hold_id,
-        .handle = handle,
-        .is_pin = is_pin,
-        .n = n,
-        .chunk_bytes = chunk_bytes,
-        .objs = copy,
-    };
-    return h;
-}
-
-/* Ids, handles and kinds must all match: a pin id never commits a store, and vice versa. */
-struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t handle, bool is_pin)
-{
-    for (uint32_t i = 0; i < c->nholds; i++) {
-        struct kvp_hold *h = &c->holds[i];
-        if (h->id == id && h->handle == handle && h->is_pin == is_pin)
-            return h;
-    }
-    return NULL;
-}
-
-/* The table is unordered: the last entry fills the hole. */
-void kvp_conn_hold_drop(struct kvp_conn *c, struct kvp_hold *h)
-{
-    free(h->objs);
-    *h = c->holds[--c->nholds];
-}
-
-void kvp_conn_hold_release(struct kvp_conn *c, struct kvp_hold *h)
-{
-    if (h->is_pin) {
-        kvp_store_unpin(&c->srv->store, h->objs, h->n);
-    } else {
-        kvp_store_abort(&c->srv->store, h->objs, h->n);
-        KVP_COUNT(store_chunks_aborted, h->n);
-    }
-    kvp_conn_hold_drop(c, h);
-}
-
-void kvp_conn_release_holds(struct kvp_conn *c, uint32_t handle, bool all)
-{
-    for (uint32_t i = c->nholds; i-- > 0;)
-        if (all || c->holds[i].handle == handle)
-            kvp_conn_hold_release(c, &c->holds[i]);
-}
-
 /* Scratch sized for the largest request, allocated once per connection, not per request. */
 static int conn_alloc_buffers(struct kvp_conn *c)
 {
     c->keys = malloc((size_t)KVP_MAX_CHUNKS * KVP_KEY_SIZE);
     c->objs = malloc(sizeof(*c->objs) * KVP_MAX_CHUNKS);
     c->idx = malloc(sizeof(*c->idx) * KVP_MAX_CHUNKS);
-    c->holds = malloc(sizeof(*c->holds) * KVP_MAX_HOLDS);
-    if (!c->keys || !c->objs || !c->idx || !c->holds)
+    if (!c->keys || !c->objs || !c->idx)
         return -ENOMEM;
+    return kvp_holds_init(&c->holds, &c->srv->store);
+}
+
+/* Joins the server's list, unless --max-clients connections are there already. */
+static struct kvp_conn *conn_new(struct kvp_server *s, int fd, int *err)
+{
+    struct kvp_conn *c = calloc(1, sizeof(*c));
+    if (!c) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    c->srv = s;
+    c->fd = fd;
+    kvp_wbuf_init(&c->out);
+
+    pthread_mutex_lock(&s->conns_lock);
+    if (s->nconns >= s->cfg.max_clients) {
+        pthread_mutex_unlock(&s->conns_lock);
+        free(c);
+        *err = -EUSERS;
+        return NULL;
+    }
+    c->id = ++s->next_conn_id;
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    pthread_mutex_unlock(&s->conns_lock);
+    return c;
+}
+
+/* Last step of a connection thread: leave the list and wake a shutdown waiting for it. */
+static void conn_leave(struct kvp_conn *c)
+{
+    struct kvp_server *s = c->srv;
+
+    pthread_mutex_lock(&s->conns_lock);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->nconns--;
+    pthread_cond_broadcast(&s->conns_cv);
+    pthread_mutex_unlock(&s->conns_lock);
+}
+
+struct kvp_conn *kvp_conn_new(struct kvp_server *s, int fd)
+{
+    int err;
+    return conn_new(s, fd, &err);
+}
+
+int kvp_conn_spawn(struct kvp_server *s, int fd)
+{
+    int err = 0;
+    struct kvp_conn *c = conn_new(s, fd, &err);
+    if (!c)
+        return err;
+
+    pthread_attr_t attr;
+    pthread_t tid;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = kvp_thread_create(&tid, &attr, kvp_conn_main, c);
+    pthread_attr_destroy(&attr);
+    if (rc) {
+        conn_leave(c);
+        c->fd = -1; /* the caller closes it */
+        kvp_wbuf_free(&c->out);
+        free(c);
+        return -rc;
+    }
     return 0;
+}
+
+void kvp_conns_close_all(struct kvp_server *s)
+{
+    pthread_mutex_lock(&s->conns_lock);
+    for (struct kvp_conn *c = s->conns; c; c = c->next)
+        shutdown(c->fd, SHUT_RDWR);
+    while (s->nconns)
+        pthread_cond_wait(&s->conns_cv, &s->conns_lock);
+    pthread_mutex_unlock(&s->conns_lock);
 }
 
 /* Frees a connection whose holds are already released; closes its socket. */
@@ -263,7 +297,7 @@ static void conn_free(struct kvp_conn *c)
     free(c->keys);
     free(c->objs);
     free(c->idx);
-    free(c->holds);
+    kvp_holds_destroy(&c->holds);
     free(c->body);
     kvp_wbuf_free(&c->out);
     if (c->fd >= 0)
@@ -359,10 +393,9 @@ void *kvp_conn_main(void *arg)
         log_debug("Connection %llu closed (%s)", (unsigned long long)c->id, strerror(-rc));
 
     /* Everything the client held is released now, not at a timeout. */
-    if (c->holds)
-        kvp_conn_release_holds(c, 0, true);
+    kvp_holds_release_all(&c->holds, 0, true);
     kvp_registry_remove_owner(&s->registry, c->id);
-    kvp_server_conn_exit(s, c);
+    conn_leave(c);
     conn_free(c);
     return NULL;
 }

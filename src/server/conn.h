@@ -1,6 +1,6 @@
 /*
  * conn.h - one client connection, served by its own thread: framing, I/O with timeouts, and the
- * reservations and pins ("holds") the connection owns.
+ * reservations and pins ("holds", holds.h) the connection owns.
  */
 #ifndef KVP_CONN_H
 #define KVP_CONN_H
@@ -11,21 +11,10 @@
 #include <sys/uio.h>
 
 #include "common/wire.h"
+#include "holds.h"
 #include "store.h"
 
 struct kvp_server;
-
-#define KVP_MAX_HOLDS 1024
-
-/* A reservation (prepare-store) or a pin set (prepare-retrieve) owned by one connection. */
-struct kvp_hold {
-    uint64_t id;
-    uint32_t handle; /* instance it was made for */
-    bool is_pin;
-    uint32_t n;
-    uint64_t chunk_bytes;
-    struct kvp_obj **objs;
-};
 
 struct kvp_conn {
     struct kvp_server *srv;
@@ -43,13 +32,26 @@ struct kvp_conn {
     struct kvp_obj **objs; /* KVP_MAX_CHUNKS */
     uint32_t *idx;         /* KVP_MAX_CHUNKS */
 
-    struct kvp_hold *holds;
-    uint32_t nholds;
-    uint64_t next_hold_id;
+    struct kvp_holds holds; /* reservations and pins of this connection */
 };
 
-/* Thread entry: serves c until EOF, error or server stop, then releases everything it held. */
+/*
+ * Serves a new connection on fd in a thread of its own. Returns 0 (the connection owns fd from
+ * here on), -EUSERS when --max-clients connections are being served, or another negative errno
+ * (ENOMEM, or from pthread_create); on failure the caller still owns fd.
+ */
+int kvp_conn_spawn(struct kvp_server *s, int fd);
+
+/* The allocation step of kvp_conn_spawn() alone, for a caller that runs kvp_conn_main() itself
+ * (the daemon fuzz driver). Returns NULL when out of memory or at --max-clients. */
+struct kvp_conn *kvp_conn_new(struct kvp_server *s, int fd);
+
+/* Thread entry: serves c until EOF, error or server stop, then releases everything it held,
+ * leaves the server's list and frees c (closing its socket). */
 void *kvp_conn_main(void *arg);
+
+/* Shuts every connection's socket down and waits until all their threads have left. */
+void kvp_conns_close_all(struct kvp_server *s);
 
 /* Receives exactly len bytes. Returns 0, -ECONNRESET on EOF, -ETIMEDOUT, or -errno. */
 int kvp_conn_recv(struct kvp_conn *c, void *buf, size_t len);
@@ -63,19 +65,5 @@ int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
 
 /* Sends an empty success reply with fd attached (SCM_RIGHTS). Returns 0 or a negative errno. */
 int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd);
-
-/* Hold table. */
-struct kvp_hold *kvp_conn_hold_add(struct kvp_conn *c, uint32_t handle, bool is_pin,
-                                   struct kvp_obj **objs, uint32_t n, uint64_t chunk_bytes);
-struct kvp_hold *kvp_conn_hold_find(struct kvp_conn *c, uint64_t id, uint32_t handle, bool is_pin);
-/* Releases (abort or unpin) and removes a hold. */
-void kvp_conn_hold_release(struct kvp_conn *c, struct kvp_hold *h);
-/* Removes a hold whose objects were already committed. */
-void kvp_conn_hold_drop(struct kvp_conn *c, struct kvp_hold *h);
-/* Releases every hold of handle (all holds when all is true). */
-void kvp_conn_release_holds(struct kvp_conn *c, uint32_t handle, bool all);
-
-/* Dispatches one decoded request (handlers.c). Returns 0 to keep the connection, <0 to close. */
-int kvp_handle_request(struct kvp_conn *c, const struct kvp_header *h);
 
 #endif /* KVP_CONN_H */

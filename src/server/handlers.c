@@ -23,6 +23,7 @@
 #include "common/chunk_hash.h"
 #include "common/msg.h"
 #include "conn.h"
+#include "handlers.h"
 #include "log.h"
 #include "server.h"
 #include "stats.h"
@@ -169,7 +170,7 @@ static int handle_unregister(struct kvp_conn *c, const struct kvp_header *h)
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    kvp_conn_release_holds(c, req.handle, false);
+    kvp_holds_release_all(&c->holds, req.handle, false);
     struct kvp_instance inst;
     /* Only the registering connection knows the handle legitimately, and only it ends the
      * instance. */
@@ -307,7 +308,7 @@ static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
     int rc = keyed_prepare(c, h, &k, false);
     if (rc)
         return rc < 0 ? rc : 0;
-    if (c->nholds == KVP_MAX_HOLDS)
+    if (kvp_holds_full(&c->holds))
         return fail(c, h, -EMFILE,
                     "too many open reservations and pins on this connection "
                     "(max %d)",
@@ -317,8 +318,8 @@ static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
     if (rc)
         return fail(c, h, rc, "out of memory while reserving");
     if (pr.nslots) {
-        struct kvp_hold *hold = kvp_conn_hold_add(c, k.inst.handle, false, c->objs, pr.nslots,
-                                                  k.inst.layout.bytes);
+        struct kvp_hold *hold = kvp_holds_add(&c->holds, k.inst.handle, false, c->objs, pr.nslots,
+                                              k.inst.layout.bytes);
         if (!hold) {
             kvp_store_abort(&s->store, c->objs, pr.nslots);
             return fail(c, h, -ENOMEM, "out of memory while reserving");
@@ -342,7 +343,7 @@ static int commit_hold(struct kvp_conn *c, const struct kvp_header *h, struct kv
 {
     uint64_t id = hold->id;
     int rc = kvp_store_commit(&c->srv->store, hold->objs, hold->n);
-    kvp_conn_hold_drop(c, hold);
+    kvp_holds_drop(&c->holds, hold);
     if (rc < 0)
         return fail(c, h, rc, "reservation %" PRIu64 " expired before commit; nothing stored", id);
     KVP_COUNT(store_chunks_committed, rc);
@@ -356,7 +357,7 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    struct kvp_hold *hold = kvp_conn_hold_find(c, req.id, req.handle, false);
+    struct kvp_hold *hold = kvp_holds_find(&c->holds, req.id, req.handle, false);
     if (!hold)
         return fail(c, h, -ENOENT,
                     "no reservation %" PRIu64 " for this instance on this "
@@ -364,7 +365,7 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
                     req.id);
     if (!commit) {
         uint32_t n = hold->n;
-        kvp_conn_hold_release(c, hold);
+        kvp_holds_release(&c->holds, hold);
         kvp_encode_count_reply(&c->out, n);
         return ok(c, h);
     }
@@ -374,7 +375,7 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
     struct kvp_instance inst;
     if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst) == 0 &&
         inst.transport != KVP_WIRE_SHM) {
-        kvp_conn_hold_release(c, hold);
+        kvp_holds_release(&c->holds, hold);
         return fail(c, h, -EOPNOTSUPP,
                     "instance %s uses the inline transport: its data must "
                     "come with STORE_INLINE; reservation %" PRIu64 " dropped",
@@ -390,7 +391,7 @@ static int handle_store_inline(struct kvp_conn *c, const struct kvp_header *h)
 
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    struct kvp_hold *hold = kvp_conn_hold_find(c, req.id, req.handle, false);
+    struct kvp_hold *hold = kvp_holds_find(&c->holds, req.id, req.handle, false);
     if (!hold) {
         fail(c, h, -ENOENT, "no reservation %" PRIu64 " for this instance on this connection",
              req.id);
@@ -400,14 +401,14 @@ static int handle_store_inline(struct kvp_conn *c, const struct kvp_header *h)
     if (h->payload_len != want) {
         fail(c, h, -EINVAL, "payload of %" PRIu64 " bytes; reservation %" PRIu64 " needs %" PRIu64,
              h->payload_len, req.id, want);
-        kvp_conn_hold_release(c, hold);
+        kvp_holds_release(&c->holds, hold);
         return -EINVAL;
     }
     /* Straight into the reserved slots: the hold keeps them ours, and no lock is needed. */
     for (uint32_t i = 0; i < hold->n; i++) {
         int rc = kvp_conn_recv(c, s->seg.base + hold->objs[i]->offset, hold->chunk_bytes);
         if (rc) {
-            kvp_conn_hold_release(c, hold);
+            kvp_holds_release(&c->holds, hold);
             return rc;
         }
     }
@@ -429,15 +430,15 @@ static int handle_prepare_retrieve(struct kvp_conn *c, const struct kvp_header *
                     "instance %s uses the inline transport; use "
                     "RETRIEVE_INLINE",
                     k.inst.req.instance_id);
-    if (c->nholds == KVP_MAX_HOLDS)
+    if (kvp_holds_full(&c->holds))
         return fail(c, h, -EMFILE,
                     "too many open reservations and pins on this connection "
                     "(max %d)",
                     KVP_MAX_HOLDS);
     uint32_t n = kvp_store_pin(&s->store, c->keys, k.n, c->objs);
     if (n) {
-        struct kvp_hold *hold = kvp_conn_hold_add(c, k.inst.handle, true, c->objs, n,
-                                                  k.inst.layout.bytes);
+        struct kvp_hold *hold = kvp_holds_add(&c->holds, k.inst.handle, true, c->objs, n,
+                                              k.inst.layout.bytes);
         if (!hold) {
             kvp_store_unpin(&s->store, c->objs, n);
             return fail(c, h, -ENOMEM, "out of memory while pinning");
@@ -454,12 +455,12 @@ static int handle_commit_retrieve(struct kvp_conn *c, const struct kvp_header *h
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    struct kvp_hold *hold = kvp_conn_hold_find(c, req.id, req.handle, true);
+    struct kvp_hold *hold = kvp_holds_find(&c->holds, req.id, req.handle, true);
     if (!hold)
         return fail(c, h, -ENOENT, "no pin %" PRIu64 " for this instance on this connection",
                     req.id);
     uint32_t n = hold->n;
-    kvp_conn_hold_release(c, hold);
+    kvp_holds_release(&c->holds, hold);
     kvp_encode_count_reply(&c->out, n);
     return ok(c, h);
 }

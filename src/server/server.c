@@ -25,7 +25,8 @@
  *   6. listen, the expiry thread, the "ready" line.
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
- * Threads: the main thread accepts; each connection has a detached thread (conn.c); one expiry
+ * Threads: the main thread accepts and checks credentials; each connection has a detached thread
+ * and joins the connection list (conn.c, which owns a connection's whole life); one expiry
  * thread cancels overdue reservations and reports rate-limited log counts once a second. The
  * threads are created with the stop signals blocked, so only the main thread handles them.
  * Shutdown: the signal handler writes to a self-pipe; the main thread stops accepting, shuts
@@ -346,8 +347,8 @@ static int check_fd_limit(const struct kvp_config *cfg)
     return 0;
 }
 
-/* Creates a thread with the stop signals blocked, so that only the main thread handles them. */
-static int create_thread(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+/* The stop signals are blocked in the new thread, so that only the main thread handles them. */
+int kvp_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
     sigset_t block, old;
     sigemptyset(&block);
@@ -489,7 +490,7 @@ int kvp_server_start(struct kvp_server *s)
         log_error("Cannot start: cannot listen on %s: %s", cfg->socket_path, strerror(err));
         return -err;
     }
-    rc = create_thread(&s->expiry_thread, NULL, expiry_main, s);
+    rc = kvp_thread_create(&s->expiry_thread, NULL, expiry_main, s);
     if (rc) {
         log_error("Cannot start: cannot create the expiry thread: %s", strerror(rc));
         return -rc;
@@ -509,21 +510,6 @@ void kvp_server_stop(struct kvp_server *s)
         ssize_t w = write(s->wake_fds[1], "x", 1);
         (void)w;
     }
-}
-
-/* Last step of a connection thread: leave the list and wake a shutdown waiting for it. */
-void kvp_server_conn_exit(struct kvp_server *s, struct kvp_conn *c)
-{
-    pthread_mutex_lock(&s->conns_lock);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    s->nconns--;
-    pthread_cond_broadcast(&s->conns_cv);
-    pthread_mutex_unlock(&s->conns_lock);
 }
 
 /*
@@ -618,47 +604,17 @@ static void accept_one(struct kvp_server *s)
         refuse(fd, -EACCES, msg);
         return;
     }
-    pthread_mutex_lock(&s->conns_lock);
-    bool full = s->nconns >= s->cfg.max_clients;
-    pthread_mutex_unlock(&s->conns_lock);
-    if (full) {
+    int rc = kvp_conn_spawn(s, fd);
+    if (rc == -EUSERS) {
         KVP_COUNT(connections_rejected, 1);
         log_warn_rl("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
                     s->cfg.max_clients);
         refuse(fd, -EUSERS, "too many clients connected (--max-clients)");
         return;
     }
-
-    struct kvp_conn *c = calloc(1, sizeof(*c));
-    if (!c) {
-        log_error_rl("Out of memory accepting a connection");
+    if (rc < 0) {
+        log_error_rl("Cannot serve a new connection: %s", strerror(-rc));
         close(fd);
-        return;
-    }
-    c->srv = s;
-    c->fd = fd;
-    kvp_wbuf_init(&c->out);
-
-    pthread_mutex_lock(&s->conns_lock);
-    c->id = ++s->next_conn_id;
-    c->next = s->conns;
-    if (s->conns)
-        s->conns->prev = c;
-    s->conns = c;
-    s->nconns++;
-    pthread_mutex_unlock(&s->conns_lock);
-
-    pthread_attr_t attr;
-    pthread_t tid;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = create_thread(&tid, &attr, kvp_conn_main, c);
-    pthread_attr_destroy(&attr);
-    if (rc) {
-        log_error_rl("Cannot start a connection thread: %s", strerror(rc));
-        kvp_server_conn_exit(s, c);
-        close(fd);
-        free(c);
         return;
     }
     KVP_COUNT(connections_accepted, 1);
@@ -697,13 +653,7 @@ void kvp_server_destroy(struct kvp_server *s)
     if (s->socket_bound)
         unlink_own_socket(s);
 
-    /* Wake every connection thread; each releases its holds and leaves the list. */
-    pthread_mutex_lock(&s->conns_lock);
-    for (struct kvp_conn *c = s->conns; c; c = c->next)
-        shutdown(c->fd, SHUT_RDWR);
-    while (s->nconns)
-        pthread_cond_wait(&s->conns_cv, &s->conns_lock);
-    pthread_mutex_unlock(&s->conns_lock);
+    kvp_conns_close_all(s);
 
     if (s->expiry_started) {
         pthread_mutex_lock(&s->expiry_lock);

@@ -34,7 +34,7 @@ struct kvp_server {
     int wake_fds[2]; /* self-pipe: stop request and expiry wake-up */
     atomic_bool stopping;
 
-    pthread_mutex_t conns_lock; /* guards conns, nconns, next_conn_id */
+    pthread_mutex_t conns_lock; /* guards conns, nconns, next_conn_id (conn.c) */
     pthread_cond_t conns_cv;    /* signalled when a connection thread exits */
     struct kvp_conn *conns;
     uint32_t nconns;
@@ -75,7 +75,8 @@ void kvp_server_destroy(struct kvp_server *s);
 /* Milliseconds of CLOCK_MONOTONIC: the clock of reservation ages and their expiry. */
 uint64_t kvp_mono_ms(void);
 
-/* Connection bookkeeping used by conn.c. */
-void kvp_server_conn_exit(struct kvp_server *s, struct kvp_conn *c);
+/* pthread_create() with SIGINT, SIGTERM, SIGHUP and SIGPIPE blocked in the new thread, so that
+ * only the main thread handles the stop signals. Returns 0 or a positive errno. */
+int kvp_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
 
 #endif /* KVP_SERVER_H */
