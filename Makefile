@@ -24,6 +24,16 @@ build: deps $(BUILD)/CMakeCache.txt
 serve: build
 	$(BUILD)/bin/kvpoold $(ARGS)
 
+# `make install PREFIX=DIR` (default /usr/local; DESTDIR=... stages it for packaging): kvpoold,
+# kvpool, libkvpool.so, the headers and the pkg-config file kvpool.pc. The programs find the
+# library through an RPATH relative to themselves. The Python package: `pip install ./python`.
+PREFIX ?= /usr/local
+
+.PHONY: install
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
 # `make check` (or test-quick): the normal build's tests, the quick loop. `make test`, which is
 # what CI runs: lint (cppcheck), check, the suite again under ASan+UBSan and under TSan
 # (separate build directories, the daemon under test sanitized too), then every fuzz driver
