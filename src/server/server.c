@@ -17,10 +17,10 @@
  *      that, even briefly), and its inode is recorded;
  *   3. crash leftovers: segments of dead daemons in /dev/shm are removed (segment.c), so the
  *      gate counts the space they held;
- *   4. capacity gate (shm_gate.c) on the segment size (header page + pool), then the shared
- *      segment (segment.c), or private memory when the gate or the reservation said no; a
- *      segment held by a live daemon is fatal. The reservation logs its progress and stops
- *      early on SIGINT/SIGTERM/SIGHUP;
+ *   4. the transport decision (transport.c): capacity gate (shm_gate.c) on the segment size
+ *      (header page + pool), then the shared segment (segment.c), or private memory when the
+ *      gate or the reservation said no; a segment held by a live daemon is fatal. The reservation
+ * logs its progress and stops early on SIGINT/SIGTERM/SIGHUP;
  *   5. store and registry over that memory;
  *   6. listen, the expiry thread, the "ready" line.
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
@@ -59,76 +59,7 @@
 #include "log.h"
 #include "shm_gate.h"
 #include "stats.h"
-
-/* Logs a gate verdict. Returns true when the segment may be attempted. */
-static bool gate_allows(enum kvp_gate_verdict v, const char *log_line)
-{
-    if (v == KVP_GATE_SKIPPED)
-        log_debug("%s", log_line);
-    else if (v != KVP_GATE_OK)
-        log_warn("%s", log_line);
-    return v == KVP_GATE_OK || v == KVP_GATE_SKIPPED;
-}
-
-/*
- * Decides where the pool lives: a shared segment (posix or memfd) when the configuration and
- * the capacity gate allow it and the reservation succeeds, else private memory. Only a segment
- * name held by a live daemon is fatal; every other failure degrades to the inline transport
- * with a logged reason.
- */
-static int setup_memory(struct kvp_server *s)
-{
-    const struct kvp_config *cfg = &s->cfg;
-    uint64_t size = KVP_SEG_HEADER + cfg->l1_size;
-    char log_line[512], why[200];
-    struct kvp_gate_probe probe;
-    int rc = 0;
-
-    if (!cfg->shm_enabled || cfg->shm_backend == KVP_SHM_NONE) {
-        snprintf(s->shm_reason, sizeof(s->shm_reason), "SHM disabled by configuration");
-    } else if (cfg->shm_backend == KVP_SHM_MEMFD) {
-        kvp_mem_gate_probe(&probe);
-        if (gate_allows(kvp_mem_gate_decide(size, &probe, log_line, sizeof(log_line), s->shm_reason,
-                                            sizeof(s->shm_reason)),
-                        log_line)) {
-            rc = kvp_segment_create_memfd(&s->seg, size, why, sizeof(why));
-            if (rc == -ECANCELED)
-                return rc;
-            if (rc) {
-                log_warn("Cannot create the memfd segment (%s). Disabling SHM transport.", why);
-                snprintf(s->shm_reason, sizeof(s->shm_reason), "SHM disabled: %s", why);
-            }
-        }
-    } else {
-        kvp_shm_gate_probe(KVP_SHM_DIR, &probe);
-        if (gate_allows(kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line), s->shm_reason,
-                                            sizeof(s->shm_reason)),
-                        log_line)) {
-            rc = kvp_segment_create_shared(&s->seg, cfg->shm_name, size, cfg->shm_mode, why,
-                                           sizeof(why));
-            if (rc == -EBUSY) {
-                log_error("Refusing to start: %s", why);
-                return rc;
-            }
-            if (rc == -ECANCELED)
-                return rc;
-            if (rc) {
-                log_warn("Cannot create the shared segment (%s). Disabling SHM transport.", why);
-                snprintf(s->shm_reason, sizeof(s->shm_reason), "SHM disabled: %s", why);
-            }
-        }
-    }
-    if (!s->seg.shared) {
-        rc = kvp_segment_create_private(&s->seg, size);
-        if (rc == -ECANCELED)
-            return rc;
-        if (rc) {
-            log_error("Cannot allocate the %" PRIu64 "-byte pool: %s", cfg->l1_size, strerror(-rc));
-            return rc;
-        }
-    }
-    return 0;
-}
+#include "transport.h"
 
 /* The directory part of path, for messages. */
 static void dir_of(const char *path, char *dir, size_t size)
@@ -464,7 +395,7 @@ int kvp_server_start(struct kvp_server *s)
 
     kvp_segment_sweep(KVP_SHM_DIR, cfg->shm_enabled ? cfg->shm_name : NULL, KVP_SWEEP_MIN_AGE_S);
     kvp_segment_set_reserve_control(progress_interval(), &s->stopping);
-    rc = setup_memory(s);
+    rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason));
     if (rc)
         return rc;
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size);

@@ -1,0 +1,25 @@
+/*
+ * transport.h - the daemon-wide transport decision: whether the pool lives in shared memory
+ * (workers may use the zero-copy transport) or in private memory (every worker is inline).
+ * Each worker's own choice, made at registration, is in registry.c and src/client/shm_map.c.
+ */
+#ifndef KVP_TRANSPORT_H
+#define KVP_TRANSPORT_H
+
+#include <stddef.h>
+
+#include "config.h"
+#include "segment.h"
+
+/*
+ * Creates the pool memory in seg: a shared segment (posix or memfd, per cfg) when the
+ * configuration and the capacity gate allow it and its reservation succeeds, else private
+ * memory. reason (reason_size bytes) receives why SHM is off, or "" when it is on; each step
+ * logs what it decided (the gate's WARN lines). Returns 0, -ECANCELED when a stop signal ended
+ * the reservation, -EBUSY (a live daemon holds the segment name; logged as the start-up ERROR),
+ * or another negative errno when not even private memory could be had (logged).
+ */
+int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, char *reason,
+                        size_t reason_size);
+
+#endif /* KVP_TRANSPORT_H */
