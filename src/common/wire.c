@@ -73,6 +73,22 @@ void kvp_header_encode(const struct kvp_header *h, uint8_t out[KVP_HEADER_SIZE])
     le64(out + 24, h->payload_len);
 }
 
+void kvp_reply_header_encode(const struct kvp_header *req, int32_t status, uint32_t body_len,
+                             uint64_t payload_len, uint8_t out[KVP_HEADER_SIZE])
+{
+    uint16_t op = (uint16_t)(req->opcode & ~KVP_REPLY_FLAG);
+    struct kvp_header h = {
+        .magic = KVP_MAGIC,
+        .version = KVP_PROTO_VERSION,
+        .opcode = (uint16_t)((op == 0 || op >= KVP_OP_MAX_ ? 0 : op) | KVP_REPLY_FLAG),
+        .request_id = req->request_id,
+        .body_len = body_len,
+        .status = status,
+        .payload_len = payload_len,
+    };
+    kvp_header_encode(&h, out);
+}
+
 int kvp_header_decode(const uint8_t in[KVP_HEADER_SIZE], struct kvp_header *h)
 {
     h->magic = rd32(in + 0);

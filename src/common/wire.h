@@ -67,6 +67,14 @@ struct kvp_header {
 void kvp_header_encode(const struct kvp_header *h, uint8_t out[KVP_HEADER_SIZE]);
 
 /*
+ * Encodes the header of the reply to request req: its opcode with KVP_REPLY_FLAG, its request
+ * id, this protocol's magic and version, and the given status and lengths. An opcode outside the
+ * protocol (a frame refused before its header could be trusted) is answered as opcode 0.
+ */
+void kvp_reply_header_encode(const struct kvp_header *req, int32_t status, uint32_t body_len,
+                             uint64_t payload_len, uint8_t out[KVP_HEADER_SIZE]);
+
+/*
  * Decodes and validates a header: magic, version, known opcode, body_len <= KVP_MAX_BODY.
  * Returns 0, -EPROTO (bad magic or opcode, oversized body) or -EPROTONOSUPPORT (version).
  */

@@ -123,16 +123,7 @@ int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
         return -ENOMEM;
     }
 
-    struct kvp_header h = {
-        .magic = KVP_MAGIC,
-        .version = KVP_PROTO_VERSION,
-        .opcode = (uint16_t)(req->opcode | KVP_REPLY_FLAG),
-        .request_id = req->request_id,
-        .body_len = (uint32_t)body->len,
-        .status = status,
-        .payload_len = payload_len,
-    };
-    kvp_header_encode(&h, hdr);
+    kvp_reply_header_encode(req, status, (uint32_t)body->len, payload_len, hdr);
 
     if (npayload > 64) {
         iov = malloc(sizeof(*iov) * (size_t)(2 + npayload));
@@ -156,12 +147,6 @@ int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
 int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd)
 {
     uint8_t hdr[KVP_HEADER_SIZE];
-    struct kvp_header h = {
-        .magic = KVP_MAGIC,
-        .version = KVP_PROTO_VERSION,
-        .opcode = (uint16_t)(req->opcode | KVP_REPLY_FLAG),
-        .request_id = req->request_id,
-    };
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
@@ -172,7 +157,7 @@ int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd)
                         .msg_control = ctl.buf,
                         .msg_controllen = sizeof(ctl.buf)};
 
-    kvp_header_encode(&h, hdr);
+    kvp_reply_header_encode(req, 0, 0, 0, hdr);
     memset(ctl.buf, 0, sizeof(ctl.buf));
     struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
     cm->cmsg_level = SOL_SOCKET;
@@ -201,7 +186,8 @@ static int conn_alloc_buffers(struct kvp_conn *c)
     c->keys = malloc((size_t)KVP_MAX_CHUNKS * KVP_KEY_SIZE);
     c->objs = malloc(sizeof(*c->objs) * KVP_MAX_CHUNKS);
     c->idx = malloc(sizeof(*c->idx) * KVP_MAX_CHUNKS);
-    if (!c->keys || !c->objs || !c->idx)
+    c->slots = malloc(sizeof(*c->slots) * KVP_MAX_CHUNKS);
+    if (!c->keys || !c->objs || !c->idx || !c->slots)
         return -ENOMEM;
     return kvp_holds_init(&c->holds, &c->srv->store);
 }
@@ -297,6 +283,7 @@ static void conn_free(struct kvp_conn *c)
     free(c->keys);
     free(c->objs);
     free(c->idx);
+    free(c->slots);
     kvp_holds_destroy(&c->holds);
     free(c->body);
     kvp_wbuf_free(&c->out);
@@ -309,11 +296,8 @@ static void conn_free(struct kvp_conn *c)
 static void reply_protocol_error(struct kvp_conn *c, const struct kvp_header *h, int status,
                                  const char *what)
 {
-    struct kvp_header req = *h;
-    if ((req.opcode & ~KVP_REPLY_FLAG) == 0 || (req.opcode & ~KVP_REPLY_FLAG) >= KVP_OP_MAX_)
-        req.opcode = 0;
     snprintf(c->errmsg, sizeof(c->errmsg), "%s", what);
-    kvp_conn_reply(c, &req, status, NULL, 0, 0);
+    kvp_conn_reply(c, h, status, NULL, 0, 0);
     KVP_COUNT(protocol_errors, 1);
     log_warn_rl("Connection %llu (pid %d): %s; closing", (unsigned long long)c->id,
                 (int)c->peer.pid, what);

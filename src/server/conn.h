@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "common/msg.h"
 #include "common/wire.h"
 #include "holds.h"
 #include "store.h"
@@ -28,9 +29,10 @@ struct kvp_conn {
     struct kvp_wbuf out; /* reply body being built */
     char errmsg[KVP_MAX_ERRMSG + 1];
 
-    uint8_t *keys;         /* KVP_MAX_CHUNKS keys of the current request */
-    struct kvp_obj **objs; /* KVP_MAX_CHUNKS */
-    uint32_t *idx;         /* KVP_MAX_CHUNKS */
+    uint8_t *keys;               /* KVP_MAX_CHUNKS keys of the current request */
+    struct kvp_obj **objs;       /* KVP_MAX_CHUNKS */
+    uint32_t *idx;               /* KVP_MAX_CHUNKS */
+    struct kvp_wire_slot *slots; /* KVP_MAX_CHUNKS, a slots reply being encoded */
 
     struct kvp_holds holds; /* reservations and pins of this connection */
 };

@@ -280,22 +280,27 @@ static int handle_lookup(struct kvp_conn *c, const struct kvp_header *h)
     return ok(c, h);
 }
 
-/* Encodes a slots reply for objs[0..n) with chunk indices idx (NULL: 0..n). */
+/* Encodes a slots reply (msg.c) for objs[0..n) with chunk indices idx (NULL: 0..n). */
 static void encode_slots(struct kvp_conn *c, uint64_t id, uint32_t nchunks,
                          const struct kvp_prepare_result *pr, struct kvp_obj **objs,
                          const uint32_t *idx, uint32_t n)
 {
-    kvp_put_u64(&c->out, id);
-    kvp_put_u32(&c->out, nchunks);
-    kvp_put_u32(&c->out, pr ? pr->cached : 0);
-    kvp_put_u32(&c->out, pr ? pr->busy : 0);
-    kvp_put_u32(&c->out, pr ? pr->no_space : 0);
-    kvp_put_u32(&c->out, n);
-    for (uint32_t i = 0; i < n; i++) {
-        kvp_put_u32(&c->out, idx ? idx[i] : i);
-        kvp_put_u64(&c->out, objs[i]->offset);
-        kvp_put_u64(&c->out, objs[i]->length);
-    }
+    struct kvp_slots_reply m = {
+        .id = id,
+        .nchunks = nchunks,
+        .cached = pr ? pr->cached : 0,
+        .busy = pr ? pr->busy : 0,
+        .no_space = pr ? pr->no_space : 0,
+        .nslots = n,
+        .slots = c->slots,
+    };
+    for (uint32_t i = 0; i < n; i++)
+        c->slots[i] = (struct kvp_wire_slot){
+            .chunk_index = idx ? idx[i] : i,
+            .offset = objs[i]->offset,
+            .length = objs[i]->length,
+        };
+    kvp_encode_slots_reply(&c->out, &m);
 }
 
 static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)

@@ -459,13 +459,7 @@ static void refuse(int fd, int status, const char *msg)
         uint8_t out[KVP_HEADER_SIZE];
         kvp_wbuf_init(&w);
         kvp_encode_error(&w, msg);
-        struct kvp_header r = {.magic = KVP_MAGIC,
-                               .version = KVP_PROTO_VERSION,
-                               .opcode = (uint16_t)(h.opcode | KVP_REPLY_FLAG),
-                               .request_id = h.request_id,
-                               .body_len = (uint32_t)w.len,
-                               .status = status};
-        kvp_header_encode(&r, out);
+        kvp_reply_header_encode(&h, status, (uint32_t)w.len, 0, out);
         if (!w.err && send(fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof(out))
             send(fd, w.data, w.len, MSG_NOSIGNAL | MSG_DONTWAIT);
         kvp_wbuf_free(&w);
