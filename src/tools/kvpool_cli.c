@@ -1,5 +1,5 @@
 /*
- * kvpool.c - command-line client of kvpoold: liveness check and statistics.
+ * kvpool_cli.c - command-line client of kvpoold: liveness check and statistics.
  *
  *   kvpool [--socket PATH] [--timeout MS] ping | stats
  *
