@@ -13,18 +13,23 @@ Usage:
     examples/worker_sim.py --spawn-daemon build/bin/kvpoold
 Options: --layout NHD|HND|MLA, --transport auto|shm|inline, --prompt-tokens N, --layers N,
 --daemon-log (show the spawned daemon's log).
-Needs numpy. Exit status 0 on success, 1 on a mismatch, 77 when numpy is missing.
+Runs on any Python 3.8+. The paged caches are numpy arrays when the interpreter has numpy, else
+memoryviews over bytearrays (with a one-line note saying so). Exit status 0 on success, 1 on a
+mismatch.
 """
 
 import argparse
 import logging
+import math
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from array import array
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
@@ -37,11 +42,12 @@ except ImportError:
 
 
 class Worker:
-    """A worker's CPU paged KV cache with a trivial block allocator."""
+    """A worker's CPU paged KV cache with a trivial block allocator. The cache is one numpy
+    array per layer, or without numpy a memoryview of the same shape over a bytearray."""
 
     def __init__(self, args, num_blocks, seed):
         self.args = args
-        self.rng = np.random.default_rng(seed)
+        self.rng = random.Random(seed)
         a = args
         if a.layout == "MLA":
             shape = (num_blocks, a.block_size, a.heads * a.head_dim)
@@ -50,19 +56,34 @@ class Worker:
         else:
             shape = (num_blocks, 2, a.heads, a.block_size, a.head_dim)
         # bfloat16 has no numpy type: the cache holds raw 16-bit words.
-        self.layers = [np.zeros(shape, np.uint16) for _ in range(a.layers)]
+        if np is not None:
+            self.np_rng = np.random.default_rng(seed)
+            self.layers = [np.zeros(shape, np.uint16) for _ in range(a.layers)]
+        else:
+            self.raw = [bytearray(2 * math.prod(shape)) for _ in range(a.layers)]
+            self.layers = [memoryview(b).cast("H", shape) for b in self.raw]
+        self.block_bytes = 2 * math.prod(shape[1:])
         self.cache = kvpool.PagedKVCache(self.layers, a.layout)
-        self.free = list(self.rng.permutation(num_blocks))
+        self.free = list(range(num_blocks))
+        self.rng.shuffle(self.free)
 
     def allocate(self, ntokens):
         """A block table for a sequence of ntokens tokens."""
         n = -(-ntokens // self.args.block_size)
         table, self.free = self.free[:n], self.free[n:]
-        return np.array(table, dtype=np.int32)
+        return np.array(table, dtype=np.int32) if np is not None else array("i", table)
 
     def prefill(self, table, ntokens):
         """Stands in for the model: writes pseudo-random KV for every prompt token."""
         bs = self.args.block_size
+        if np is None:
+            # Whole blocks of random words; the rows past ntokens are never compared.
+            for raw in self.raw:
+                for blk in table:
+                    off = blk * self.block_bytes
+                    word = self.rng.getrandbits(8 * self.block_bytes)
+                    raw[off:off + self.block_bytes] = word.to_bytes(self.block_bytes, "little")
+            return
         for layer in self.layers:
             for i, blk in enumerate(table):
                 n = min(bs, ntokens - i * bs)
@@ -72,7 +93,7 @@ class Worker:
                     view = layer[blk, :, :, :n]
                 else:                              # [blocks, block_size, latent]
                     view = layer[blk, :n]
-                view[...] = self.rng.integers(0, 1 << 16, view.shape)
+                view[...] = self.np_rng.integers(0, 1 << 16, view.shape)
 
     def register(self, client, name):
         a = self.args
@@ -117,8 +138,8 @@ def main():
                    help="default: 3 chunks and a half")
     args = p.parse_args()
     if np is None:
-        print("worker_sim: numpy is not installed; skipping", file=sys.stderr)
-        return 77
+        print("worker_sim: numpy is not installed in %s: using bytearray buffers (numpy arrays "
+              "would be used if it were)" % sys.executable)
     if args.layout == "MLA":
         args.heads = 1
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
@@ -143,7 +164,8 @@ def simulate(args, sock):
         ctx_a = a.register(client_a, "sim-worker-a-%d" % os.getpid())
         chunk = ctx_a.chunk_size
         ntok = args.prompt_tokens or chunk * 3 + chunk // 2
-        prompt = np.random.default_rng(7).integers(0, 50000, ntok, dtype=np.uint32)
+        rng = random.Random(7)
+        prompt = array("I", (rng.randrange(50000) for _ in range(ntok)))
         prompt[0] = os.getpid()  # a new prompt every run: nothing cached yet
         table_a = a.allocate(ntok)
         a.prefill(table_a, ntok)
@@ -173,7 +195,7 @@ def simulate(args, sock):
             if reused:
                 ka = a.cache.gather(table_a, 0, reused)
                 kb = b.cache.gather(table_b, 0, reused)
-                ok = ok and np.array_equal(ka, kb)
+                ok = ok and (np.array_equal(ka, kb) if np is not None else ka == kb)
     print("worker_sim: %s" % ("OK: worker B's KV equals worker A's" if ok else "MISMATCH"))
     return 0 if ok else 1
 

@@ -19,6 +19,14 @@ try:  # optional
 except ImportError:  # pragma: no cover - exercised when numpy is absent
     np = None
 
+
+def numpy_missing(what):
+    """The error for a call that needs numpy in an interpreter that has none."""
+    return InvalidArgument(
+        "%s needs numpy, which is not installed in this interpreter (%s): install it there "
+        "(python3 -m pip install numpy; for Debian's /usr/bin/python3: apt-get install "
+        "python3-numpy), or use bytes, bytearray or memoryview buffers" % (what, sys.executable))
+
 # kvpool dtype name -> numpy dtype name. numpy has no bfloat16 or float8: raw integer views.
 NUMPY_DTYPES = {
     "float16": "float16",
@@ -151,6 +159,6 @@ def new_chunk(nbytes, shape, dtype, as_numpy):
     """A new uninitialised chunk buffer: a numpy array of the chunk's shape, or a bytearray."""
     if as_numpy:
         if np is None:
-            raise InvalidArgument("as_numpy=True but numpy is not installed")
+            raise numpy_missing("as_numpy=True")
         return np.empty(shape, dtype=NUMPY_DTYPES[dtype])
     return bytearray(nbytes)

@@ -15,7 +15,7 @@ from collections import namedtuple
 from contextlib import ExitStack
 
 from . import _lib
-from ._buffers import NUMPY_DTYPES, address_of, new_chunk, np, torch_dtype
+from ._buffers import NUMPY_DTYPES, address_of, new_chunk, np, numpy_missing, torch_dtype
 from .errors import ClosedError, Error, InvalidArgument
 from .plans import RetrievePlan, StorePlan
 
@@ -511,7 +511,7 @@ class Context:
         made read-only at commit; like the view, it must not be used after the commit.
         """
         if np is None:
-            raise InvalidArgument("numpy is not installed")
+            raise numpy_missing("as_numpy()")
         arr = np.frombuffer(view, dtype=NUMPY_DTYPES[self.dtype])
         if arr.nbytes != self.chunk_bytes:
             raise InvalidArgument("buffer has %d bytes, chunk_bytes is %d"
