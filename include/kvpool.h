@@ -43,10 +43,9 @@ extern "C" {
 #define KVP_EXPORT
 #endif
 
-/* Library version. The major number changes when the ABI breaks. */
-#define KVP_VERSION_MAJOR 1
-#define KVP_VERSION_MINOR 0
-#define KVP_VERSION_PATCH 0
+/* Library version: KVP_VERSION_MAJOR, _MINOR, _PATCH and _STRING, generated from the build's
+ * project version. The major number changes when the ABI breaks. */
+#include "kvpool_version.h"
 
 /* Returns the runtime library version as (major << 16) | (minor << 8) | patch. */
 KVP_EXPORT uint32_t kvp_version(void);

@@ -53,6 +53,13 @@ class TestDiscovery(unittest.TestCase):
             self.assertEqual(rc, 0, out)
             self.assertIn("(1, ", out)
 
+    def test_binding_version_is_the_library_version(self):
+        # The project's version is written once (CMake's project()): the library gets it from
+        # there, and the binding's own __version__ (also the pip package's) must match it.
+        if "KVPOOL_LIB" not in os.environ:
+            self.skipTest("needs the library of this build ($KVPOOL_LIB, set by CTest)")
+        self.assertEqual(kvpool.__version__, "%d.%d.%d" % kvpool.library_version())
+
     def test_import_is_lazy_and_missing_library_is_clear(self):
         rc, out = run_python("""
             import kvpool
@@ -225,7 +232,11 @@ class TestStructLayouts(unittest.TestCase):
             src, exe = os.path.join(tmp, "layout.c"), os.path.join(tmp, "layout")
             with open(src, "w") as f:
                 f.write("\n".join(lines) + "\n")
-            subprocess.run([cc, "-std=c11", "-I", include, "-o", exe, src], check=True)
+            # kvpool_version.h is generated into the build tree of the library under test.
+            built = os.path.join(os.path.dirname(os.path.dirname(kvpool.library_path())),
+                                 "include")
+            subprocess.run([cc, "-std=c11", "-I", include, "-I", built, "-o", exe, src],
+                           check=True)
             out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
