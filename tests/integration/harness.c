@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -17,8 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -29,17 +32,43 @@
 #include "common/msg.h"
 #include "common/wire.h"
 
-static uint64_t now_ms(void)
+uint64_t kvpt_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(int ms)
+void kvpt_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+bool kvpt_shm_exists(const char *name)
+{
+    char path[160];
+    struct stat st;
+    snprintf(path, sizeof(path), "/dev/shm/%s", name);
+    return stat(path, &st) == 0;
+}
+
+int kvpt_private_devshm(const char *tmpfs_opts)
+{
+    if (unshare(CLONE_NEWNS) != 0) {
+        fprintf(stderr,
+                "skipped: cannot create a mount namespace (unshare: %s); this test needs root "
+                "or CAP_SYS_ADMIN\n",
+                strerror(errno));
+        return -1;
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, tmpfs_opts) != 0) {
+        fprintf(stderr, "skipped: cannot mount a tmpfs (%s) on /dev/shm: %s\n", tmpfs_opts,
+                strerror(errno));
+        return -1;
+    }
+    return 0;
 }
 
 /* Forks and execs argv with stderr to d->log (opened with log_flags). */
@@ -66,7 +95,7 @@ static void spawn(struct kvpt_daemon *d, const char **argv, int log_flags)
 /* Waits until d answers a ping; fails the test if it exits or does not answer in 30 s. */
 static void wait_ready(struct kvpt_daemon *d)
 {
-    uint64_t deadline = now_ms() + 30000;
+    uint64_t deadline = kvpt_now_ms() + 30000;
     for (;;) {
         kvp_client *c = NULL;
         kvp_opts o = {.socket_path = d->socket, .timeout_ms = 2000};
@@ -85,9 +114,9 @@ static void wait_ready(struct kvpt_daemon *d)
             d->pid = 0;
             fail_msg("kvpoold exited during start-up (status 0x%x)", status);
         }
-        if (now_ms() > deadline)
+        if (kvpt_now_ms() > deadline)
             fail_msg("kvpoold did not answer on %s within 30 s", d->socket);
-        sleep_ms(20);
+        kvpt_sleep_ms(20);
     }
 }
 
@@ -151,15 +180,15 @@ void kvpt_daemon_spawn(struct kvpt_daemon *d, const char *socket, const char *co
 int kvpt_daemon_wait_exit(struct kvpt_daemon *d, int timeout_ms)
 {
     int status;
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = kvpt_now_ms() + (uint64_t)timeout_ms;
     if (d->pid <= 0)
         return -1;
     for (;;) {
         if (waitpid(d->pid, &status, WNOHANG) == d->pid)
             break;
-        if (now_ms() > deadline)
+        if (kvpt_now_ms() > deadline)
             return -1;
-        sleep_ms(10);
+        kvpt_sleep_ms(10);
     }
     d->pid = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -171,18 +200,18 @@ int kvpt_daemon_signal_wait(struct kvpt_daemon *d, int sig)
     if (d->pid <= 0)
         return -1;
     kill(d->pid, sig);
-    uint64_t deadline = now_ms() + 20000;
+    uint64_t deadline = kvpt_now_ms() + 20000;
     for (;;) {
         pid_t r = waitpid(d->pid, &status, WNOHANG);
         if (r == d->pid)
             break;
-        if (now_ms() > deadline) {
+        if (kvpt_now_ms() > deadline) {
             kill(d->pid, SIGKILL);
             waitpid(d->pid, &status, 0);
             d->pid = 0;
             fail_msg("kvpoold did not exit within 20 s of signal %d", sig);
         }
-        sleep_ms(10);
+        kvpt_sleep_ms(10);
     }
     d->pid = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -230,12 +259,12 @@ int kvpt_log_count(const struct kvpt_daemon *d, const char *s)
 
 bool kvpt_log_wait(const struct kvpt_daemon *d, const char *s, int timeout_ms)
 {
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = kvpt_now_ms() + (uint64_t)timeout_ms;
     do {
         if (kvpt_log_count(d, s) > 0)
             return true;
-        sleep_ms(10);
-    } while (now_ms() < deadline);
+        kvpt_sleep_ms(10);
+    } while (kvpt_now_ms() < deadline);
     char cmd[256];
     snprintf(cmd, sizeof(cmd), "echo '--- daemon log:' >&2; cat %s >&2", d->log);
     if (system(cmd) != 0)
@@ -265,19 +294,41 @@ uint64_t kvpt_stat(kvp_client *c, const char *name)
     return 0;
 }
 
+uint64_t kvpt_stat_poll(kvp_client *c, const char *name, uint64_t want, int timeout_ms)
+{
+    uint64_t deadline = kvpt_now_ms() + (uint64_t)timeout_ms, v;
+    while ((v = kvpt_stat(c, name)) != want && kvpt_now_ms() < deadline)
+        kvpt_sleep_ms(20);
+    return v;
+}
+
 uint64_t kvpt_stat_wait(const struct kvpt_daemon *d, const char *name, uint64_t want,
                         int timeout_ms)
 {
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms, v;
     kvp_client *c = kvpt_connect(d);
-    for (;;) {
-        v = kvpt_stat(c, name);
-        if (v == want || now_ms() > deadline)
-            break;
-        sleep_ms(20);
-    }
+    uint64_t v = kvpt_stat_poll(c, name, want, timeout_ms);
     kvp_client_close(c);
     return v;
+}
+
+void kvpt_assert_serves(const struct kvpt_daemon *d)
+{
+    kvp_client *c = kvpt_connect(d);
+    assert_int_equal(kvp_ping(c), 0);
+    kvp_client_close(c);
+}
+
+int kvpt_group_start(void **state, struct kvpt_daemon *d, const char *const *args)
+{
+    kvpt_daemon_start(d, args);
+    *state = d;
+    return 0;
+}
+
+int kvpt_group_stop(void **state)
+{
+    kvpt_daemon_stop(*state);
+    return 0;
 }
 
 kvp_register_opts kvpt_layout(const char *instance_id, uint32_t transport)
@@ -488,7 +539,7 @@ int kvpt_raw_call(int fd, uint16_t opcode, const void *body, uint32_t body_len,
 
 bool kvpt_raw_closed(int fd, int timeout_ms)
 {
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = kvpt_now_ms() + (uint64_t)timeout_ms;
     char buf[4096];
     struct timeval tv = {.tv_sec = 0, .tv_usec = 100000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -496,7 +547,7 @@ bool kvpt_raw_closed(int fd, int timeout_ms)
         ssize_t n = recv(fd, buf, sizeof(buf), 0);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
             return true;
-        if (now_ms() > deadline)
+        if (kvpt_now_ms() > deadline)
             return false;
     }
 }

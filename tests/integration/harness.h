@@ -1,6 +1,7 @@
 /*
  * harness.h - integration-test helpers: run the real kvpoold on a temporary socket, read its
- * log, talk to it through the real client library.
+ * log, talk to it through the real client library or raw frames; the clock, /dev/shm and
+ * cmocka fixture helpers every integration test shares.
  */
 #ifndef KVPT_HARNESS_H
 #define KVPT_HARNESS_H
@@ -10,6 +11,23 @@
 #include <sys/types.h>
 
 #include "kvpool.h"
+
+/* Monotonic time in milliseconds. */
+uint64_t kvpt_now_ms(void);
+
+/* Sleeps for ms milliseconds. */
+void kvpt_sleep_ms(int ms);
+
+/* True if /dev/shm holds a file of that name (a posix segment, by its name without '/'). */
+bool kvpt_shm_exists(const char *name);
+
+/*
+ * Moves the calling process into a mount namespace of its own with a fresh tmpfs, mounted with
+ * tmpfs_opts (e.g. "size=64m,mode=1777"), on /dev/shm: no other test's segment is in view.
+ * Returns 0, or -1 with the reason on stderr ("skipped: ...") when the environment does not
+ * allow it (it needs root or CAP_SYS_ADMIN); the caller then exits 77.
+ */
+int kvpt_private_devshm(const char *tmpfs_opts);
 
 struct kvpt_daemon {
     pid_t pid;
@@ -55,9 +73,25 @@ kvp_client *kvpt_connect(const struct kvpt_daemon *d);
 /* The value of a daemon statistic; fails the test if it does not exist. */
 uint64_t kvpt_stat(kvp_client *c, const char *name);
 
-/* Polls a statistic until it equals want (up to timeout_ms). Returns the last value. */
+/* Polls a statistic through its own connection until it equals want (up to timeout_ms).
+ * Returns the last value. */
 uint64_t kvpt_stat_wait(const struct kvpt_daemon *d, const char *name, uint64_t want,
                         int timeout_ms);
+
+/* Like kvpt_stat_wait() on the open client c: no connection of its own, so "connections" can
+ * be polled too. */
+uint64_t kvpt_stat_poll(kvp_client *c, const char *name, uint64_t want, int timeout_ms);
+
+/* A fresh client to d answers a ping; fails the test otherwise. */
+void kvpt_assert_serves(const struct kvpt_daemon *d);
+
+/*
+ * cmocka group fixtures for a test program whose cases share one daemon. In the group setup,
+ * kvpt_group_start() starts d with args (kvpt_daemon_start()) and makes it the group's state;
+ * kvpt_group_stop(), the group teardown, stops it. Both return 0.
+ */
+int kvpt_group_start(void **state, struct kvpt_daemon *d, const char *const *args);
+int kvpt_group_stop(void **state);
 
 /* Registration options for a small test layout: 2 layers, hidden 64, float16. */
 kvp_register_opts kvpt_layout(const char *instance_id, uint32_t transport);

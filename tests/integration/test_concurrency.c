@@ -29,18 +29,9 @@ static struct kvpt_daemon daemon_;
 
 static int setup(void **state)
 {
-    (void)state;
     const char *args[] = {"--l1-size", "64MiB", "--chunk-size", "16", "--io-timeout",
                           "20000",     NULL};
-    kvpt_daemon_start(&daemon_, args);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvpt_daemon_stop(&daemon_);
-    return 0;
+    return kvpt_group_start(state, &daemon_, args);
 }
 
 /* One worker process: its own sequences, both transports, every byte checked. */
@@ -302,5 +293,5 @@ int main(void)
         cmocka_unit_test(test_no_head_of_line_blocking),
         cmocka_unit_test(test_reservation_expires),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }

@@ -23,17 +23,8 @@ static struct kvpt_daemon daemon_;
 
 static int setup(void **state)
 {
-    (void)state;
     const char *args[] = {"--l1-size", "1MiB", "--chunk-size", "16", NULL};
-    kvpt_daemon_start(&daemon_, args);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvpt_daemon_stop(&daemon_);
-    return 0;
+    return kvpt_group_start(state, &daemon_, args);
 }
 
 struct seq {
@@ -214,5 +205,5 @@ int main(void)
         cmocka_unit_test(test_pinned_never_evicted),
         cmocka_unit_test(test_churn_integrity),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }

@@ -35,17 +35,8 @@ static struct kvpt_daemon daemon_;
 
 static int setup(void **state)
 {
-    (void)state;
     const char *args[] = {"--l1-size", "64MiB", "--chunk-size", "16", NULL};
-    kvpt_daemon_start(&daemon_, args);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvpt_daemon_stop(&daemon_);
-    return 0;
+    return kvpt_group_start(state, &daemon_, args);
 }
 
 /* The first worker's layout: llama, 2 layers, hidden 64, float16. */
@@ -387,5 +378,5 @@ int main(void)
         cmocka_unit_test(test_busy_names_owner_pid),
         cmocka_unit_test(test_foreign_handle_unknown),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }

@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -20,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,14 +28,6 @@
 
 #define NOBODY 65534
 #define MIB (1ull << 20)
-
-static bool shm_exists(const char *name)
-{
-    char path[160];
-    struct stat st;
-    snprintf(path, sizeof(path), "/dev/shm/%s", name);
-    return stat(path, &st) == 0;
-}
 
 /* A default-style segment name (kvpool_l1_pool_<digits>) unique to this test run. */
 static void pid_name(char *buf, size_t size, int n)
@@ -89,7 +79,7 @@ static void test_killed_daemon_segment_removed(void **state)
     kvpt_daemon_start(&a, args);
     int dead_pid = (int)a.pid;
     assert_int_equal(kvpt_daemon_signal_wait(&a, SIGKILL), 128 + SIGKILL);
-    assert_true(shm_exists(name));
+    assert_true(kvpt_shm_exists(name));
 
     const char *next[] = {"--l1-size", "60MiB", "--chunk-size", "16", NULL};
     kvpt_daemon_start(&b, next);
@@ -99,7 +89,7 @@ static void test_killed_daemon_segment_removed(void **state)
              "(pid %d)",
              name, (unsigned long long)(60 * MIB + 4096), dead_pid);
     assert_true(kvpt_log_wait(&b, want, 1000));
-    assert_false(shm_exists(name));
+    assert_false(kvpt_shm_exists(name));
     assert_true(kvpt_log_wait(&b, "SHM enabled", 1000));
     assert_int_equal(kvpt_log_count(&b, "Insufficient /dev/shm capacity"), 0);
     kvpt_daemon_stop(&b);
@@ -170,15 +160,15 @@ static void test_only_dead_own_segments_removed(void **state)
     snprintf(want, sizeof(want), "Removing stale segment /dev/shm/%s (%llu bytes)", dead,
              (unsigned long long)(2 * MIB));
     assert_true(kvpt_log_wait(&next, want, 1000));
-    assert_false(shm_exists(dead));
+    assert_false(kvpt_shm_exists(dead));
 
     /* The live daemon's, the other user's and the young one stay, and are not even named. */
-    assert_true(shm_exists(live_name));
-    assert_true(shm_exists(young));
+    assert_true(kvpt_shm_exists(live_name));
+    assert_true(kvpt_shm_exists(young));
     assert_int_equal(kvpt_log_count(&next, live_name), 0);
     assert_int_equal(kvpt_log_count(&next, young), 0);
     if (have_foreign) {
-        assert_true(shm_exists(foreign));
+        assert_true(kvpt_shm_exists(foreign));
         assert_int_equal(kvpt_log_count(&next, foreign), 0);
     }
     assert_int_equal(kvpt_log_count(&next, "stale segment"), 1);
@@ -192,23 +182,13 @@ static void test_only_dead_own_segments_removed(void **state)
 
     kvpt_daemon_stop(&next);
     kvpt_daemon_stop(&live);
-    assert_false(shm_exists(live_name));
+    assert_false(kvpt_shm_exists(live_name));
 }
 
 int main(void)
 {
-    if (unshare(CLONE_NEWNS) != 0) {
-        fprintf(stderr,
-                "skipped: cannot create a mount namespace (unshare: %s); this test "
-                "needs root or CAP_SYS_ADMIN\n",
-                strerror(errno));
+    if (kvpt_private_devshm("size=1m,mode=1777") != 0)
         return 77;
-    }
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
-        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m,mode=1777") != 0) {
-        fprintf(stderr, "skipped: cannot mount a tmpfs on /dev/shm: %s\n", strerror(errno));
-        return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_killed_daemon_segment_removed, setup_100m, teardown),
         cmocka_unit_test_setup_teardown(test_only_dead_own_segments_removed, setup_256m, teardown),

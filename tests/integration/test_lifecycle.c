@@ -23,14 +23,6 @@
 
 static const char *const small[] = {"--l1-size", "16MiB", "--chunk-size", "16", NULL};
 
-static bool shm_exists(const char *name)
-{
-    char path[160];
-    struct stat st;
-    snprintf(path, sizeof(path), "/dev/shm/%s", name);
-    return stat(path, &st) == 0;
-}
-
 /*
  * Child: connect, register, prepare a store, scribble half the data into the slots (or start an
  * inline upload and stop half-way), tell the parent, then wait to be killed.
@@ -127,7 +119,7 @@ static void test_sigterm_cleans_up(void **state)
     char name[96], sock[128];
     snprintf(name, sizeof(name), "%s", d.shm_name);
     snprintf(sock, sizeof(sock), "%s", d.socket);
-    assert_true(shm_exists(name));
+    assert_true(kvpt_shm_exists(name));
 
     /* A connected worker with a reservation must not keep the daemon from stopping. */
     kvp_client *c = kvpt_connect(&d);
@@ -140,7 +132,7 @@ static void test_sigterm_cleans_up(void **state)
     assert_int_equal(kvp_prepare_store(inst, &t, 0, 2 * C, &sp), 2);
 
     assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
-    assert_false(shm_exists(name));
+    assert_false(kvpt_shm_exists(name));
     assert_int_equal(access(sock, F_OK), -1);
     assert_true(kvpt_log_wait(&d, "kvpoold stopped", 1000));
     /* The worker learns at once that the daemon is gone. */
@@ -160,7 +152,7 @@ static void test_stale_segment_replaced(void **state)
     char name[96];
     snprintf(name, sizeof(name), "%s", d1.shm_name);
     assert_int_equal(kvpt_daemon_signal_wait(&d1, SIGKILL), 128 + SIGKILL);
-    assert_true(shm_exists(name)); /* SIGKILL leaves the segment behind */
+    assert_true(kvpt_shm_exists(name)); /* SIGKILL leaves the segment behind */
 
     const char *args[] = {"--l1-size", "16MiB", "--chunk-size", "16", "--shm-name", name, NULL};
     kvpt_daemon_start(&d2, args);
@@ -174,7 +166,7 @@ static void test_stale_segment_replaced(void **state)
     assert_int_equal(kvp_instance_get_info(inst)->transport, KVP_TRANSPORT_SHM);
     kvp_client_close(c);
     kvpt_daemon_stop(&d2);
-    assert_false(shm_exists(name));
+    assert_false(kvpt_shm_exists(name));
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", d1.dir);
     assert_int_equal(system(cmd), 0);
@@ -209,7 +201,7 @@ static void test_live_segment_refused(void **state)
     kvp_client *c = kvpt_connect(&d);
     assert_int_equal(kvp_ping(c), 0);
     kvp_client_close(c);
-    assert_true(shm_exists(d.shm_name));
+    assert_true(kvpt_shm_exists(d.shm_name));
     kvpt_daemon_stop(&d);
 }
 

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -21,13 +20,6 @@
 
 #define CONNS 50
 #define BURST 5 /* KVP_LOG_RL_BURST */
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* Sum of N over the log's "suppressed N similar messages: \"<what>\"" lines. */
 static int suppressed_total(const struct kvpt_daemon *d, const char *what)
@@ -52,7 +44,7 @@ static void test_malformed_flood(void **state)
     const char *args[] = {"--l1-size", "16MiB", "--chunk-size", "16", NULL};
     kvpt_daemon_start(&d, args);
 
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvpt_now_ms();
     uint8_t junk[KVP_HEADER_SIZE];
     memset(junk, 'x', sizeof(junk));
     for (int i = 0; i < CONNS; i++) {
@@ -62,7 +54,7 @@ static void test_malformed_flood(void **state)
         assert_true(kvpt_raw_closed(fd, 5000));
         close(fd);
     }
-    uint64_t elapsed = now_ms() - t0;
+    uint64_t elapsed = kvpt_now_ms() - t0;
 
     /* The count of what was dropped comes out within a window or two of the last event. */
     const char *what = "Connection %llu (pid %d): %s; closing";

@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -33,39 +32,9 @@ static struct kvpt_daemon daemon_;
 
 static int setup(void **state)
 {
-    (void)state;
     const char *args[] = {"--l1-size", "16MiB",       "--chunk-size", "16", "--io-timeout",
                           "500",       "--log-level", "info",         NULL};
-    kvpt_daemon_start(&daemon_, args);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvpt_daemon_stop(&daemon_);
-    return 0;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static uint64_t stat_poll(kvp_client *c, const char *name, uint64_t want, int timeout_ms)
-{
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms, v;
-    while ((v = kvpt_stat(c, name)) != want && now_ms() < deadline)
-        sleep_ms(20);
-    return v;
+    return kvpt_group_start(state, &daemon_, args);
 }
 
 /* A fresh client pings, and nothing is held by anybody. */
@@ -73,7 +42,7 @@ static void assert_daemon_clean(void)
 {
     kvp_client *c = kvpt_connect(&daemon_);
     assert_int_equal(kvp_ping(c), 0);
-    assert_int_equal(stat_poll(c, "connections", 1, 5000), 1);
+    assert_int_equal(kvpt_stat_poll(c, "connections", 1, 5000), 1);
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
     assert_int_equal(kvpt_stat(c, "objects_pinned"), 0);
     assert_int_equal(kvpt_stat(c, "objects_expired"), 0);
@@ -241,8 +210,8 @@ struct outcome {
 static struct outcome drain(int fd)
 {
     struct outcome o = {0};
-    uint64_t deadline = now_ms() + 10000;
-    while (now_ms() < deadline) {
+    uint64_t deadline = kvpt_now_ms() + 10000;
+    while (kvpt_now_ms() < deadline) {
         struct kvpt_reply r;
         int rc = kvpt_raw_recv(fd, &r);
         if (rc == -ECONNRESET) {
@@ -387,7 +356,7 @@ static void test_truncated_register(void **state)
         if (len % 16 == 0)
             assert_int_equal(kvp_ping(c), 0);
     }
-    assert_int_equal(stat_poll(c, "connections", 1, 5000), 1);
+    assert_int_equal(kvpt_stat_poll(c, "connections", 1, 5000), 1);
     assert_int_equal(kvpt_stat(c, "instances"), 0);
     assert_int_equal(kvpt_log_count(&daemon_, "Instance truncated non-GPU context"), 0);
 
@@ -400,7 +369,7 @@ static void test_truncated_register(void **state)
     free(r.body);
     assert_int_equal(kvpt_stat(c, "instances"), 1);
     close(fd);
-    assert_int_equal(stat_poll(c, "instances", 0, 5000), 0);
+    assert_int_equal(kvpt_stat_poll(c, "instances", 0, 5000), 0);
 
     free(frame);
     kvp_wbuf_free(&w);
@@ -517,8 +486,8 @@ static void test_huge_lengths(void **state)
         free(r.body);
         assert_true(kvpt_raw_closed(fd, 5000));
         close(fd);
-        assert_int_equal(stat_poll(c, "objects_reserved", 0, 5000), 0);
-        assert_int_equal(stat_poll(c, "instances", 0, 5000), 0);
+        assert_int_equal(kvpt_stat_poll(c, "objects_reserved", 0, 5000), 0);
+        assert_int_equal(kvpt_stat_poll(c, "instances", 0, 5000), 0);
     }
     /* The right length still works, and nothing of the refused attempts is visible. */
     fd = connect_or_fail();
@@ -747,7 +716,7 @@ static void test_hold_limit(void **state)
     assert_int_equal(kvpt_raw_call(fd, KVP_OP_PING, NULL, 0, &r), 0);
     free(r.body);
     close(fd);
-    assert_int_equal(stat_poll(c, "objects_reserved", 0, 5000), 0);
+    assert_int_equal(kvpt_stat_poll(c, "objects_reserved", 0, 5000), 0);
     assert_int_equal(kvpt_stat(c, "pool_used"), used0);
     kvp_client_close(c);
     assert_daemon_clean();
@@ -775,7 +744,7 @@ static void test_connection_flood(void **state)
         idle[i] = kvpt_raw_connect(&d);
         assert_true(idle[i] >= 0);
     }
-    assert_int_equal(stat_poll(c, "connections", 8, 5000), 8);
+    assert_int_equal(kvpt_stat_poll(c, "connections", 8, 5000), 8);
 
     /* More are refused with -EUSERS, whether they speak the protocol or send noise. */
     uint64_t rejected0 = kvpt_stat(c, "connections_rejected");
@@ -806,7 +775,7 @@ static void test_connection_flood(void **state)
     assert_int_equal(kvp_store(inst, &t, 0, 2 * C, (const void *const *)bufs, NULL), 2);
     for (int i = 0; i < 7; i++)
         close(idle[i]);
-    assert_int_equal(stat_poll(c, "connections", 1, 5000), 1);
+    assert_int_equal(kvpt_stat_poll(c, "connections", 1, 5000), 1);
     kvp_client *late = kvpt_connect(&d);
     kvp_register_opts lo = kvpt_layout("flood-late", KVP_TRANSPORT_INLINE);
     kvp_instance *li = NULL;
@@ -892,5 +861,5 @@ int main(void)
         cmocka_unit_test(test_foreign_ids),    cmocka_unit_test(test_inline_commit_without_upload),
         cmocka_unit_test(test_hold_limit),     cmocka_unit_test(test_connection_flood),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }

@@ -24,17 +24,8 @@ static struct kvpt_daemon daemon_;
 
 static int setup(void **state)
 {
-    (void)state;
     const char *args[] = {"--l1-size", "8MiB", "--chunk-size", "16", "--io-timeout", "500", NULL};
-    kvpt_daemon_start(&daemon_, args);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvpt_daemon_stop(&daemon_);
-    return 0;
+    return kvpt_group_start(state, &daemon_, args);
 }
 
 static int raw_connect(void)
@@ -88,13 +79,6 @@ static bool closed_by_peer(int fd)
     return recv(fd, &b, 1, 0) == 0;
 }
 
-static void assert_daemon_serves(void)
-{
-    kvp_client *c = kvpt_connect(&daemon_);
-    assert_int_equal(kvp_ping(c), 0);
-    kvp_client_close(c);
-}
-
 static void test_garbage_header(void **state)
 {
     (void)state;
@@ -111,7 +95,7 @@ static void test_garbage_header(void **state)
     assert_int_equal(recv(fd, body, h.body_len, MSG_WAITALL), (ssize_t)h.body_len);
     assert_true(closed_by_peer(fd));
     close(fd);
-    assert_daemon_serves();
+    kvpt_assert_serves(&daemon_);
 }
 
 static void test_wrong_version(void **state)
@@ -128,7 +112,7 @@ static void test_wrong_version(void **state)
     assert_int_equal(recv(fd, msg, h.body_len, MSG_WAITALL), (ssize_t)h.body_len);
     assert_true(closed_by_peer(fd));
     close(fd);
-    assert_daemon_serves();
+    kvpt_assert_serves(&daemon_);
 }
 
 static void test_huge_body(void **state)
@@ -142,7 +126,7 @@ static void test_huge_body(void **state)
     assert_int_equal(kvp_header_decode(hdr, &h), 0);
     assert_int_equal(h.status, -EPROTO);
     close(fd);
-    assert_daemon_serves();
+    kvpt_assert_serves(&daemon_);
 }
 
 static void test_malformed_body(void **state)
@@ -171,7 +155,7 @@ static void test_malformed_body(void **state)
     assert_true(closed_by_peer(fd));
     kvp_wbuf_free(&w);
     close(fd);
-    assert_daemon_serves();
+    kvpt_assert_serves(&daemon_);
 }
 
 static void test_payload_where_none_allowed(void **state)
@@ -182,7 +166,7 @@ static void test_payload_where_none_allowed(void **state)
     assert_int_equal(read_reply(fd, KVP_OP_PING, NULL, 0), -EPROTO);
     assert_true(closed_by_peer(fd));
     close(fd);
-    assert_daemon_serves();
+    kvpt_assert_serves(&daemon_);
 }
 
 static void test_bad_values_keep_connection(void **state)
@@ -284,5 +268,5 @@ int main(void)
         cmocka_unit_test(test_foreign_reservation),
         cmocka_unit_test(test_stalled_client_dropped),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }

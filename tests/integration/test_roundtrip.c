@@ -21,17 +21,8 @@ static struct kvpt_daemon daemon_;
 
 static int setup(void **state)
 {
-    (void)state;
     const char *args[] = {"--l1-size", "64MiB", "--chunk-size", "16", NULL};
-    kvpt_daemon_start(&daemon_, args);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvpt_daemon_stop(&daemon_);
-    return 0;
+    return kvpt_group_start(state, &daemon_, args);
 }
 
 /* n chunk buffers filled for (seed, first + i). */
@@ -402,5 +393,5 @@ int main(void)
         cmocka_unit_test(test_prefix_and_cached), cmocka_unit_test(test_unregister_releases),
         cmocka_unit_test(test_bad_registration),  cmocka_unit_test(test_mla_shared_across_ranks),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }

@@ -8,7 +8,6 @@
  * get SHM. Exit 77 (skipped) only when the namespace cannot be created.
  */
 #include <errno.h>
-#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -16,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -185,18 +183,8 @@ static void test_memfd_backend(void **state)
 
 int main(void)
 {
-    if (unshare(CLONE_NEWNS) != 0) {
-        fprintf(stderr,
-                "skipped: cannot create a mount namespace (unshare: %s); this test "
-                "needs root or CAP_SYS_ADMIN\n",
-                strerror(errno));
+    if (kvpt_private_devshm("size=64m,mode=1777") != 0)
         return 77;
-    }
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
-        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=64m,mode=1777") != 0) {
-        fprintf(stderr, "skipped: cannot mount a 64 MiB tmpfs on /dev/shm: %s\n", strerror(errno));
-        return 77;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gate_refuses_big_pool),
         cmocka_unit_test(test_pool_that_fits_gets_shm),

@@ -47,19 +47,6 @@
 
 static const char salt[] = "tenant-b";
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* The data model: tokens and content as functions of (sequence, chunk, salted).            */
 
@@ -277,7 +264,7 @@ static int op_retrieve(struct worker *w)
         /* Sometimes a slow reader: while it holds the pins, eviction (several chunks a
          * millisecond) must pass its chunks by, or the second reading shows other bytes. */
         if (p.nslots && below(w, 8) == 0) {
-            sleep_ms(20 + (int)below(w, 30));
+            kvpt_sleep_ms(20 + (int)below(w, 30));
             for (uint32_t i = 0; i < p.nslots; i++)
                 if (check_chunk(w, p.slots[i].data, s, a + i, salted, "slot pinned for long"))
                     return -1;
@@ -317,7 +304,7 @@ static int worker_main(struct worker *w, uint64_t deadline)
         w->bufs[i] = malloc(CHUNK_BYTES);
     if (w_connect(w))
         return 1;
-    while (now_ms() < deadline) {
+    while (kvpt_now_ms() < deadline) {
         uint32_t dice = below(w, 100);
         enum finish fin = FINISH_COMMIT;
         int rc = 0;
@@ -401,7 +388,7 @@ static void test_random_soak(void **state)
                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(reps != MAP_FAILED);
     memset(reps, 0, sizeof(*reps) * WORKERS);
-    uint64_t deadline = now_ms() + (uint64_t)seconds * 1000;
+    uint64_t deadline = kvpt_now_ms() + (uint64_t)seconds * 1000;
     pid_t pids[WORKERS];
     pid_t parent = getpid();
     for (int i = 0; i < WORKERS; i++) {
@@ -420,19 +407,19 @@ static void test_random_soak(void **state)
     }
 
     /* Meanwhile, the daemon must answer the test too. */
-    while (now_ms() < deadline) {
+    while (kvpt_now_ms() < deadline) {
         assert_int_equal(kvp_ping(c), 0);
-        sleep_ms(200);
+        kvpt_sleep_ms(200);
     }
 
     bool ok = true;
     struct report sum = {0};
     for (int i = 0; i < WORKERS; i++) {
         int st = 0;
-        uint64_t wait_deadline = now_ms() + 60000;
+        uint64_t wait_deadline = kvpt_now_ms() + 60000;
         pid_t r;
-        while ((r = waitpid(pids[i], &st, WNOHANG)) == 0 && now_ms() < wait_deadline)
-            sleep_ms(20);
+        while ((r = waitpid(pids[i], &st, WNOHANG)) == 0 && kvpt_now_ms() < wait_deadline)
+            kvpt_sleep_ms(20);
         if (r != pids[i]) {
             kill(pids[i], SIGKILL);
             waitpid(pids[i], &st, 0);
@@ -470,10 +457,7 @@ static void test_random_soak(void **state)
     assert_true(sum.stored_chunks > 0);
 
     /* Everything the workers held is released once their connections are gone. */
-    uint64_t end = now_ms() + 10000;
-    while (kvpt_stat(c, "connections") != conns0 && now_ms() < end)
-        sleep_ms(20);
-    assert_int_equal(kvpt_stat(c, "connections"), conns0);
+    assert_int_equal(kvpt_stat_poll(c, "connections", conns0, 10000), conns0);
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
     assert_int_equal(kvpt_stat(c, "objects_pinned"), 0);
     assert_int_equal(kvpt_stat(c, "objects_expired"), 0);

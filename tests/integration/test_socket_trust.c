@@ -21,7 +21,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -35,12 +34,6 @@ struct proc {
     pid_t pid;
     char log[160];
 };
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
 
 /*
  * Starts kvpoold with args (NULL-terminated) and stderr to log. uid >= 0: the child drops to that
@@ -84,7 +77,7 @@ static int wait_exit(struct proc *p, int timeout_ms)
             p->pid = 0;
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         }
-        sleep_ms(10);
+        kvpt_sleep_ms(10);
     }
     return -1;
 }
@@ -129,7 +122,7 @@ static void wait_ready(struct proc *p)
             log_has(p, "(the daemon exited during start-up)");
             fail_msg("kvpoold exited during start-up (status 0x%x)", st);
         }
-        sleep_ms(10);
+        kvpt_sleep_ms(10);
     }
     fail_msg("kvpoold did not become ready");
 }

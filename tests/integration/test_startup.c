@@ -19,7 +19,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -27,20 +26,6 @@
 #include "harness.h"
 
 static const char *const small[] = {"--l1-size", "16MiB", "--chunk-size", "16", NULL};
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static bool shm_exists(const char *name)
-{
-    char path[160];
-    struct stat st;
-    snprintf(path, sizeof(path), "/dev/shm/%s", name);
-    return stat(path, &st) == 0;
-}
 
 static void rm_dir(const struct kvpt_daemon *d)
 {
@@ -98,7 +83,7 @@ static void test_overlapping_starts(void **state)
         }
         if (settled)
             break;
-        sleep_ms(10);
+        kvpt_sleep_ms(10);
     }
     int ready = kvpt_log_count(&a, " ready: ") + kvpt_log_count(&b, " ready: ");
     if (ready != 1) {
@@ -193,7 +178,7 @@ static void test_missing_directory(void **state)
     expect_one_error(&d, "the socket directory /nonexistent/kvpt-dir does not exist");
     assert_int_equal(kvpt_log_count(&d, "Reserving"), 0);
     assert_int_equal(kvpt_log_count(&d, "No such file"), 0);
-    assert_false(shm_exists(d.shm_name));
+    assert_false(kvpt_shm_exists(d.shm_name));
     kvpt_daemon_stop(&d);
 }
 
@@ -305,7 +290,7 @@ static void test_during_reservation(void **state)
             assert_int_equal(fd, -ECONNREFUSED);
     }
     assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
-    assert_false(shm_exists(d.shm_name));
+    assert_false(kvpt_shm_exists(d.shm_name));
     assert_int_equal(access(d.socket, F_OK), -1);
     assert_int_equal(kvpt_log_count(&d, " ERROR "), 0);
     kvpt_daemon_stop(&d);
@@ -338,17 +323,17 @@ static void test_sighup_and_sigpipe(void **state)
     kvpt_daemon_start(&d, small);
     char name[96];
     snprintf(name, sizeof(name), "%s", d.shm_name);
-    assert_true(shm_exists(name));
+    assert_true(kvpt_shm_exists(name));
 
     /* A connected client has a thread in the daemon: the signal may land anywhere. */
     kvp_client *c = kvpt_connect(&d);
     assert_int_equal(kill(d.pid, SIGPIPE), 0);
-    sleep_ms(100);
+    kvpt_sleep_ms(100);
     assert_int_equal(kvp_ping(c), 0);
     kvp_client_close(c);
 
     assert_int_equal(kvpt_daemon_signal_wait(&d, SIGHUP), 0);
-    assert_false(shm_exists(name));
+    assert_false(kvpt_shm_exists(name));
     assert_int_equal(access(d.socket, F_OK), -1);
     assert_true(kvpt_log_wait(&d, "kvpoold stopped", 1000));
     kvpt_daemon_stop(&d);

@@ -28,17 +28,8 @@ static struct kvpt_daemon daemon_;
 
 static int setup(void **state)
 {
-    (void)state;
     const char *args[] = {"--l1-size", "16MiB", "--chunk-size", "16", NULL};
-    kvpt_daemon_start(&daemon_, args);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    kvpt_daemon_stop(&daemon_);
-    return 0;
+    return kvpt_group_start(state, &daemon_, args);
 }
 
 /* Exit codes of the worker child. */
@@ -157,5 +148,5 @@ int main(void)
         cmocka_unit_test(test_namesake_segment_rejected),
         cmocka_unit_test(test_shm_required_but_unmappable),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }
