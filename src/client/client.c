@@ -1,6 +1,6 @@
 /*
- * client.c - library entry points that concern the client as a whole: version, error names,
- * open (connect + HELLO), close, last error, ping and statistics.
+ * client.c - library entry points that concern the client as a whole: open (connect + HELLO),
+ * close, last error, ping and statistics. Version and error names are in src/common/errors.c.
  *
  * Design. kvp_client_open() resolves the socket path (explicit option, $KVPOOL_SOCKET, then
  * kvp_default_socket_path()), connects, and says HELLO before returning: a client that exists
@@ -10,10 +10,6 @@
  * Threads. Every call that talks to the daemon takes c->lock for the whole round trip, so calls
  * from several threads on one client are serialised and replies can never be mixed up. Close is
  * not synchronised: the caller must make sure no other call on the client is running.
- *
- * Errors. kvp_strerror() is thread-safe and never returns NULL: kvpool codes come from the
- * KVP_ERRNO_MAP table, errno values from glibc's strerrordesc_np(), and anything unknown is
- * formatted into a thread-local buffer.
  */
 #include "client.h"
 
@@ -22,49 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-KVP_EXPORT uint32_t kvp_version(void)
-{
-    return ((uint32_t)KVP_VERSION_MAJOR << 16) | ((uint32_t)KVP_VERSION_MINOR << 8) |
-           (uint32_t)KVP_VERSION_PATCH;
-}
-
-KVP_EXPORT const char *kvp_strerror(int err)
-{
-    static _Thread_local char unknown[48];
-
-    if (err >= 0)
-        return "success";
-    switch (err) {
-#define KVP_STRERROR_CASE(name, val, msg) \
-    case val:                             \
-        return msg;
-        KVP_ERRNO_MAP(KVP_STRERROR_CASE)
-#undef KVP_STRERROR_CASE
-    default:
-        break;
-    }
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-    if (err != INT_MIN) {
-        /* Unlike strerror(), this returns a constant string and is thread-safe. */
-        const char *s = strerrordesc_np(-err);
-        if (s)
-            return s;
-    }
-#elif defined(__GLIBC__)
-    if (err != INT_MIN) {
-        /* The GNU strerror_r may return a static string instead of filling the buffer. */
-        const char *s = strerror_r(-err, unknown, sizeof(unknown));
-        if (s)
-            return s;
-    }
-#else
-    if (err != INT_MIN && strerror_r(-err, unknown, sizeof(unknown)) == 0)
-        return unknown;
-#endif
-    snprintf(unknown, sizeof(unknown), "unknown error %d", err);
-    return unknown;
-}
 
 /* Why the last kvp_client_open() of this thread failed: there is no handle to carry it. */
 static _Thread_local char open_errmsg[KVP_ERRMSG_SIZE];

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/errors.h"
 #include "common/iov.h"
 #include "common/msg.h"
 #include "handlers.h"
@@ -374,7 +375,7 @@ void *kvp_conn_main(void *arg)
         log_warn_rl("Connection %llu (pid %d) stalled mid-frame for more than %u ms; dropped",
                     (unsigned long long)c->id, (int)c->peer.pid, s->cfg.io_timeout_ms);
     else
-        log_debug("Connection %llu closed (%s)", (unsigned long long)c->id, strerror(-rc));
+        log_debug("Connection %llu closed (%s)", (unsigned long long)c->id, kvp_strerror(rc));
 
     /* Everything the client held is released now, not at a timeout. */
     kvp_holds_release_all(&c->holds, 0, true);

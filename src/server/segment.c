@@ -52,6 +52,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/errors.h"
 #include "common/shm_name.h"
 #include "log.h"
 
@@ -154,7 +155,7 @@ static int reserve_steps(uint8_t *base, int fd, uint64_t size, const char *what,
             } while (rc == EINTR);
             if (rc != 0) {
                 snprintf(why, why_size, "cannot reserve %" PRIu64 " bytes for %s: %s", size, what,
-                         strerror(rc));
+                         kvp_strerror(-rc));
                 return -rc;
             }
         }
@@ -193,7 +194,7 @@ static int reserve_and_map(struct kvp_segment *seg, int fd, uint64_t size, const
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         int rc = -errno;
-        snprintf(why, why_size, "cannot map %s: %s", what, strerror(errno));
+        snprintf(why, why_size, "cannot map %s: %s", what, kvp_strerror(-errno));
         return rc;
     }
     int rc = reserve_steps(p, fd, size, what, why, why_size);
@@ -230,7 +231,7 @@ static int replace_stale(const char *path, char *why, size_t why_size)
         if (err == ENOENT)
             return 0;
         snprintf(why, why_size, "cannot inspect existing segment /dev/shm%s: %s", path,
-                 strerror(err));
+                 kvp_strerror(-err));
         return -err;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -244,7 +245,7 @@ static int replace_stale(const char *path, char *why, size_t why_size)
                      path, pid);
             return -EBUSY;
         }
-        snprintf(why, why_size, "cannot lock /dev/shm%s: %s", path, strerror(err));
+        snprintf(why, why_size, "cannot lock /dev/shm%s: %s", path, kvp_strerror(-err));
         return -err;
     }
     log_warn("Replacing stale segment /dev/shm%s left by a dead kvpoold (pid %u)", path,
@@ -270,7 +271,7 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
             break;
         if (errno != EEXIST || attempt > 0) {
             rc = -errno;
-            snprintf(why, why_size, "cannot create /dev/shm%s: %s", path, strerror(errno));
+            snprintf(why, why_size, "cannot create /dev/shm%s: %s", path, kvp_strerror(-errno));
             return rc;
         }
         rc = replace_stale(path, why, why_size);
@@ -300,7 +301,7 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
     if (fchmod(fd, mode) != 0) {
         rc = -errno;
         snprintf(why, why_size, "cannot set mode %o on /dev/shm%s: %s", mode, path,
-                 strerror(errno));
+                 kvp_strerror(-errno));
         goto out_unlink;
     }
     char what[160];
@@ -324,13 +325,13 @@ int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, 
     int fd = memfd_create("kvpool_l1_pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
         int err = errno;
-        snprintf(why, why_size, "memfd_create: %s", strerror(err));
+        snprintf(why, why_size, "memfd_create: %s", kvp_strerror(-err));
         return -err;
     }
     int rc = reserve_and_map(seg, fd, size, "the memfd segment", why, why_size);
     if (rc == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         rc = -errno;
-        snprintf(why, why_size, "cannot seal the memfd segment: %s", strerror(errno));
+        snprintf(why, why_size, "cannot seal the memfd segment: %s", kvp_strerror(-errno));
         munmap(seg->base, size);
         *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
     }
@@ -451,7 +452,7 @@ uint64_t kvp_segment_sweep(const char *dir, const char *own_name, uint32_t min_a
     DIR *d = opendir(dir);
     uint64_t freed = 0;
     if (!d) {
-        log_debug("Cannot look for stale segments in %s: %s", dir, strerror(errno));
+        log_debug("Cannot look for stale segments in %s: %s", dir, kvp_strerror(-errno));
         return 0;
     }
     /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and d is private to this call */

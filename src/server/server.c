@@ -53,6 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/errors.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
 #include "conn.h"
@@ -119,7 +120,7 @@ static int take_socket_lock(struct kvp_server *s)
         else if (err == ELOOP)
             log_error("Refusing to start: the lock file %s is a symbolic link", lock);
         else
-            log_error("Cannot start: cannot create the lock file %s: %s", lock, strerror(err));
+            log_error("Cannot start: cannot create the lock file %s: %s", lock, kvp_strerror(-err));
         return -err;
     }
     /* A lock file of another user could be held forever by that user: not ours to trust. */
@@ -142,7 +143,7 @@ static int take_socket_lock(struct kvp_server *s)
                 log_error("Refusing to start: another kvpoold owns socket %s (it holds %s)", path,
                           lock);
         } else {
-            log_error("Cannot start: cannot lock %s: %s", lock, strerror(err));
+            log_error("Cannot start: cannot lock %s: %s", lock, kvp_strerror(-err));
         }
         close(fd);
         return -err;
@@ -150,7 +151,7 @@ static int take_socket_lock(struct kvp_server *s)
     char buf[32];
     int n = snprintf(buf, sizeof(buf), "%ld\n", (long)getpid());
     if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)n, 0) != n)
-        log_warn("Cannot write our pid into %s: %s", lock, strerror(errno));
+        log_warn("Cannot write our pid into %s: %s", lock, kvp_strerror(-errno));
     s->lock_fd = fd;
     return 0;
 }
@@ -195,14 +196,14 @@ static int bind_socket(struct kvp_server *s)
         unlink(path);
     } else if (errno != ENOENT) {
         err = errno;
-        log_error("Cannot start: cannot inspect %s: %s", path, strerror(err));
+        log_error("Cannot start: cannot inspect %s: %s", path, kvp_strerror(-err));
         return -err;
     }
 
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         err = errno;
-        log_error("Cannot start: cannot create a Unix socket: %s", strerror(err));
+        log_error("Cannot start: cannot create a Unix socket: %s", kvp_strerror(-err));
         return -err;
     }
     mode_t old = umask(0777 & ~s->cfg.socket_mode);
@@ -211,13 +212,14 @@ static int bind_socket(struct kvp_server *s)
     umask(old);
     if (rc != 0) {
         close(fd);
-        log_error("Cannot start: cannot bind %s: %s", path, strerror(err));
+        log_error("Cannot start: cannot bind %s: %s", path, kvp_strerror(-err));
         return -err;
     }
     s->listen_fd = fd;
     if (stat(path, &st) != 0) {
         err = errno;
-        log_error("Cannot start: cannot inspect the socket %s just bound: %s", path, strerror(err));
+        log_error("Cannot start: cannot inspect the socket %s just bound: %s", path,
+                  kvp_strerror(-err));
         return -err;
     }
     s->socket_dev = st.st_dev;
@@ -226,7 +228,7 @@ static int bind_socket(struct kvp_server *s)
     if (chmod(path, s->cfg.socket_mode) != 0) {
         err = errno;
         log_error("Cannot start: cannot set mode %o on %s: %s", s->cfg.socket_mode, path,
-                  strerror(err));
+                  kvp_strerror(-err));
         return -err;
     }
     return 0;
@@ -270,7 +272,7 @@ static int check_fd_limit(const struct kvp_config *cfg)
         int err = errno;
         log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, and "
                   "the limit cannot be raised: %s",
-                  cfg->max_clients, (unsigned long long)need, strerror(err));
+                  cfg->max_clients, (unsigned long long)need, kvp_strerror(-err));
         return -err;
     }
     log_debug("Raised the file descriptor limit to %llu for --max-clients %" PRIu32,
@@ -360,7 +362,7 @@ int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
     pthread_cond_init(&s->expiry_cv, NULL);
     if (pipe2(s->wake_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
         int err = errno;
-        log_error("Cannot start: cannot create the wake-up pipe: %s", strerror(err));
+        log_error("Cannot start: cannot create the wake-up pipe: %s", kvp_strerror(-err));
         return -err;
     }
     return 0;
@@ -400,7 +402,7 @@ int kvp_server_start(struct kvp_server *s)
         return rc;
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size);
     if (rc) {
-        log_error("Cannot start: cannot allocate the pool index: %s", strerror(-rc));
+        log_error("Cannot start: cannot allocate the pool index: %s", kvp_strerror(rc));
         return rc;
     }
     s->store_ready = true;
@@ -418,12 +420,12 @@ int kvp_server_start(struct kvp_server *s)
 
     if (listen(s->listen_fd, 128) != 0) {
         int err = errno;
-        log_error("Cannot start: cannot listen on %s: %s", cfg->socket_path, strerror(err));
+        log_error("Cannot start: cannot listen on %s: %s", cfg->socket_path, kvp_strerror(-err));
         return -err;
     }
     rc = kvp_thread_create(&s->expiry_thread, NULL, expiry_main, s);
     if (rc) {
-        log_error("Cannot start: cannot create the expiry thread: %s", strerror(rc));
+        log_error("Cannot start: cannot create the expiry thread: %s", kvp_strerror(-rc));
         return -rc;
     }
     s->expiry_started = true;
@@ -510,7 +512,7 @@ static void accept_one(struct kvp_server *s)
     if (fd < 0) {
         int err = errno;
         if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
-            log_error_rl("accept: %s", strerror(err));
+            log_error_rl("accept: %s", kvp_strerror(-err));
             /* EMFILE and friends: back off instead of spinning. */
             usleep(100000);
         }
@@ -538,7 +540,7 @@ static void accept_one(struct kvp_server *s)
         return;
     }
     if (rc < 0) {
-        log_error_rl("Cannot serve a new connection: %s", strerror(-rc));
+        log_error_rl("Cannot serve a new connection: %s", kvp_strerror(rc));
         close(fd);
         return;
     }
@@ -556,7 +558,7 @@ int kvp_server_run(struct kvp_server *s)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            log_error("poll: %s", strerror(errno));
+            log_error("poll: %s", kvp_strerror(-errno));
             return -errno;
         }
         if (p[1].revents)

@@ -20,6 +20,8 @@
 #include <sys/statvfs.h>
 #endif
 
+#include "common/errors.h"
+
 void kvp_shm_gate_probe(const char *dir, struct kvp_gate_probe *probe)
 {
     *probe = (struct kvp_gate_probe){0};
@@ -50,9 +52,9 @@ static enum kvp_gate_verdict decide(uint64_t need, const struct kvp_gate_probe *
 {
     if (probe->err) {
         snprintf(log, log_size, "Cannot verify %s; disabling SHM mode. (%s%s)", w->verify_log,
-                 w->probe, strerror(probe->err));
+                 w->probe, kvp_strerror(-probe->err));
         snprintf(reason, reason_size, "SHM disabled: cannot verify %s (%s)", w->verify_short,
-                 strerror(probe->err));
+                 kvp_strerror(-probe->err));
         return KVP_GATE_UNVERIFIABLE;
     }
     if (probe->free_bytes < need) {

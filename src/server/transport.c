@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/errors.h"
 #include "log.h"
 #include "shm_gate.h"
 
@@ -86,7 +87,8 @@ int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, c
         if (rc == -ECANCELED)
             return rc;
         if (rc) {
-            log_error("Cannot allocate the %" PRIu64 "-byte pool: %s", cfg->l1_size, strerror(-rc));
+            log_error("Cannot allocate the %" PRIu64 "-byte pool: %s", cfg->l1_size,
+                      kvp_strerror(rc));
             return rc;
         }
     }
