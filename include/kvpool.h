@@ -67,8 +67,14 @@ typedef enum {
 #undef KVP_ERRNO_ENUM
 } kvp_errno_t;
 
-/* Describes a return code: kvpool codes, negative errno values, or 0. Never returns NULL. */
+/* Describes a return code: kvpool codes, negative errno values, or 0. Never returns NULL;
+ * thread-safe. */
 KVP_EXPORT const char *kvp_strerror(int err);
+
+/* The symbolic name of a return code: "KVP_EPROTO" for kvpool's codes (KVP_ERRNO_MAP), "EINVAL"
+ * and so on for negative errno values, "OK" for 0 or more, "E<n>" for an unknown code. Never
+ * returns NULL; thread-safe. */
+KVP_EXPORT const char *kvp_err_name(int err);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Client connection                                                                        */
@@ -87,6 +93,9 @@ typedef struct kvp_opts {
      * socket planted by another user never receives this process's KV.
      */
     uint32_t trust_uid;
+    /* Room for later options: must be zero (kvp_client_open() returns -EINVAL otherwise), so
+     * that a field added here in a later minor version is never misread. */
+    uint32_t reserved_[8];
 } kvp_opts;
 
 /*
@@ -157,6 +166,7 @@ typedef struct kvp_register_opts {
                                 "float8_e4m3fn", "float8_e5m2" */
     uint32_t use_mla;        /* non-zero: MLA layout [layers, chunk, hidden], shared by ranks */
     uint32_t transport;      /* a kvp_transport */
+    uint32_t reserved_[8];   /* room for later options: must be zero (else -EINVAL) */
 } kvp_register_opts;
 
 /* What the daemon answered to a registration. */

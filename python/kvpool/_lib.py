@@ -46,7 +46,8 @@ KVP_PAGED_KV_FIRST = 0x1
 
 
 class kvp_opts(ctypes.Structure):
-    _fields_ = [("socket_path", c_char_p), ("timeout_ms", c_u32), ("trust_uid", c_u32)]
+    _fields_ = [("socket_path", c_char_p), ("timeout_ms", c_u32), ("trust_uid", c_u32),
+                ("reserved_", c_u32 * 8)]
 
 
 class kvp_stat(ctypes.Structure):
@@ -65,6 +66,7 @@ class kvp_register_opts(ctypes.Structure):
         ("dtype", c_char_p),
         ("use_mla", c_u32),
         ("transport", c_u32),
+        ("reserved_", c_u32 * 8),
     ]
 
 
