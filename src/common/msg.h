@@ -9,7 +9,7 @@
 
 #include "wire.h"
 
-#define KVP_NONCE_SIZE 16
+#define KVP_NONCE_SIZE 16 /* equals KVP_SEG_NONCE_SIZE (seg_header.h) */
 
 /* Transport codes on the wire (same values as kvp_transport in kvpool.h). */
 enum { KVP_WIRE_AUTO = 0, KVP_WIRE_SHM = 1, KVP_WIRE_INLINE = 2 };

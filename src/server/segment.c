@@ -71,19 +71,7 @@ void kvp_segment_set_reserve_control(uint32_t interval_ms, const atomic_bool *ca
 
 static void write_header(struct kvp_segment *seg)
 {
-    uint8_t *h = seg->base;
-    uint32_t version = 1, hsize = KVP_SEG_HEADER, pid = (uint32_t)getpid();
-
-    memset(h, 0, KVP_SEG_HEADER);
-    memcpy(h, KVP_SEG_MAGIC, 8);
-    for (int i = 0; i < 4; i++) {
-        h[8 + i] = (uint8_t)(version >> (8 * i));
-        h[12 + i] = (uint8_t)(hsize >> (8 * i));
-        h[40 + i] = (uint8_t)(pid >> (8 * i));
-    }
-    memcpy(h + 16, seg->nonce, sizeof(seg->nonce));
-    for (int i = 0; i < 8; i++)
-        h[32 + i] = (uint8_t)(seg->size >> (8 * i));
+    kvp_seg_header_write(seg->base, seg->nonce, seg->size, (uint32_t)getpid());
 }
 
 /*
@@ -214,11 +202,9 @@ static int reserve_and_map(struct kvp_segment *seg, int fd, uint64_t size, const
 /* Reads the owner pid recorded in an existing segment's header, 0 if unreadable. */
 static uint32_t header_pid(int fd)
 {
-    uint8_t h[48];
-    if (pread(fd, h, sizeof(h), 0) != (ssize_t)sizeof(h) || memcmp(h, KVP_SEG_MAGIC, 8) != 0)
-        return 0;
-    return (uint32_t)h[40] | ((uint32_t)h[41] << 8) | ((uint32_t)h[42] << 16) |
-           ((uint32_t)h[43] << 24);
+    struct kvp_seg_header h;
+    ssize_t n = pread(fd, &h, sizeof(h), 0);
+    return n > 0 ? kvp_seg_header_pid(&h, (size_t)n) : 0;
 }
 
 /* Handles an existing name: -EBUSY if a live daemon holds it, 0 once a stale one is removed. */
@@ -398,9 +384,9 @@ static bool sweep_candidate(const char *name, const char *own_name)
 /* True when fd starts with the segment magic, which the owner writes after taking the lock. */
 static bool has_header(int fd)
 {
-    char magic[8];
-    return pread(fd, magic, sizeof(magic), 0) == (ssize_t)sizeof(magic) &&
-           memcmp(magic, KVP_SEG_MAGIC, sizeof(magic)) == 0;
+    struct kvp_seg_header h;
+    ssize_t n = pread(fd, &h, sizeof(h), 0);
+    return n > 0 && kvp_seg_header_has_magic(&h, (size_t)n);
 }
 
 /*

@@ -3,9 +3,8 @@
  * private anonymous memory (inline only). Either way every page is reserved and pre-faulted at
  * creation, so no access to the pool can fault later.
  *
- * Layout: one 4 KiB header page, then the pool. Header page (little-endian):
- *   0  char[8] "KVPOOLSG"   8 u32 version (1)   12 u32 header size (4096)
- *   16 u8[16]  nonce        32 u64 segment size 40 u32 owner pid
+ * Layout: one KVP_SEG_HEADER-byte header page (src/common/seg_header.h, shared with the workers
+ * that check it), then the pool.
  */
 #ifndef KVP_SEGMENT_H
 #define KVP_SEGMENT_H
@@ -15,8 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVP_SEG_HEADER 4096u
-#define KVP_SEG_MAGIC "KVPOOLSG"
+#include "common/seg_header.h"
 
 #define KVP_RESERVE_STEP (256ull << 20) /* bytes reserved and touched per step */
 #define KVP_RESERVE_PROGRESS_MS 5000    /* default interval of the progress lines */
@@ -29,7 +27,7 @@ struct kvp_segment {
     bool shared;    /* workers can map it (posix or memfd) */
     bool memfd;     /* anonymous memfd: no name, handed out by fd passing */
     char name[128]; /* posix: without '/'; "" otherwise */
-    uint8_t nonce[16];
+    uint8_t nonce[KVP_SEG_NONCE_SIZE];
 };
 
 #define KVP_SEGMENT_INIT \

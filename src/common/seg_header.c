@@ -1,0 +1,89 @@
+/*
+ * seg_header.c - write and check the pool segment's header page (see seg_header.h).
+ *
+ * The daemon writes the header once, after it holds the segment's liveness lock; the sweep of
+ * dead daemons' leftovers reads the owner pid of segments it did not create; a worker checks the
+ * whole header before it uses a mapping, because a namesake segment of another daemon (another
+ * IPC namespace, a stale leftover) may answer to the same name. No locking: the page is written
+ * before anyone is told the segment exists, and never changes afterwards.
+ */
+#include "seg_header.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+void kvp_seg_header_write(void *base, const uint8_t nonce[KVP_SEG_NONCE_SIZE], uint64_t size,
+                          uint32_t pid)
+{
+    struct kvp_seg_header *h = base;
+
+    memset(base, 0, KVP_SEG_HEADER);
+    h->version = KVP_SEG_VERSION;
+    h->header_size = KVP_SEG_HEADER;
+    memcpy(h->nonce, nonce, KVP_SEG_NONCE_SIZE);
+    h->size = size;
+    h->owner_pid = pid;
+    /* Orders the fields above before the magic: whoever sees the magic sees a whole header. */
+    atomic_thread_fence(memory_order_release);
+    memcpy(h->magic, KVP_SEG_MAGIC, sizeof(h->magic));
+}
+
+static int why_fail(char *why, size_t why_size, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int why_fail(char *why, size_t why_size, const char *fmt, ...)
+{
+    if (why && why_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, why_size, fmt, ap);
+        va_end(ap);
+    }
+    return -EPROTO;
+}
+
+bool kvp_seg_header_has_magic(const void *h, size_t len)
+{
+    return len >= sizeof(struct kvp_seg_header) &&
+           memcmp(((const struct kvp_seg_header *)h)->magic, KVP_SEG_MAGIC, 8) == 0;
+}
+
+int kvp_seg_header_check(const void *h, size_t len, uint64_t size,
+                         const uint8_t nonce[KVP_SEG_NONCE_SIZE], const char *label, char *why,
+                         size_t why_size)
+{
+    struct kvp_seg_header hdr;
+
+    if (!kvp_seg_header_has_magic(h, len))
+        return why_fail(why, why_size, "segment %s has no kvpool header", label);
+    /* A copy: the mapping may not be aligned for the wider fields in every caller's view. */
+    memcpy(&hdr, h, sizeof(hdr));
+    atomic_thread_fence(memory_order_acquire);
+    if (hdr.version != KVP_SEG_VERSION)
+        return why_fail(why, why_size, "segment %s has header version %" PRIu32 ", not %u", label,
+                        hdr.version, KVP_SEG_VERSION);
+    if (hdr.header_size != KVP_SEG_HEADER)
+        return why_fail(why, why_size, "segment %s has a %" PRIu32 "-byte header, not %u", label,
+                        hdr.header_size, KVP_SEG_HEADER);
+    if (hdr.size != size)
+        return why_fail(why, why_size,
+                        "segment %s says it is %" PRIu64 " bytes, the daemon announced %" PRIu64,
+                        label, hdr.size, size);
+    if (memcmp(hdr.nonce, nonce, KVP_SEG_NONCE_SIZE) != 0)
+        return why_fail(why, why_size, "segment nonce mismatch: not this daemon's pool");
+    return 0;
+}
+
+uint32_t kvp_seg_header_pid(const void *h, size_t len)
+{
+    struct kvp_seg_header hdr;
+
+    if (!kvp_seg_header_has_magic(h, len))
+        return 0;
+    memcpy(&hdr, h, sizeof(hdr));
+    return hdr.owner_pid;
+}
