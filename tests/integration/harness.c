@@ -593,3 +593,106 @@ int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle, uint
         *chunk_bytes = reg.chunk_bytes;
     return 0;
 }
+
+int kvpt_raw_ref(int fd, uint16_t op, uint32_t handle, uint64_t id, struct kvpt_reply *r)
+{
+    struct kvp_wbuf w;
+    struct kvp_ref_req ref = {.handle = handle, .id = id};
+    memset(r, 0, sizeof(*r));
+    kvp_wbuf_init(&w);
+    kvp_encode_ref_req(&w, &ref);
+    int rc = w.err ? w.err : kvpt_raw_call(fd, op, w.data, (uint32_t)w.len, r);
+    kvp_wbuf_free(&w);
+    return rc;
+}
+
+int kvpt_raw_keyed(int fd, uint16_t op, uint32_t handle, uint32_t seq, uint32_t ntokens,
+                   struct kvpt_reply *r)
+{
+    struct kvp_wbuf w;
+    uint32_t *tok = kvpt_tokens(seq, ntokens);
+    memset(r, 0, sizeof(*r));
+    kvp_wbuf_init(&w);
+    kvp_encode_key_req(&w, handle, 0, ntokens, tok, ntokens, NULL, 0);
+    int rc = w.err ? w.err : kvpt_raw_call(fd, op, w.data, (uint32_t)w.len, r);
+    kvp_wbuf_free(&w);
+    free(tok);
+    return rc;
+}
+
+int kvpt_raw_connect_or_fail(const struct kvpt_daemon *d)
+{
+    int fd = kvpt_raw_connect(d);
+    if (fd < 0)
+        fail_msg("connect: %s", strerror(-fd));
+    return fd;
+}
+
+void kvpt_raw_send_bytes(int fd, const void *p, size_t n)
+{
+    ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+    (void)r;
+}
+
+void kvpt_raw_ref_refused(int fd, uint16_t op, uint32_t handle, uint64_t id)
+{
+    struct kvpt_reply r;
+    int rc = kvpt_raw_ref(fd, op, handle, id, &r);
+    if (rc != -ENOENT)
+        fail_msg("%s(handle 0x%x, id %llu): %d, expected -ENOENT", kvp_opcode_name(op), handle,
+                 (unsigned long long)id, rc);
+    free(r.body);
+    assert_int_equal(kvpt_raw_call(fd, KVP_OP_PING, NULL, 0, &r), 0);
+    free(r.body);
+}
+
+int kvpt_raw_prepare(int fd, uint16_t op, uint32_t handle, uint32_t seq, uint32_t ntokens,
+                     struct kvp_slots_reply *sr)
+{
+    struct kvpt_reply r;
+    int rc = kvpt_raw_keyed(fd, op, handle, seq, ntokens, &r);
+    if (rc == 0 && sr)
+        assert_int_equal(kvp_decode_slots_reply(r.body, r.body_len, sr), 0);
+    free(r.body);
+    return rc;
+}
+
+int kvpt_raw_lookup(int fd, uint32_t handle, uint32_t seq, uint32_t ntokens)
+{
+    struct kvpt_reply r;
+    struct kvp_lookup_reply lr;
+    assert_int_equal(kvpt_raw_keyed(fd, KVP_OP_LOOKUP, handle, seq, ntokens, &r), 0);
+    assert_int_equal(kvp_decode_lookup_reply(r.body, r.body_len, &lr), 0);
+    free(r.body);
+    return (int)lr.cached;
+}
+
+int kvpt_raw_store_inline(int fd, uint32_t handle, uint64_t id, uint64_t payload_len,
+                          const void *data, size_t send_len, struct kvpt_reply *r)
+{
+    struct kvp_wbuf w;
+    struct kvp_ref_req ref = {.handle = handle, .id = id};
+    kvp_wbuf_init(&w);
+    kvp_encode_ref_req(&w, &ref);
+    int rc = kvpt_raw_send(fd, KVP_OP_STORE_INLINE, w.data, (uint32_t)w.len, payload_len);
+    kvp_wbuf_free(&w);
+    if (rc == 0 && send_len)
+        kvpt_raw_send_bytes(fd, data, send_len);
+    rc = kvpt_raw_recv(fd, r);
+    if (rc)
+        fail_msg("no reply to STORE_INLINE: %s", strerror(-rc));
+    assert_int_equal(r->opcode, KVP_OP_STORE_INLINE | KVP_REPLY_FLAG);
+    return r->status;
+}
+
+void kvpt_assert_clean(const struct kvpt_daemon *d)
+{
+    kvp_client *c = kvpt_connect(d);
+    assert_int_equal(kvp_ping(c), 0);
+    assert_int_equal(kvpt_stat_poll(c, "connections", 1, 5000), 1);
+    assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
+    assert_int_equal(kvpt_stat(c, "objects_pinned"), 0);
+    assert_int_equal(kvpt_stat(c, "objects_expired"), 0);
+    assert_int_equal(kvpt_stat(c, "instances"), 0);
+    kvp_client_close(c);
+}

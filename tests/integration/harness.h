@@ -156,4 +156,48 @@ bool kvpt_raw_closed(int fd, int timeout_ms);
  * Returns 0, the daemon's error status or a socket error. */
 int kvpt_raw_register(int fd, const kvp_register_opts *o, uint32_t *handle, uint64_t *chunk_bytes);
 
+/* A reference request (COMMIT_STORE, ABORT_STORE, COMMIT_RETRIEVE, UNREGISTER) of (handle, id).
+ * Returns the reply's status or a socket error, like kvpt_raw_call(). */
+int kvpt_raw_ref(int fd, uint16_t op, uint32_t handle, uint64_t id, struct kvpt_reply *r);
+
+/* A keyed request (LOOKUP, PREPARE_*, RETRIEVE_INLINE) of the first ntokens tokens of
+ * kvpt_tokens(seq) through handle. Returns the reply's status or a socket error, like
+ * kvpt_raw_call(); a payload is left unread. */
+int kvpt_raw_keyed(int fd, uint16_t op, uint32_t handle, uint32_t seq, uint32_t ntokens,
+                   struct kvpt_reply *r);
+
+/*
+ * Raw helpers that fail the test when the daemon does not answer as they expect: not for a
+ * forked child. Token counts are those of kvpt_raw_keyed().
+ */
+struct kvp_slots_reply;
+
+/* kvpt_raw_connect(), failing the test if it cannot connect. */
+int kvpt_raw_connect_or_fail(const struct kvpt_daemon *d);
+
+/* Sends what it can of n bytes at p: the daemon may close first, and a short or failed send is
+ * then part of the test. */
+void kvpt_raw_send_bytes(int fd, const void *p, size_t n);
+
+/* A reference request that must be refused with -ENOENT on a connection that stays usable (a
+ * PING after it is answered). */
+void kvpt_raw_ref_refused(int fd, uint16_t op, uint32_t handle, uint64_t id);
+
+/* PREPARE_STORE or PREPARE_RETRIEVE; on success *sr (may be NULL; its slots in the caller's
+ * array) is the decoded reply. Returns the status. */
+int kvpt_raw_prepare(int fd, uint16_t op, uint32_t handle, uint32_t seq, uint32_t ntokens,
+                     struct kvp_slots_reply *sr);
+
+/* LOOKUP; returns the number of cached chunks. */
+int kvpt_raw_lookup(int fd, uint32_t handle, uint32_t seq, uint32_t ntokens);
+
+/* STORE_INLINE of reservation id with payload_len announced and the first send_len bytes of data
+ * actually sent. Returns the reply's status; *r holds the reply (the caller frees r->body). */
+int kvpt_raw_store_inline(int fd, uint32_t handle, uint64_t id, uint64_t payload_len,
+                          const void *data, size_t send_len, struct kvpt_reply *r);
+
+/* A fresh client to d pings, and nothing is held by anybody: one connection (its own), no
+ * reservation, pin, expired reservation or instance. */
+void kvpt_assert_clean(const struct kvpt_daemon *d);
+
 #endif /* KVPT_HARNESS_H */

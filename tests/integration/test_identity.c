@@ -255,17 +255,12 @@ static void raw_store(int fd, uint32_t handle, uint64_t chunk_bytes, uint32_t se
     struct kvp_slots_reply sr = {.slots = slots};
     struct kvpt_reply r;
     struct kvp_wbuf w;
-    uint32_t *tok = kvpt_tokens(seq, NCHUNKS * C);
 
-    kvp_wbuf_init(&w);
-    kvp_encode_key_req(&w, handle, 0, NCHUNKS * C, tok, NCHUNKS * C, NULL, 0);
-    assert_int_equal(kvpt_raw_call(fd, KVP_OP_PREPARE_STORE, w.data, (uint32_t)w.len, &r), 0);
-    assert_int_equal(kvp_decode_slots_reply(r.body, r.body_len, &sr), 0);
-    free(r.body);
+    assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, handle, seq, NCHUNKS * C, &sr), 0);
     assert_int_equal(sr.nslots, NCHUNKS);
 
     struct kvp_ref_req ref = {.handle = handle, .id = sr.id};
-    kvp_wbuf_reset(&w);
+    kvp_wbuf_init(&w);
     kvp_encode_ref_req(&w, &ref);
     assert_int_equal(kvpt_raw_send(fd, KVP_OP_STORE_INLINE, w.data, (uint32_t)w.len,
                                    NCHUNKS * chunk_bytes),
@@ -281,31 +276,6 @@ static void raw_store(int fd, uint32_t handle, uint64_t chunk_bytes, uint32_t se
     assert_int_equal(r.status, 0);
     free(r.body);
     kvp_wbuf_free(&w);
-    free(tok);
-}
-
-/* A keyed request of sequence seq through handle; returns the status, *r holds the reply
- * (payload left unread). */
-static int raw_keyed(int fd, uint16_t op, uint32_t handle, uint32_t seq, struct kvpt_reply *r)
-{
-    struct kvp_wbuf w;
-    uint32_t *tok = kvpt_tokens(seq, NCHUNKS * C);
-    kvp_wbuf_init(&w);
-    kvp_encode_key_req(&w, handle, 0, NCHUNKS * C, tok, NCHUNKS * C, NULL, 0);
-    int rc = kvpt_raw_call(fd, op, w.data, (uint32_t)w.len, r);
-    kvp_wbuf_free(&w);
-    free(tok);
-    return rc;
-}
-
-static uint32_t raw_lookup(int fd, uint32_t handle, uint32_t seq)
-{
-    struct kvpt_reply r;
-    struct kvp_lookup_reply lr;
-    assert_int_equal(raw_keyed(fd, KVP_OP_LOOKUP, handle, seq, &r), 0);
-    assert_int_equal(kvp_decode_lookup_reply(r.body, r.body_len, &lr), 0);
-    free(r.body);
-    return lr.cached;
 }
 
 /* Keys come from the caller's own registration: a connection naming another connection's
@@ -323,34 +293,29 @@ static void test_foreign_handle_unknown(void **state)
 
     assert_int_equal(kvpt_raw_register(fd1, &o1, &h1, &bytes1), 0);
     raw_store(fd1, h1, bytes1, 3, 33);
-    assert_int_equal(raw_lookup(fd1, h1, 3), NCHUNKS);
+    assert_int_equal(kvpt_raw_lookup(fd1, h1, 3, NCHUNKS * C), NCHUNKS);
 
     assert_int_equal(kvpt_raw_register(fd2, &o2, &h2, &bytes2), 0);
     assert_int_not_equal(h2, h1);
     /* Its own namespace holds nothing of the llama chunks. */
-    assert_int_equal(raw_lookup(fd2, h2, 3), 0);
+    assert_int_equal(kvpt_raw_lookup(fd2, h2, 3, NCHUNKS * C), 0);
 
     static const uint16_t ops[] = {KVP_OP_LOOKUP, KVP_OP_PREPARE_STORE, KVP_OP_PREPARE_RETRIEVE,
                                    KVP_OP_RETRIEVE_INLINE};
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
-        int rc = raw_keyed(fd2, ops[i], h1, 3, &r);
+        int rc = kvpt_raw_keyed(fd2, ops[i], h1, 3, NCHUNKS * C, &r);
         if (rc != -ENOENT)
             fail_msg("%s through another connection's handle: status %d, expected -ENOENT",
                      kvp_opcode_name(ops[i]), rc);
         assert_non_null(strstr(r.msg, "unknown instance handle"));
         free(r.body);
     }
-    struct kvp_ref_req ref = {.handle = h1, .id = 0};
-    struct kvp_wbuf w;
-    kvp_wbuf_init(&w);
-    kvp_encode_ref_req(&w, &ref);
-    assert_int_equal(kvpt_raw_call(fd2, KVP_OP_UNREGISTER, w.data, (uint32_t)w.len, &r), -ENOENT);
+    assert_int_equal(kvpt_raw_ref(fd2, KVP_OP_UNREGISTER, h1, 0, &r), -ENOENT);
     free(r.body);
-    kvp_wbuf_free(&w);
 
     /* The owner still has its instance and its chunks, byte for byte. */
-    assert_int_equal(raw_lookup(fd1, h1, 3), NCHUNKS);
-    assert_int_equal(raw_keyed(fd1, KVP_OP_RETRIEVE_INLINE, h1, 3, &r), 0);
+    assert_int_equal(kvpt_raw_lookup(fd1, h1, 3, NCHUNKS * C), NCHUNKS);
+    assert_int_equal(kvpt_raw_keyed(fd1, KVP_OP_RETRIEVE_INLINE, h1, 3, NCHUNKS * C, &r), 0);
     assert_int_equal(r.payload_len, NCHUNKS * bytes1);
     free(r.body);
     uint8_t *buf = malloc(bytes1);

@@ -37,111 +37,6 @@ static int setup(void **state)
     return kvpt_group_start(state, &daemon_, args);
 }
 
-/* A fresh client pings, and nothing is held by anybody. */
-static void assert_daemon_clean(void)
-{
-    kvp_client *c = kvpt_connect(&daemon_);
-    assert_int_equal(kvp_ping(c), 0);
-    assert_int_equal(kvpt_stat_poll(c, "connections", 1, 5000), 1);
-    assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
-    assert_int_equal(kvpt_stat(c, "objects_pinned"), 0);
-    assert_int_equal(kvpt_stat(c, "objects_expired"), 0);
-    assert_int_equal(kvpt_stat(c, "instances"), 0);
-    kvp_client_close(c);
-}
-
-static int connect_or_fail(void)
-{
-    int fd = kvpt_raw_connect(&daemon_);
-    if (fd < 0)
-        fail_msg("connect: %s", strerror(-fd));
-    return fd;
-}
-
-static void send_bytes(int fd, const void *p, size_t n)
-{
-    /* The daemon may close first: a short or failed send is part of the game. */
-    ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
-    (void)r;
-}
-
-static int call_ref(int fd, uint16_t op, uint32_t handle, uint64_t id, struct kvpt_reply *r)
-{
-    struct kvp_wbuf w;
-    struct kvp_ref_req ref = {.handle = handle, .id = id};
-    kvp_wbuf_init(&w);
-    kvp_encode_ref_req(&w, &ref);
-    int rc = kvpt_raw_call(fd, op, w.data, (uint32_t)w.len, r);
-    kvp_wbuf_free(&w);
-    return rc;
-}
-
-/* A reference request that must be refused with -ENOENT on a connection that stays usable. */
-static void refuse_ref(int fd, uint16_t op, uint32_t handle, uint64_t id)
-{
-    struct kvpt_reply r;
-    int rc = call_ref(fd, op, handle, id, &r);
-    if (rc != -ENOENT)
-        fail_msg("%s(handle 0x%x, id %llu): %d, expected -ENOENT", kvp_opcode_name(op), handle,
-                 (unsigned long long)id, rc);
-    free(r.body);
-    assert_int_equal(kvpt_raw_call(fd, KVP_OP_PING, NULL, 0, &r), 0);
-    free(r.body);
-}
-
-/* A keyed request; fills *sr (slots in the caller's array) for slot replies. Returns status. */
-static int call_keyed(int fd, uint16_t op, uint32_t handle, uint32_t seq, uint32_t nchunks,
-                      struct kvp_slots_reply *sr)
-{
-    struct kvp_wbuf w;
-    struct kvpt_reply r;
-    uint32_t *tok = kvpt_tokens(seq, nchunks * C);
-    kvp_wbuf_init(&w);
-    kvp_encode_key_req(&w, handle, 0, nchunks * C, tok, nchunks * C, NULL, 0);
-    int rc = kvpt_raw_call(fd, op, w.data, (uint32_t)w.len, &r);
-    if (rc == 0 && sr)
-        assert_int_equal(kvp_decode_slots_reply(r.body, r.body_len, sr), 0);
-    free(r.body);
-    kvp_wbuf_free(&w);
-    free(tok);
-    return rc;
-}
-
-static int lookup(int fd, uint32_t handle, uint32_t seq, uint32_t nchunks)
-{
-    struct kvp_wbuf w;
-    struct kvpt_reply r;
-    struct kvp_lookup_reply lr;
-    uint32_t *tok = kvpt_tokens(seq, nchunks * C);
-    kvp_wbuf_init(&w);
-    kvp_encode_key_req(&w, handle, 0, nchunks * C, tok, nchunks * C, NULL, 0);
-    assert_int_equal(kvpt_raw_call(fd, KVP_OP_LOOKUP, w.data, (uint32_t)w.len, &r), 0);
-    assert_int_equal(kvp_decode_lookup_reply(r.body, r.body_len, &lr), 0);
-    free(r.body);
-    kvp_wbuf_free(&w);
-    free(tok);
-    return (int)lr.cached;
-}
-
-/* STORE_INLINE of a reservation with payload_len announced and `send` bytes actually sent. */
-static int store_inline(int fd, uint32_t handle, uint64_t id, uint64_t payload_len,
-                        const void *data, size_t send_len, struct kvpt_reply *r)
-{
-    struct kvp_wbuf w;
-    struct kvp_ref_req ref = {.handle = handle, .id = id};
-    kvp_wbuf_init(&w);
-    kvp_encode_ref_req(&w, &ref);
-    int rc = kvpt_raw_send(fd, KVP_OP_STORE_INLINE, w.data, (uint32_t)w.len, payload_len);
-    kvp_wbuf_free(&w);
-    if (rc == 0 && send_len)
-        send_bytes(fd, data, send_len);
-    rc = kvpt_raw_recv(fd, r);
-    if (rc)
-        fail_msg("no reply to STORE_INLINE: %s", strerror(-rc));
-    assert_int_equal(r->opcode, KVP_OP_STORE_INLINE | KVP_REPLY_FLAG);
-    return r->status;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Random bytes.                                                                             */
 
@@ -268,8 +163,8 @@ static void test_random_garbage(void **state)
         for (int i = 0; i < BATCH; i++) {
             kinds[i] = (enum garbage_kind)(rnd() % 3);
             lens[i] = make_garbage(buf, sizeof(buf), kinds[i], &junk[i]);
-            fds[i] = connect_or_fail();
-            send_bytes(fds[i], buf, lens[i]);
+            fds[i] = kvpt_raw_connect_or_fail(&daemon_);
+            kvpt_raw_send_bytes(fds[i], buf, lens[i]);
         }
         for (int i = 0; i < BATCH; i++) {
             struct outcome o = drain(fds[i]);
@@ -302,7 +197,7 @@ static void test_random_garbage(void **state)
     assert_true(noise_replies > 0);
     assert_true(kvpt_stat(c, "protocol_errors") - perr0 >= (uint64_t)noise_replies);
     kvp_client_close(c);
-    assert_daemon_clean();
+    kvpt_assert_clean(&daemon_);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -337,13 +232,13 @@ static void test_truncated_register(void **state)
     kvp_client *c = kvpt_connect(&daemon_);
     for (size_t len = 0; len < total; len++) {
         /* Cut and closed outright. */
-        int fd = connect_or_fail();
-        send_bytes(fd, frame, len);
+        int fd = kvpt_raw_connect_or_fail(&daemon_);
+        kvpt_raw_send_bytes(fd, frame, len);
         close(fd);
 
         /* Cut and half-closed: the daemon must close too, without answering anything. */
-        fd = connect_or_fail();
-        send_bytes(fd, frame, len);
+        fd = kvpt_raw_connect_or_fail(&daemon_);
+        kvpt_raw_send_bytes(fd, frame, len);
         assert_int_equal(shutdown(fd, SHUT_WR), 0);
         char b;
         struct timeval tv = {.tv_sec = 5};
@@ -361,8 +256,8 @@ static void test_truncated_register(void **state)
     assert_int_equal(kvpt_log_count(&daemon_, "Instance truncated non-GPU context"), 0);
 
     /* The whole frame is a valid registration, dropped with its connection. */
-    int fd = connect_or_fail();
-    send_bytes(fd, frame, total);
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
+    kvpt_raw_send_bytes(fd, frame, total);
     struct kvpt_reply r;
     assert_int_equal(kvpt_raw_recv(fd, &r), 0);
     assert_int_equal(r.status, 0);
@@ -374,7 +269,7 @@ static void test_truncated_register(void **state)
     free(frame);
     kvp_wbuf_free(&w);
     kvp_client_close(c);
-    assert_daemon_clean();
+    kvpt_assert_clean(&daemon_);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -383,7 +278,7 @@ static void test_truncated_register(void **state)
 /* A bare header with the given lengths: an error reply (opcode echoed) and a close. */
 static void header_refused(uint16_t op, uint32_t body_len, uint64_t payload_len, int want)
 {
-    int fd = connect_or_fail();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     struct kvpt_reply r;
     uint8_t hdr[KVP_HEADER_SIZE];
     struct kvp_header h = {.magic = KVP_MAGIC,
@@ -393,7 +288,7 @@ static void header_refused(uint16_t op, uint32_t body_len, uint64_t payload_len,
                            .body_len = body_len,
                            .payload_len = payload_len};
     kvp_header_encode(&h, hdr);
-    send_bytes(fd, hdr, sizeof(hdr));
+    kvpt_raw_send_bytes(fd, hdr, sizeof(hdr));
     int rc = kvpt_raw_recv(fd, &r);
     if (rc)
         fail_msg("%s with body_len %u payload_len %llu: no reply (%s)", kvp_opcode_name(op),
@@ -421,7 +316,7 @@ static void test_huge_lengths(void **state)
     uint8_t *big = malloc(KVP_MAX_BODY);
     for (size_t i = 0; i < KVP_MAX_BODY; i++)
         big[i] = (uint8_t)(i * 131 + 7);
-    int fd = connect_or_fail();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_send(fd, KVP_OP_REGISTER, big, KVP_MAX_BODY, 0), 0);
     assert_int_equal(kvpt_raw_recv(fd, &r), 0);
     assert_int_equal(r.status, -EPROTO);
@@ -430,7 +325,7 @@ static void test_huge_lengths(void **state)
     close(fd);
 
     /* The largest body allowed, announced and never sent: dropped after --io-timeout. */
-    fd = connect_or_fail();
+    fd = kvpt_raw_connect_or_fail(&daemon_);
     uint8_t hdr[KVP_HEADER_SIZE];
     struct kvp_header h = {.magic = KVP_MAGIC,
                            .version = KVP_PROTO_VERSION,
@@ -438,14 +333,14 @@ static void test_huge_lengths(void **state)
                            .request_id = 3,
                            .body_len = KVP_MAX_BODY};
     kvp_header_encode(&h, hdr);
-    send_bytes(fd, hdr, sizeof(hdr));
+    kvpt_raw_send_bytes(fd, hdr, sizeof(hdr));
     assert_true(kvpt_raw_closed(fd, 10000));
     close(fd);
 
     /* The largest token list allowed is a valid lookup (65536 chunks, several key windows). */
     kvp_register_opts o = kvpt_layout("lengths", KVP_TRANSPORT_INLINE);
     uint32_t handle;
-    fd = connect_or_fail();
+    fd = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_register(fd, &o, &handle, NULL), 0);
     uint32_t *tok = kvpt_tokens(1, KVP_MAX_TOKENS);
     struct kvp_wbuf w;
@@ -472,15 +367,15 @@ static void test_huge_lengths(void **state)
     const uint64_t wrong[] = {UINT64_MAX, 1ull << 63, want + 1, want - 1, 0, CHUNK_BYTES};
     kvp_client *c = kvpt_connect(&daemon_);
     for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); i++) {
-        fd = connect_or_fail();
+        fd = kvpt_raw_connect_or_fail(&daemon_);
         assert_int_equal(kvpt_raw_register(fd, &o, &handle, NULL), 0);
-        assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, handle, 40, 2, &sr), 0);
+        assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, handle, 40, 2 * C, &sr), 0);
         assert_int_equal(sr.nslots, 2);
         assert_int_equal(kvpt_stat(c, "objects_reserved"), 2);
         /* Send what was announced when it is small, to show that it is the length that is
          * refused and not a stall. */
         size_t n = wrong[i] <= want + 1 ? (size_t)wrong[i] : 0;
-        if (store_inline(fd, handle, sr.id, wrong[i], big, n, &r) != -EINVAL)
+        if (kvpt_raw_store_inline(fd, handle, sr.id, wrong[i], big, n, &r) != -EINVAL)
             fail_msg("payload_len %llu: status %d (%s)", (unsigned long long)wrong[i], r.status,
                      r.msg);
         free(r.body);
@@ -490,18 +385,18 @@ static void test_huge_lengths(void **state)
         assert_int_equal(kvpt_stat_poll(c, "instances", 0, 5000), 0);
     }
     /* The right length still works, and nothing of the refused attempts is visible. */
-    fd = connect_or_fail();
+    fd = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_register(fd, &o, &handle, NULL), 0);
-    assert_int_equal(lookup(fd, handle, 40, 2), 0);
-    assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, handle, 40, 2, &sr), 0);
-    assert_int_equal(store_inline(fd, handle, sr.id, want, big, want, &r), 0);
+    assert_int_equal(kvpt_raw_lookup(fd, handle, 40, 2 * C), 0);
+    assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, handle, 40, 2 * C, &sr), 0);
+    assert_int_equal(kvpt_raw_store_inline(fd, handle, sr.id, want, big, want, &r), 0);
     free(r.body);
-    assert_int_equal(lookup(fd, handle, 40, 2), 2);
+    assert_int_equal(kvpt_raw_lookup(fd, handle, 40, 2 * C), 2);
     close(fd);
 
     free(big);
     kvp_client_close(c);
-    assert_daemon_clean();
+    kvpt_assert_clean(&daemon_);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -520,73 +415,74 @@ static void test_out_of_order(void **state)
     uint8_t data[2 * CHUNK_BYTES];
     kvp_client *c = kvpt_connect(&daemon_);
 
-    int fd = connect_or_fail();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_register(fd, &oi, &h, NULL), 0);
     assert_int_equal(kvpt_raw_register(fd, &os, &h2, NULL), 0);
 
     /* Before any prepare: nothing to commit, abort or unpin. */
-    refuse_ref(fd, KVP_OP_COMMIT_STORE, h, 1);
-    refuse_ref(fd, KVP_OP_ABORT_STORE, h, 1);
-    refuse_ref(fd, KVP_OP_COMMIT_RETRIEVE, h, 1);
-    refuse_ref(fd, KVP_OP_COMMIT_STORE, h, 0);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_STORE, h, 1);
+    kvpt_raw_ref_refused(fd, KVP_OP_ABORT_STORE, h, 1);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_RETRIEVE, h, 1);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_STORE, h, 0);
 
     /* A store reservation is not a pin, nor another instance's. */
-    assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, h, 50, 2, &sr), 0);
+    assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, h, 50, 2 * C, &sr), 0);
     assert_int_equal(sr.nslots, 2);
     uint64_t res = sr.id;
-    refuse_ref(fd, KVP_OP_COMMIT_RETRIEVE, h, res);
-    refuse_ref(fd, KVP_OP_COMMIT_STORE, h2, res);
-    refuse_ref(fd, KVP_OP_ABORT_STORE, h2, res);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_RETRIEVE, h, res);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_STORE, h2, res);
+    kvpt_raw_ref_refused(fd, KVP_OP_ABORT_STORE, h2, res);
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 2);
-    assert_int_equal(lookup(fd, h, 50, 2), 0);
+    assert_int_equal(kvpt_raw_lookup(fd, h, 50, 2 * C), 0);
 
     /* Commit (through the upload), then commit again, abort after commit. */
     kvpt_fill(data, CHUNK_BYTES, 50, 0);
     kvpt_fill(data + CHUNK_BYTES, CHUNK_BYTES, 50, 1);
-    assert_int_equal(store_inline(fd, h, res, sizeof(data), data, sizeof(data), &r), 0);
+    assert_int_equal(kvpt_raw_store_inline(fd, h, res, sizeof(data), data, sizeof(data), &r), 0);
     free(r.body);
-    refuse_ref(fd, KVP_OP_COMMIT_STORE, h, res);
-    refuse_ref(fd, KVP_OP_ABORT_STORE, h, res);
-    refuse_ref(fd, KVP_OP_COMMIT_RETRIEVE, h, res);
-    assert_int_equal(lookup(fd, h, 50, 2), 2);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_STORE, h, res);
+    kvpt_raw_ref_refused(fd, KVP_OP_ABORT_STORE, h, res);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_RETRIEVE, h, res);
+    assert_int_equal(kvpt_raw_lookup(fd, h, 50, 2 * C), 2);
 
     /* Prepare, abort, then commit the aborted reservation. */
-    assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, h, 51, 2, &sr), 0);
-    assert_int_equal(call_ref(fd, KVP_OP_ABORT_STORE, h, sr.id, &r), 0);
+    assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, h, 51, 2 * C, &sr), 0);
+    assert_int_equal(kvpt_raw_ref(fd, KVP_OP_ABORT_STORE, h, sr.id, &r), 0);
     free(r.body);
-    refuse_ref(fd, KVP_OP_COMMIT_STORE, h, sr.id);
-    refuse_ref(fd, KVP_OP_ABORT_STORE, h, sr.id);
-    assert_int_equal(lookup(fd, h, 51, 2), 0);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_STORE, h, sr.id);
+    kvpt_raw_ref_refused(fd, KVP_OP_ABORT_STORE, h, sr.id);
+    assert_int_equal(kvpt_raw_lookup(fd, h, 51, 2 * C), 0);
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
 
     /* Pins: not a store reservation, released exactly once. */
-    int fs = connect_or_fail();
+    int fs = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_register(fs, &op, &hs, NULL), 0);
-    assert_int_equal(call_keyed(fs, KVP_OP_PREPARE_RETRIEVE, hs, 50, 2, &sr), 0);
+    assert_int_equal(kvpt_raw_prepare(fs, KVP_OP_PREPARE_RETRIEVE, hs, 50, 2 * C, &sr), 0);
     assert_int_equal(sr.nslots, 2);
     uint64_t pin = sr.id;
-    refuse_ref(fs, KVP_OP_COMMIT_STORE, hs, pin);
-    refuse_ref(fs, KVP_OP_ABORT_STORE, hs, pin);
+    kvpt_raw_ref_refused(fs, KVP_OP_COMMIT_STORE, hs, pin);
+    kvpt_raw_ref_refused(fs, KVP_OP_ABORT_STORE, hs, pin);
     assert_int_equal(kvpt_stat(c, "objects_pinned"), 2);
-    assert_int_equal(call_ref(fs, KVP_OP_COMMIT_RETRIEVE, hs, pin, &r), 0);
+    assert_int_equal(kvpt_raw_ref(fs, KVP_OP_COMMIT_RETRIEVE, hs, pin, &r), 0);
     free(r.body);
-    refuse_ref(fs, KVP_OP_COMMIT_RETRIEVE, hs, pin);
+    kvpt_raw_ref_refused(fs, KVP_OP_COMMIT_RETRIEVE, hs, pin);
     assert_int_equal(kvpt_stat(c, "objects_pinned"), 0);
 
     /* Unregister releases the instance's reservation: a later commit finds nothing. */
-    assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, h, 52, 2, &sr), 0);
+    assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, h, 52, 2 * C, &sr), 0);
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 2);
-    assert_int_equal(call_ref(fd, KVP_OP_UNREGISTER, h, 0, &r), 0);
+    assert_int_equal(kvpt_raw_ref(fd, KVP_OP_UNREGISTER, h, 0, &r), 0);
     free(r.body);
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
-    refuse_ref(fd, KVP_OP_COMMIT_STORE, h, sr.id);
-    refuse_ref(fd, KVP_OP_UNREGISTER, h, 0);
-    assert_int_equal(lookup(fd, h2, 52, 2), 0);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_STORE, h, sr.id);
+    kvpt_raw_ref_refused(fd, KVP_OP_UNREGISTER, h, 0);
+    assert_int_equal(kvpt_raw_lookup(fd, h2, 52, 2 * C), 0);
 
     /* An upload to a reservation that was already committed: refused, and the connection is
      * closed since the payload cannot be skipped. The committed data is untouched. */
     memset(data, 0xee, sizeof(data));
-    assert_int_equal(store_inline(fd, h2, res, sizeof(data), data, sizeof(data), &r), -ENOENT);
+    assert_int_equal(kvpt_raw_store_inline(fd, h2, res, sizeof(data), data, sizeof(data), &r),
+                     -ENOENT);
     free(r.body);
     assert_true(kvpt_raw_closed(fd, 5000));
     close(fd);
@@ -605,7 +501,7 @@ static void test_out_of_order(void **state)
     assert_int_equal(kvp_unregister(inst), 0);
     free(tok);
     kvp_client_close(c);
-    assert_daemon_clean();
+    kvpt_assert_clean(&daemon_);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -625,35 +521,36 @@ static void test_foreign_ids(void **state)
     kvp_client *c = kvpt_connect(&daemon_);
 
     /* A: committed data (seq 60), a pin on it, and a reservation (seq 61). */
-    int a = connect_or_fail();
+    int a = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_register(a, &oa, &ha, NULL), 0);
     assert_int_equal(kvpt_raw_register(a, &oas, &has, NULL), 0);
-    assert_int_equal(call_keyed(a, KVP_OP_PREPARE_STORE, ha, 60, 2, &sr), 0);
+    assert_int_equal(kvpt_raw_prepare(a, KVP_OP_PREPARE_STORE, ha, 60, 2 * C, &sr), 0);
     kvpt_fill(data, CHUNK_BYTES, 60, 0);
     kvpt_fill(data + CHUNK_BYTES, CHUNK_BYTES, 60, 1);
-    assert_int_equal(store_inline(a, ha, sr.id, sizeof(data), data, sizeof(data), &r), 0);
+    assert_int_equal(kvpt_raw_store_inline(a, ha, sr.id, sizeof(data), data, sizeof(data), &r), 0);
     free(r.body);
-    assert_int_equal(call_keyed(a, KVP_OP_PREPARE_RETRIEVE, has, 60, 2, &sr), 0);
+    assert_int_equal(kvpt_raw_prepare(a, KVP_OP_PREPARE_RETRIEVE, has, 60, 2 * C, &sr), 0);
     uint64_t pin = sr.id;
-    assert_int_equal(call_keyed(a, KVP_OP_PREPARE_STORE, ha, 61, 2, &sr), 0);
+    assert_int_equal(kvpt_raw_prepare(a, KVP_OP_PREPARE_STORE, ha, 61, 2 * C, &sr), 0);
     uint64_t res = sr.id;
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 2);
     assert_int_equal(kvpt_stat(c, "objects_pinned"), 2);
 
     /* B knows A's handles and ids exactly (registering A's instance id is refused, since A
      * holds it), and still cannot touch A's holds. */
-    int b = connect_or_fail();
+    int b = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_register(b, &ob, &hb, NULL), 0);
     assert_int_equal(kvpt_raw_register(b, &oa, &ha_b, NULL), -EBUSY);
     const uint32_t handles[] = {ha, has, hb};
     for (size_t i = 0; i < 3; i++) {
-        refuse_ref(b, KVP_OP_COMMIT_STORE, handles[i], res);
-        refuse_ref(b, KVP_OP_ABORT_STORE, handles[i], res);
-        refuse_ref(b, KVP_OP_COMMIT_RETRIEVE, handles[i], pin);
-        refuse_ref(b, KVP_OP_COMMIT_RETRIEVE, handles[i], res);
+        kvpt_raw_ref_refused(b, KVP_OP_COMMIT_STORE, handles[i], res);
+        kvpt_raw_ref_refused(b, KVP_OP_ABORT_STORE, handles[i], res);
+        kvpt_raw_ref_refused(b, KVP_OP_COMMIT_RETRIEVE, handles[i], pin);
+        kvpt_raw_ref_refused(b, KVP_OP_COMMIT_RETRIEVE, handles[i], res);
     }
     memset(data, 0xee, sizeof(data));
-    assert_int_equal(store_inline(b, ha, res, sizeof(data), data, sizeof(data), &r), -ENOENT);
+    assert_int_equal(kvpt_raw_store_inline(b, ha, res, sizeof(data), data, sizeof(data), &r),
+                     -ENOENT);
     free(r.body);
     assert_true(kvpt_raw_closed(b, 5000));
     close(b);
@@ -663,9 +560,9 @@ static void test_foreign_ids(void **state)
     assert_int_equal(kvpt_stat(c, "objects_pinned"), 2);
     kvpt_fill(data, CHUNK_BYTES, 61, 0);
     kvpt_fill(data + CHUNK_BYTES, CHUNK_BYTES, 61, 1);
-    assert_int_equal(store_inline(a, ha, res, sizeof(data), data, sizeof(data), &r), 0);
+    assert_int_equal(kvpt_raw_store_inline(a, ha, res, sizeof(data), data, sizeof(data), &r), 0);
     free(r.body);
-    assert_int_equal(call_ref(a, KVP_OP_COMMIT_RETRIEVE, has, pin, &r), 0);
+    assert_int_equal(kvpt_raw_ref(a, KVP_OP_COMMIT_RETRIEVE, has, pin, &r), 0);
     free(r.body);
     close(a);
 
@@ -684,7 +581,7 @@ static void test_foreign_ids(void **state)
     }
     assert_int_equal(kvp_unregister(inst), 0);
     kvp_client_close(c);
-    assert_daemon_clean();
+    kvpt_assert_clean(&daemon_);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -701,15 +598,15 @@ static void test_hold_limit(void **state)
     kvp_client *c = kvpt_connect(&daemon_);
     uint64_t used0 = kvpt_stat(c, "pool_used");
 
-    int fd = connect_or_fail();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_register(fd, &o, &h, NULL), 0);
     /* 1024 open one-chunk reservations (8 MiB of the 16 MiB pool), then one too many. */
     for (uint32_t i = 0; i < 1024; i++) {
-        assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, h, 100000 + i, 1, &sr), 0);
+        assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, h, 100000 + i, C, &sr), 0);
         assert_int_equal(sr.nslots, 1);
     }
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 1024);
-    int rc = call_keyed(fd, KVP_OP_PREPARE_STORE, h, 99999, 1, &sr);
+    int rc = kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, h, 99999, C, &sr);
     assert_int_equal(rc, -EMFILE);
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 1024);
     /* Still usable; closing releases all of them at once. */
@@ -719,7 +616,7 @@ static void test_hold_limit(void **state)
     assert_int_equal(kvpt_stat_poll(c, "objects_reserved", 0, 5000), 0);
     assert_int_equal(kvpt_stat(c, "pool_used"), used0);
     kvp_client_close(c);
-    assert_daemon_clean();
+    kvpt_assert_clean(&daemon_);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -758,7 +655,7 @@ static void test_connection_flood(void **state)
         assert_true(fd >= 0);
         uint8_t noise[64];
         memset(noise, i, sizeof(noise));
-        send_bytes(fd, noise, sizeof(noise));
+        kvpt_raw_send_bytes(fd, noise, sizeof(noise));
         assert_true(kvpt_raw_closed(fd, 5000));
         close(fd);
     }
@@ -812,25 +709,25 @@ static void test_inline_commit_without_upload(void **state)
     uint8_t data[2 * CHUNK_BYTES];
     kvp_client *c = kvpt_connect(&daemon_);
 
-    int fd = connect_or_fail();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     assert_int_equal(kvpt_raw_register(fd, &o, &h, NULL), 0);
-    assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, h, 80, 2, &sr), 0);
+    assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, h, 80, 2 * C, &sr), 0);
     assert_int_equal(sr.nslots, 2);
-    assert_int_equal(call_ref(fd, KVP_OP_COMMIT_STORE, h, sr.id, &r), -EOPNOTSUPP);
+    assert_int_equal(kvpt_raw_ref(fd, KVP_OP_COMMIT_STORE, h, sr.id, &r), -EOPNOTSUPP);
     assert_non_null(strstr(r.msg, "STORE_INLINE"));
     free(r.body);
     assert_int_equal(kvpt_stat(c, "objects_reserved"), 0);
-    assert_int_equal(lookup(fd, h, 80, 2), 0);
-    refuse_ref(fd, KVP_OP_COMMIT_STORE, h, sr.id);
+    assert_int_equal(kvpt_raw_lookup(fd, h, 80, 2 * C), 0);
+    kvpt_raw_ref_refused(fd, KVP_OP_COMMIT_STORE, h, sr.id);
 
     /* The keys are free, and the proper upload works on the same connection. */
-    assert_int_equal(call_keyed(fd, KVP_OP_PREPARE_STORE, h, 80, 2, &sr), 0);
+    assert_int_equal(kvpt_raw_prepare(fd, KVP_OP_PREPARE_STORE, h, 80, 2 * C, &sr), 0);
     assert_int_equal(sr.nslots, 2);
     kvpt_fill(data, CHUNK_BYTES, 80, 0);
     kvpt_fill(data + CHUNK_BYTES, CHUNK_BYTES, 80, 1);
-    assert_int_equal(store_inline(fd, h, sr.id, sizeof(data), data, sizeof(data), &r), 0);
+    assert_int_equal(kvpt_raw_store_inline(fd, h, sr.id, sizeof(data), data, sizeof(data), &r), 0);
     free(r.body);
-    assert_int_equal(lookup(fd, h, 80, 2), 2);
+    assert_int_equal(kvpt_raw_lookup(fd, h, 80, 2 * C), 2);
     close(fd);
 
     /* Through the library: kvp_commit_store() on an inline plan fails the same way, and the
@@ -850,7 +747,7 @@ static void test_inline_commit_without_upload(void **state)
     assert_int_equal(kvp_unregister(inst), 0);
     free(tok);
     kvp_client_close(c);
-    assert_daemon_clean();
+    kvpt_assert_clean(&daemon_);
 }
 
 int main(void)
