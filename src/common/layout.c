@@ -1,15 +1,20 @@
 /*
- * layout.c - the dtype table and the chunk shape rule.
+ * layout.c - the dtype table, the chunk shape rule and the chunk-range rule.
  *
  * A chunk holds chunk_tokens tokens of every layer: [2 (K and V), layers, tokens, hidden], or,
  * for MLA models whose single latent vector is shared by all tensor-parallel ranks,
  * [layers, tokens, hidden]. The byte size is computed with overflow checks because every factor
  * comes from a worker.
+ *
+ * The chunk-range rule (which tokens of a sequence a keyed request covers) lives here too, so
+ * the library and the daemon apply the same one; the Python binding relies on the library's.
  */
 #include "layout.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 static const struct kvp_dtype dtypes[] = {
@@ -70,4 +75,46 @@ int kvp_chunk_layout(uint32_t num_layers, uint32_t chunk_tokens, uint32_t hidden
     }
     out->bytes = bytes;
     return 0;
+}
+
+int kvp_chunk_range(uint32_t start, uint32_t end, uint32_t ntokens, uint32_t chunk_tokens,
+                    uint32_t max_chunks, uint32_t *first, uint32_t *n, char *why, size_t why_size)
+{
+    int rc = 0;
+
+    if (why && why_size)
+        why[0] = '\0';
+    if (chunk_tokens == 0)
+        rc = -EINVAL;
+    else if (start % chunk_tokens)
+        rc = -EINVAL;
+    else if (end > ntokens)
+        rc = -EINVAL;
+    else if (end < start)
+        rc = -EINVAL;
+    if (rc == 0) {
+        /* start is aligned and <= end, so the rounded-down end is >= start. */
+        *first = start / chunk_tokens;
+        *n = end / chunk_tokens - *first;
+        if (max_chunks == 0 || *n <= max_chunks)
+            return 0;
+        rc = -E2BIG;
+    }
+    if (!why || !why_size)
+        return rc;
+    if (chunk_tokens == 0)
+        snprintf(why, why_size, "the chunk size is 0 tokens");
+    else if (rc == -E2BIG)
+        snprintf(why, why_size, "range of %" PRIu32 " chunks exceeds the limit of %" PRIu32, *n,
+                 max_chunks);
+    else if (start % chunk_tokens)
+        snprintf(why, why_size,
+                 "start (%" PRIu32 ") is not a multiple of the chunk size (%" PRIu32 " tokens)",
+                 start, chunk_tokens);
+    else if (end > ntokens)
+        snprintf(why, why_size, "end (%" PRIu32 ") is beyond the sequence's %" PRIu32 " tokens",
+                 end, ntokens);
+    else
+        snprintf(why, why_size, "end (%" PRIu32 ") is before start (%" PRIu32 ")", end, start);
+    return rc;
 }

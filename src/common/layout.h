@@ -6,6 +6,7 @@
 #define KVP_LAYOUT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct kvp_dtype {
@@ -32,5 +33,17 @@ struct kvp_chunk_layout {
 int kvp_chunk_layout(uint32_t num_layers, uint32_t chunk_tokens, uint32_t hidden_dim,
                      uint32_t dtype_size, bool use_mla, uint64_t max_bytes,
                      struct kvp_chunk_layout *out);
+
+/*
+ * The chunk-range rule of keyed requests (docs/PROTOCOL.md), applied by the library before it
+ * sends a request and by the daemon to what it receives: tokens [start, end) of a sequence of
+ * ntokens tokens, chunk_tokens (> 0) per chunk. start must be a multiple of chunk_tokens and
+ * start <= end <= ntokens; end is rounded down to a chunk boundary. On success *first is the
+ * index of the first chunk and *n the number of full chunks in the range (0 is fine). Returns 0,
+ * -EINVAL, or -E2BIG when *n would exceed max_chunks (0: no limit); why (why_size bytes, may be
+ * NULL) then says which rule was broken, with the values.
+ */
+int kvp_chunk_range(uint32_t start, uint32_t end, uint32_t ntokens, uint32_t chunk_tokens,
+                    uint32_t max_chunks, uint32_t *first, uint32_t *n, char *why, size_t why_size);
 
 #endif /* KVP_LAYOUT_H */

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/chunk_hash.h"
+#include "common/layout.h"
 #include "common/msg.h"
 #include "conn.h"
 #include "handlers.h"
@@ -210,31 +211,15 @@ static int keyed_prepare(struct kvp_conn *c, const struct kvp_header *h, struct 
     }
     uint32_t start = whole_sequence ? 0 : k->req.start;
     uint32_t end = whole_sequence ? k->req.ntokens : k->req.end;
-    int rc = 0;
-    if (start % C)
-        rc = fail(c, h, -EINVAL, "start %" PRIu32 " is not a multiple of the chunk size %" PRIu32,
-                  start, C);
-    else if (end > k->req.ntokens)
-        rc = fail(c, h, -EINVAL, "end %" PRIu32 " is beyond the %" PRIu32 " tokens sent", end,
-                  k->req.ntokens);
-    else if (end < start)
-        rc = fail(c, h, -EINVAL, "end %" PRIu32 " is before start %" PRIu32, end, start);
-    else
-        goto range_ok;
-    return rc ? rc : 1;
-
-range_ok:
-    k->first = start / C;
-    k->n = end / C - k->first;
-    if (k->n > KVP_MAX_CHUNKS) {
-        if (whole_sequence) {
-            k->n = KVP_MAX_CHUNKS; /* lookup: counted in windows by the caller */
-        } else {
-            rc = fail(c, h, -E2BIG, "range has %" PRIu32 " chunks; the limit is %u", k->n,
-                      KVP_MAX_CHUNKS);
-            return rc ? rc : 1;
-        }
+    char why[KVP_MAX_ERRMSG + 1];
+    int rc = kvp_chunk_range(start, end, k->req.ntokens, C, whole_sequence ? 0 : KVP_MAX_CHUNKS,
+                             &k->first, &k->n, why, sizeof(why));
+    if (rc) {
+        rc = fail(c, h, rc, "%s", why);
+        return rc ? rc : 1;
     }
+    if (k->n > KVP_MAX_CHUNKS)
+        k->n = KVP_MAX_CHUNKS; /* lookup: counted in windows by the caller */
 
     struct kvp_key_ns ns;
     kvp_instance_key_ns(&k->inst, k->req.salt, k->req.salt_len, &ns);

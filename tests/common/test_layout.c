@@ -111,13 +111,45 @@ static void test_max_bytes(void **state)
     assert_rc(kvp_chunk_layout(4, 16, 64, 2, false, bytes + 1, &l), 0);
 }
 
+/* The chunk-range rule both sides apply (docs/PROTOCOL.md). */
+static void test_chunk_range(void **state)
+{
+    (void)state;
+    uint32_t first = 99, n = 99;
+    char why[128];
+
+    /* end is rounded down; an empty range is fine. */
+    assert_int_equal(kvp_chunk_range(32, 100, 100, 16, 0, &first, &n, why, sizeof(why)), 0);
+    assert_int_equal(first, 2);
+    assert_int_equal(n, 4);
+    assert_int_equal(kvp_chunk_range(16, 20, 20, 16, 0, &first, &n, NULL, 0), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(kvp_chunk_range(0, 0, 0, 16, 0, &first, &n, NULL, 0), 0);
+    assert_int_equal(n, 0);
+
+    assert_int_equal(kvp_chunk_range(8, 64, 64, 16, 0, &first, &n, why, sizeof(why)), -EINVAL);
+    assert_string_equal(why, "start (8) is not a multiple of the chunk size (16 tokens)");
+    assert_int_equal(kvp_chunk_range(0, 65, 64, 16, 0, &first, &n, why, sizeof(why)), -EINVAL);
+    assert_string_equal(why, "end (65) is beyond the sequence's 64 tokens");
+    assert_int_equal(kvp_chunk_range(32, 16, 64, 16, 0, &first, &n, why, sizeof(why)), -EINVAL);
+    assert_string_equal(why, "end (16) is before start (32)");
+    assert_int_equal(kvp_chunk_range(0, 64, 64, 0, 0, &first, &n, why, sizeof(why)), -EINVAL);
+
+    /* The limit counts full chunks; 0 means none. */
+    assert_int_equal(kvp_chunk_range(0, 64, 64, 16, 4, &first, &n, why, sizeof(why)), 0);
+    assert_int_equal(kvp_chunk_range(0, 80, 80, 16, 4, &first, &n, why, sizeof(why)), -E2BIG);
+    assert_string_equal(why, "range of 5 chunks exceeds the limit of 4");
+    assert_int_equal(kvp_chunk_range(0, 80, 80, 16, 0, &first, &n, why, sizeof(why)), 0);
+    assert_int_equal(n, 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_sizes), cmocka_unit_test(test_dtype_unknown),
         cmocka_unit_test(test_shape_kv),    cmocka_unit_test(test_shape_mla),
         cmocka_unit_test(test_zero_dims),   cmocka_unit_test(test_overflow),
-        cmocka_unit_test(test_max_bytes),
+        cmocka_unit_test(test_max_bytes),   cmocka_unit_test(test_chunk_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
