@@ -1,6 +1,6 @@
 /*
  * fuzz_daemon.c - one daemon connection, end to end: the bytes a client sends go through the
- * daemon's real connection code (conn.c: framing, header and body decoding, every handler in
+ * daemon's real connection code (session.c: framing, header and body decoding, every handler in
  * handlers.c, the store and the registry), exactly as kvpoold runs them, minus the listening
  * socket.
  *
@@ -8,7 +8,7 @@
  * seed is a plausible session: HELLO, REGISTER, PREPARE_STORE, STORE_INLINE with payload, ...).
  * For each input: a fresh store (64 KiB pool, so eviction and "no space" are reachable) and
  * registry; a socketpair; a feeder thread that writes the input, closes its write side and reads
- * every reply; the connection served by kvp_conn_main() in this thread until EOF.
+ * every reply; the connection served by kvp_session_main() in this thread until EOF.
  *
  * What must hold, beyond "no crash, no leak":
  *   - the reply stream is well formed: every header decodes, has the reply flag, status <= 0;
@@ -26,10 +26,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "conn.h"
 #include "fuzz.h"
 #include "log.h"
 #include "server.h"
+#include "session.h"
 
 #define POOL_SIZE (64u << 10)
 #define CHUNK_TOKENS 4u
@@ -201,7 +201,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvp_registry_init(&srv.registry, &offer);
     FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 
-    struct kvp_conn *c = kvp_conn_new(&srv, sv[0]);
+    struct kvp_session *c = kvp_session_new(&srv, sv[0]);
     FUZZ_CHECK(c != NULL && srv.nconns == 1);
 
     struct feeder f = {
@@ -214,7 +214,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(f.replies != NULL);
     FUZZ_CHECK(pthread_create(&tid, NULL, feeder_main, &f) == 0);
 
-    kvp_conn_main(c); /* frees c and closes sv[0] */
+    kvp_session_main(c); /* frees c and closes sv[0] */
     pthread_join(tid, NULL);
     close(sv[1]);
 

@@ -23,14 +23,14 @@
 #include "common/chunk_hash.h"
 #include "common/layout.h"
 #include "common/msg.h"
-#include "conn.h"
 #include "handlers.h"
 #include "log.h"
 #include "server.h"
+#include "session.h"
 #include "stats.h"
 
 /* Sends an error reply with a formatted message. Returns the send result. */
-__attribute__((format(printf, 4, 5))) static int fail(struct kvp_conn *c,
+__attribute__((format(printf, 4, 5))) static int fail(struct kvp_session *c,
                                                       const struct kvp_header *h, int status,
                                                       const char *fmt, ...)
 {
@@ -38,11 +38,11 @@ __attribute__((format(printf, 4, 5))) static int fail(struct kvp_conn *c,
     va_start(ap, fmt);
     vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
     va_end(ap);
-    return kvp_conn_reply(c, h, status, NULL, 0, 0);
+    return kvp_session_reply(c, h, status, NULL, 0, 0);
 }
 
 /* A body that does not decode: answer, then close (the framing is suspect). */
-static int malformed(struct kvp_conn *c, const struct kvp_header *h)
+static int malformed(struct kvp_session *c, const struct kvp_header *h)
 {
     fail(c, h, -EPROTO, "malformed %s body", kvp_opcode_name(h->opcode));
     KVP_COUNT(protocol_errors, 1);
@@ -51,12 +51,12 @@ static int malformed(struct kvp_conn *c, const struct kvp_header *h)
     return -EPROTO;
 }
 
-static int ok(struct kvp_conn *c, const struct kvp_header *h)
+static int ok(struct kvp_session *c, const struct kvp_header *h)
 {
-    return kvp_conn_reply(c, h, 0, NULL, 0, 0);
+    return kvp_session_reply(c, h, 0, NULL, 0, 0);
 }
 
-static int handle_hello(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_hello(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct kvp_hello_reply m = {
@@ -78,7 +78,7 @@ static int handle_hello(struct kvp_conn *c, const struct kvp_header *h)
     return ok(c, h);
 }
 
-static int handle_stats(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_stats(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct kvp_stat_entry e[KVP_MAX_STATS];
@@ -122,11 +122,11 @@ static int handle_stats(struct kvp_conn *c, const struct kvp_header *h)
     return ok(c, h);
 }
 
-static int handle_register(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_register(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct kvp_register_req req;
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     bool existing;
 
     if (kvp_decode_register_req(c->body, h->body_len, &req))
@@ -136,7 +136,7 @@ static int handle_register(struct kvp_conn *c, const struct kvp_header *h)
         rc = kvp_registry_choose_transport(&s->registry, &inst, c->errmsg, sizeof(c->errmsg));
     if (rc) {
         log_warn_rl("Registration of instance '%s' refused: %s", req.instance_id, c->errmsg);
-        return kvp_conn_reply(c, h, rc, NULL, 0, 0);
+        return kvp_session_reply(c, h, rc, NULL, 0, 0);
     }
     /* The owner's pid is recorded so that a refused namesake learns who holds the id. */
     rc = kvp_registry_add(&s->registry, c->id, (int32_t)c->peer.pid, &inst, &existing, c->errmsg,
@@ -144,7 +144,7 @@ static int handle_register(struct kvp_conn *c, const struct kvp_header *h)
     if (rc) {
         log_warn("Registration of instance '%s' from pid %d refused: %s", req.instance_id,
                  (int)c->peer.pid, c->errmsg);
-        return kvp_conn_reply(c, h, rc, NULL, 0, 0);
+        return kvp_session_reply(c, h, rc, NULL, 0, 0);
     }
 
     struct kvp_register_reply m = {
@@ -166,13 +166,13 @@ static int handle_register(struct kvp_conn *c, const struct kvp_header *h)
     return ok(c, h);
 }
 
-static int handle_unregister(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_unregister(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
     kvp_holds_release_all(&c->holds, req.handle, false);
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     /* Only the registering connection knows the handle legitimately, and only it ends the
      * instance. */
     if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst))
@@ -185,7 +185,7 @@ static int handle_unregister(struct kvp_conn *c, const struct kvp_header *h)
 /* A decoded and validated keyed request. */
 struct keyed {
     struct kvp_key_req req;
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     uint32_t first; /* first chunk of the range */
     uint32_t n;     /* chunks in the range */
 };
@@ -195,7 +195,7 @@ struct keyed {
  * range's chunks in c->keys. Returns 0; 1 after an error reply (connection stays open); <0 to
  * close.
  */
-static int keyed_prepare(struct kvp_conn *c, const struct kvp_header *h, struct keyed *k,
+static int keyed_prepare(struct kvp_session *c, const struct kvp_header *h, struct keyed *k,
                          bool whole_sequence)
 {
     struct kvp_server *s = c->srv;
@@ -222,7 +222,7 @@ static int keyed_prepare(struct kvp_conn *c, const struct kvp_header *h, struct 
         k->n = KVP_MAX_CHUNKS; /* lookup: counted in windows by the caller */
 
     struct kvp_key_ns ns;
-    kvp_instance_key_ns(&k->inst, k->req.salt, k->req.salt_len, &ns);
+    kvp_registration_key_ns(&k->inst, k->req.salt, k->req.salt_len, &ns);
     uint8_t seed[KVP_KEY_SIZE];
     if (kvp_key_seed(&ns, seed)) {
         rc = fail(c, h, -ENOMEM, "cannot initialise hashing");
@@ -239,7 +239,7 @@ static int keyed_prepare(struct kvp_conn *c, const struct kvp_header *h, struct 
     return 0;
 }
 
-static int handle_lookup(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_lookup(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct keyed k;
@@ -266,7 +266,7 @@ static int handle_lookup(struct kvp_conn *c, const struct kvp_header *h)
 }
 
 /* Encodes a slots reply (msg.c) for objs[0..n) with chunk indices idx (NULL: 0..n). */
-static void encode_slots(struct kvp_conn *c, uint64_t id, uint32_t nchunks,
+static void encode_slots(struct kvp_session *c, uint64_t id, uint32_t nchunks,
                          const struct kvp_prepare_result *pr, struct kvp_obj **objs,
                          const uint32_t *idx, uint32_t n)
 {
@@ -288,7 +288,7 @@ static void encode_slots(struct kvp_conn *c, uint64_t id, uint32_t nchunks,
     kvp_encode_slots_reply(&c->out, &m);
 }
 
-static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_prepare_store(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct kvp_prepare_result pr;
@@ -329,7 +329,7 @@ static int handle_prepare_store(struct kvp_conn *c, const struct kvp_header *h)
 }
 
 /* Publishes a reservation, ends the hold, and answers with the count (or -ETIMEDOUT). */
-static int commit_hold(struct kvp_conn *c, const struct kvp_header *h, struct kvp_hold *hold)
+static int commit_hold(struct kvp_session *c, const struct kvp_header *h, struct kvp_hold *hold)
 {
     uint64_t id = hold->id;
     int rc = kvp_store_commit(&c->srv->store, hold->objs, hold->n);
@@ -342,7 +342,7 @@ static int commit_hold(struct kvp_conn *c, const struct kvp_header *h, struct kv
 }
 
 /* COMMIT_STORE and ABORT_STORE. */
-static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, bool commit)
+static int handle_finish_store(struct kvp_session *c, const struct kvp_header *h, bool commit)
 {
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
@@ -362,7 +362,7 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
     /* An inline worker has no pointers into the pool, so nothing wrote its slots: publishing
      * them would serve stale bytes (of evicted chunks, maybe of another salt) under its keys.
      * The reservation is dropped, as the client library forgets the plan after any commit. */
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst) == 0 &&
         inst.transport != KVP_WIRE_SHM) {
         kvp_holds_release(&c->holds, hold);
@@ -374,7 +374,7 @@ static int handle_finish_store(struct kvp_conn *c, const struct kvp_header *h, b
     return commit_hold(c, h, hold);
 }
 
-static int handle_store_inline(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_store_inline(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct kvp_ref_req req;
@@ -396,7 +396,7 @@ static int handle_store_inline(struct kvp_conn *c, const struct kvp_header *h)
     }
     /* Straight into the reserved slots: the hold keeps them ours, and no lock is needed. */
     for (uint32_t i = 0; i < hold->n; i++) {
-        int rc = kvp_conn_recv(c, s->seg.base + hold->objs[i]->offset, hold->chunk_bytes);
+        int rc = kvp_session_recv(c, s->seg.base + hold->objs[i]->offset, hold->chunk_bytes);
         if (rc) {
             kvp_holds_release(&c->holds, hold);
             return rc;
@@ -406,7 +406,7 @@ static int handle_store_inline(struct kvp_conn *c, const struct kvp_header *h)
     return commit_hold(c, h, hold);
 }
 
-static int handle_prepare_retrieve(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_prepare_retrieve(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct keyed k;
@@ -440,7 +440,7 @@ static int handle_prepare_retrieve(struct kvp_conn *c, const struct kvp_header *
     return ok(c, h);
 }
 
-static int handle_commit_retrieve(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_commit_retrieve(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
@@ -455,7 +455,7 @@ static int handle_commit_retrieve(struct kvp_conn *c, const struct kvp_header *h
     return ok(c, h);
 }
 
-static int handle_retrieve_inline(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_retrieve_inline(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct keyed k;
@@ -474,7 +474,7 @@ static int handle_retrieve_inline(struct kvp_conn *c, const struct kvp_header *h
     encode_slots(c, 0, k.n, NULL, c->objs, NULL, n);
     /* The pins keep the objects from eviction while the bytes go out unlocked. */
     uint64_t bytes = (uint64_t)n * k.inst.layout.bytes;
-    rc = kvp_conn_reply(c, h, 0, iov, (int)n, bytes);
+    rc = kvp_session_reply(c, h, 0, iov, (int)n, bytes);
     kvp_store_unpin(&s->store, c->objs, n);
     free(iov);
     if (rc == 0) {
@@ -485,17 +485,17 @@ static int handle_retrieve_inline(struct kvp_conn *c, const struct kvp_header *h
 }
 
 /* MAP_SEGMENT: the memfd segment's descriptor travels as SCM_RIGHTS with the reply header. */
-static int handle_map_segment(struct kvp_conn *c, const struct kvp_header *h)
+static int handle_map_segment(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     if (h->body_len != 0)
         return malformed(c, h);
     if (!s->seg.memfd)
         return fail(c, h, -EOPNOTSUPP, "this kvpoold does not use the memfd backend");
-    return kvp_conn_reply_fd(c, h, s->seg.fd);
+    return kvp_session_reply_fd(c, h, s->seg.fd);
 }
 
-int kvp_handle_request(struct kvp_conn *c, const struct kvp_header *h)
+int kvp_handle_request(struct kvp_session *c, const struct kvp_header *h)
 {
     switch (h->opcode) {
     case KVP_OP_HELLO:

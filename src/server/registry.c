@@ -45,7 +45,7 @@ void kvp_registry_destroy(struct kvp_registry *r)
  * first bad one is named in the message so the operator can fix the worker's configuration.
  */
 int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
-                          struct kvp_instance *inst, char *msg, size_t msg_size)
+                          struct kvp_registration *inst, char *msg, size_t msg_size)
 {
 #define BAD(...)                              \
     do {                                      \
@@ -93,7 +93,7 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_registe
  * The worker reports what it will use after trying to map the segment itself; the daemon only
  * refuses "shm" when it has no segment, and otherwise records the worker's choice and reason.
  */
-int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_instance *inst,
+int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
                                   char *msg, size_t msg_size)
 {
     const struct kvp_register_req *req = &inst->req;
@@ -138,7 +138,7 @@ static int do_find_handle(struct kvp_registry *r, uint32_t handle)
 }
 
 /* The one INFO line per registration that names the transport actually in use. */
-static void log_transport(const struct kvp_instance *inst, const struct kvp_offer *offer)
+static void log_transport(const struct kvp_registration *inst, const struct kvp_offer *offer)
 {
     if (inst->transport == KVP_WIRE_SHM && offer->memfd)
         log_info("Instance %s non-GPU context using SHM transport (backend=memfd, "
@@ -192,13 +192,13 @@ static bool differs(const struct kvp_register_req *have, const struct kvp_regist
  * critical section that every registration and request goes through.
  */
 int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
-                     struct kvp_instance *inst, bool *existing, char *msg, size_t msg_size)
+                     struct kvp_registration *inst, bool *existing, char *msg, size_t msg_size)
 {
     *existing = false;
     pthread_mutex_lock(&r->lock);
     int i = do_find_id(r, inst->req.instance_id);
     if (i >= 0) {
-        const struct kvp_instance *have = &r->slots[i].inst;
+        const struct kvp_registration *have = &r->slots[i].inst;
         int rc = 0;
         if (differs(&have->req, &inst->req, msg, msg_size)) {
             rc = -EEXIST;
@@ -245,7 +245,7 @@ int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
 
 /* Returns a copy, so that a concurrent unregister can never leave the caller a dangling
  * pointer. */
-int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_instance *out)
+int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_registration *out)
 {
     pthread_mutex_lock(&r->lock);
     int i = do_find_handle(r, handle);
@@ -256,7 +256,7 @@ int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_instanc
 }
 
 int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t owner,
-                           struct kvp_instance *out)
+                           struct kvp_registration *out)
 {
     pthread_mutex_lock(&r->lock);
     int i = do_find_handle(r, handle);
@@ -269,8 +269,8 @@ int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t own
 }
 
 /* MLA layouts hold no per-rank heads, so all ranks of a model share one namespace. */
-void kvp_instance_key_ns(const struct kvp_instance *inst, const void *salt, uint32_t salt_len,
-                         struct kvp_key_ns *ns)
+void kvp_registration_key_ns(const struct kvp_registration *inst, const void *salt,
+                             uint32_t salt_len, struct kvp_key_ns *ns)
 {
     *ns = (struct kvp_key_ns){
         .model_name = inst->req.model_name,

@@ -21,7 +21,7 @@
 
 #define KVP_MAX_INSTANCES 1024
 
-struct kvp_instance {
+struct kvp_registration {
     uint32_t handle;
     uint64_t owner;    /* connection id that registered it */
     int32_t owner_pid; /* that connection's peer pid (SO_PEERCRED), -1 if unknown */
@@ -49,7 +49,7 @@ struct kvp_registry {
     struct {
         bool used;
         uint16_t gen;
-        struct kvp_instance inst;
+        struct kvp_registration inst;
     } slots[KVP_MAX_INSTANCES];
 };
 
@@ -61,14 +61,14 @@ void kvp_registry_destroy(struct kvp_registry *r);
  * On success fills layout and dtype size into *inst (not yet registered).
  */
 int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
-                          struct kvp_instance *inst, char *msg, size_t msg_size);
+                          struct kvp_registration *inst, char *msg, size_t msg_size);
 
 /*
  * Decides the transport of a validated instance (the single place where SHM versus inline is
  * chosen per worker). Returns 0, or -EOPNOTSUPP when the worker insists on shm and the daemon
  * has none (msg says why).
  */
-int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_instance *inst,
+int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
                                   char *msg, size_t msg_size);
 
 /*
@@ -83,21 +83,21 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_insta
  * msg is set on every error.
  */
 int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
-                     struct kvp_instance *inst, bool *existing, char *msg, size_t msg_size);
+                     struct kvp_registration *inst, bool *existing, char *msg, size_t msg_size);
 
 /* Copies the instance of handle. Returns 0 or -ENOENT. */
-int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_instance *out);
+int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_registration *out);
 
 /* Copies the instance of handle if connection owner registered it. Returns 0, or -ENOENT for
  * an unknown handle and for another connection's instance (handles are not capabilities to
  * share: requests only ever act on the caller's own registration). */
 int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t owner,
-                           struct kvp_instance *out);
+                           struct kvp_registration *out);
 
 /* The key namespace of an instance with a request's salt: every field comes from inst, the
  * registration the request's handle names. ns points into inst and salt. */
-void kvp_instance_key_ns(const struct kvp_instance *inst, const void *salt, uint32_t salt_len,
-                         struct kvp_key_ns *ns);
+void kvp_registration_key_ns(const struct kvp_registration *inst, const void *salt,
+                             uint32_t salt_len, struct kvp_key_ns *ns);
 
 /* Unregisters handle. Returns 0 or -ENOENT. */
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why);

@@ -26,7 +26,7 @@
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
  * Threads: the main thread accepts and checks credentials; each connection has a detached thread
- * and joins the connection list (conn.c, which owns a connection's whole life); one expiry
+ * and joins the connection list (session.c, which owns a connection's whole life); one expiry
  * thread cancels overdue reservations and reports rate-limited log counts once a second. The
  * threads are created with the stop signals blocked, so only the main thread handles them.
  * Shutdown: the signal handler writes to a self-pipe; the main thread stops accepting, shuts
@@ -56,8 +56,8 @@
 #include "common/errors.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
-#include "conn.h"
 #include "log.h"
+#include "session.h"
 #include "shm_gate.h"
 #include "stats.h"
 #include "transport.h"
@@ -531,7 +531,7 @@ static void accept_one(struct kvp_server *s)
         refuse(fd, -EACCES, msg);
         return;
     }
-    int rc = kvp_conn_spawn(s, fd);
+    int rc = kvp_session_spawn(s, fd);
     if (rc == -EUSERS) {
         KVP_COUNT(connections_rejected, 1);
         log_warn_rl("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
@@ -580,7 +580,7 @@ void kvp_server_destroy(struct kvp_server *s)
     if (s->socket_bound)
         unlink_own_socket(s);
 
-    kvp_conns_close_all(s);
+    kvp_sessions_close_all(s);
 
     if (s->expiry_started) {
         pthread_mutex_lock(&s->expiry_lock);

@@ -16,7 +16,7 @@
 #include "segment.h"
 #include "store.h"
 
-struct kvp_conn;
+struct kvp_session;
 
 struct kvp_server {
     struct kvp_config cfg;
@@ -34,9 +34,9 @@ struct kvp_server {
     int wake_fds[2]; /* self-pipe: stop request and expiry wake-up */
     atomic_bool stopping;
 
-    pthread_mutex_t conns_lock; /* guards conns, nconns, next_conn_id (conn.c) */
+    pthread_mutex_t conns_lock; /* guards conns, nconns, next_conn_id (session.c) */
     pthread_cond_t conns_cv;    /* signalled when a connection thread exits */
-    struct kvp_conn *conns;
+    struct kvp_session *conns;
     uint32_t nconns;
     uint64_t next_conn_id;
 

@@ -69,9 +69,9 @@ struct kvp_register_req good_req(const char *id)
 }
 
 int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_req *q,
-            bool *existing, struct kvp_instance *out, char *msg, size_t msg_size)
+            bool *existing, struct kvp_registration *out, char *msg, size_t msg_size)
 {
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     assert_rc(kvp_registry_validate(r, q, &inst, msg, msg_size), 0);
     assert_rc(kvp_registry_choose_transport(r, &inst, msg, msg_size), 0);
     msg[0] = '\0';
@@ -82,9 +82,9 @@ int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_re
 }
 
 uint32_t must_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_req *q,
-                  bool *existing, struct kvp_instance *out)
+                  bool *existing, struct kvp_registration *out)
 {
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
     assert_rc(try_add(r, owner, q, existing, &inst, msg, sizeof(msg)), 0);
     if (out)

@@ -40,10 +40,10 @@ struct kvp_register_req good_req(const char *id);
  * returns kvp_registry_add()'s result, with its message in msg. out (may be NULL) gets the
  * instance as validated. */
 int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_req *q,
-            bool *existing, struct kvp_instance *out, char *msg, size_t msg_size);
+            bool *existing, struct kvp_registration *out, char *msg, size_t msg_size);
 
 /* Like try_add(), but fails the test unless the registration succeeds; returns the handle. */
 uint32_t must_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_req *q,
-                  bool *existing, struct kvp_instance *out);
+                  bool *existing, struct kvp_registration *out);
 
 #endif /* KVP_TEST_REGISTRY_FIXTURE_H */

@@ -17,7 +17,7 @@
 /* The registration of handle h is still good_req(id)'s, owned by connection 1. */
 static void expect_unchanged(struct kvp_registry *r, uint32_t h, const char *id)
 {
-    struct kvp_instance got;
+    struct kvp_registration got;
     struct kvp_register_req q = good_req(id);
     assert_int_equal(kvp_registry_count(r), 1);
     assert_rc(kvp_registry_get(r, h, &got), 0);
@@ -136,7 +136,7 @@ static void test_namesake_other_connection_busy(void **state)
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
     struct kvp_register_req q = good_req("rank0");
-    struct kvp_instance got;
+    struct kvp_registration got;
     bool existing;
     char msg[512], want[128];
 
@@ -180,7 +180,7 @@ static void test_same_connection_returns_existing(void **state)
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
     struct kvp_register_req q = good_req("rank0");
-    struct kvp_instance second;
+    struct kvp_registration second;
     bool existing;
 
     uint32_t h = must_add(r, 1, &q, &existing, NULL);
@@ -204,10 +204,10 @@ static void test_same_connection_returns_existing(void **state)
 static void seed_of(struct kvp_registry *r, uint32_t h, uint64_t owner, const char *salt,
                     uint8_t seed[KVP_KEY_SIZE])
 {
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     struct kvp_key_ns ns;
     assert_rc(kvp_registry_get_owned(r, h, owner, &inst), 0);
-    kvp_instance_key_ns(&inst, salt, (uint32_t)strlen(salt), &ns);
+    kvp_registration_key_ns(&inst, salt, (uint32_t)strlen(salt), &ns);
     assert_rc(kvp_key_seed(&ns, seed), 0);
 }
 
@@ -218,7 +218,7 @@ static void test_keys_from_own_registration(void **state)
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
     struct kvp_register_req llama = good_req("rank0"), mistral = good_req("rank0");
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     struct kvp_key_ns ns;
     bool existing;
     char msg[512];
@@ -236,7 +236,7 @@ static void test_keys_from_own_registration(void **state)
 
     /* Every namespace field is the handle's registration's. */
     assert_rc(kvp_registry_get_owned(r, hb, 2, &inst), 0);
-    kvp_instance_key_ns(&inst, "s", 1, &ns);
+    kvp_registration_key_ns(&inst, "s", 1, &ns);
     assert_string_equal(ns.model_name, "mistral-7b");
     assert_string_equal(ns.dtype, "bfloat16");
     assert_int_equal(ns.world_size, 2);

@@ -18,7 +18,7 @@ static void test_add_and_get(void **state)
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
     struct kvp_register_req q = good_req("w0");
-    struct kvp_instance got;
+    struct kvp_registration got;
     bool existing = true;
 
     uint32_t h = must_add(r, 7, &q, &existing, NULL);
@@ -54,7 +54,7 @@ static void test_stale_handle(void **state)
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
     struct kvp_register_req q = good_req("w0");
-    struct kvp_instance got;
+    struct kvp_registration got;
     bool existing;
 
     uint32_t h = must_add(r, 1, &q, &existing, NULL);
@@ -88,7 +88,7 @@ static void test_remove_owner(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_instance got;
+    struct kvp_registration got;
     bool existing;
     struct kvp_register_req qa = good_req("a"), qb = good_req("b"), qc = good_req("c"),
                             qd = good_req("d");
@@ -119,7 +119,7 @@ static void test_table_full(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
     bool existing;
     uint32_t first = 0;

@@ -21,7 +21,7 @@
 static void expect_invalid(const struct kvp_registry *r, const struct kvp_register_req *q,
                            const char *field)
 {
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512] = "";
     int rc = kvp_registry_validate(r, q, &inst, msg, sizeof(msg));
     if (rc != -EINVAL)
@@ -37,7 +37,7 @@ static void test_validate_ok_shape(void **state)
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
     struct kvp_register_req q = good_req("w0");
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512] = "";
 
     assert_rc(kvp_registry_validate(r, &q, &inst, msg, sizeof(msg)), 0);
@@ -61,7 +61,7 @@ static void test_validate_mla_shape(void **state)
     offer.chunk_tokens = 64;
     struct kvp_registry *r = new_registry(&offer);
     struct kvp_register_req q = good_req("mla");
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
 
     q.use_mla = 1;
@@ -157,7 +157,7 @@ static void test_validate_every_dtype(void **state)
     struct kvp_registry *r = new_registry(&offer_shm);
     for (size_t i = 0; i < sizeof(dt) / sizeof(dt[0]); i++) {
         struct kvp_register_req q = good_req("w0");
-        struct kvp_instance inst;
+        struct kvp_registration inst;
         char msg[512];
         snprintf(q.dtype, sizeof(q.dtype), "%s", dt[i].name);
         assert_rc(kvp_registry_validate(r, &q, &inst, msg, sizeof(msg)), 0);
@@ -173,7 +173,7 @@ static void test_chunk_larger_than_pool(void **state)
     /* One chunk of the good request is 2 * 32 * 256 * 1024 * 2 = 32 MiB. */
     const uint64_t chunk = 2ull * 32 * 256 * 1024 * 2;
     struct kvp_offer offer = offer_shm;
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
 
     offer.pool_size = chunk;
@@ -207,7 +207,7 @@ static void test_chunk_larger_than_pool(void **state)
 /* ---- Transport ---- */
 
 static int choose(const struct kvp_offer *offer, uint8_t transport, const char *reason,
-                  struct kvp_instance *inst, char *msg, size_t msg_size)
+                  struct kvp_registration *inst, char *msg, size_t msg_size)
 {
     struct kvp_registry *r = new_registry(offer);
     struct kvp_register_req q = good_req("w0");
@@ -223,7 +223,7 @@ static int choose(const struct kvp_offer *offer, uint8_t transport, const char *
 static void test_transport_shm(void **state)
 {
     (void)state;
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
 
     assert_rc(choose(&offer_shm, KVP_WIRE_SHM, "", &inst, msg, sizeof(msg)), 0);
@@ -234,7 +234,7 @@ static void test_transport_shm(void **state)
 static void test_transport_shm_unavailable(void **state)
 {
     (void)state;
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
 
     assert_rc(choose(&offer_inline, KVP_WIRE_SHM, "", &inst, msg, sizeof(msg)), -EOPNOTSUPP);
@@ -245,7 +245,7 @@ static void test_transport_shm_unavailable(void **state)
 static void test_transport_inline_keeps_reason(void **state)
 {
     (void)state;
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
 
     assert_rc(choose(&offer_shm, KVP_WIRE_INLINE, "cannot map segment: EACCES", &inst, msg,
@@ -263,7 +263,7 @@ static void test_transport_inline_keeps_reason(void **state)
 static void test_transport_auto_is_inline(void **state)
 {
     (void)state;
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
 
     /* Auto never means shm: only a worker that says it mapped the segment gets shm. */
@@ -275,7 +275,7 @@ static void test_transport_auto_is_inline(void **state)
 static void test_transport_daemon_without_shm(void **state)
 {
     (void)state;
-    struct kvp_instance inst;
+    struct kvp_registration inst;
     char msg[512];
 
     assert_rc(choose(&offer_inline, KVP_WIRE_INLINE, "", &inst, msg, sizeof(msg)), 0);

@@ -1,6 +1,7 @@
 /*
- * conn.c - one connection's whole life: allocation and the server's connection list, its thread,
- * framing, timed I/O, and the end that releases the holds (holds.c) and instances it owns.
+ * session.c - the daemon side of one client connection (a session), its whole life: allocation
+ * and the server's list, its thread, framing, timed I/O, and the end that releases the holds
+ * (holds.c) and the instances it owns.
  *
  * Threading model: one thread per connection (bounded by --max-clients). A thread blocks only
  * on its own socket, so a worker streaming a 32 MiB inline chunk, or one that stops reading, never
@@ -19,10 +20,10 @@
  *
  * The server's list of connections (s->conns, under s->conns_lock) is kept here: a connection
  * joins it before its thread starts (the --max-clients check and the insertion are one step
- * under the lock) and leaves it as the last thing its thread does, so kvp_conns_close_all() can
+ * under the lock) and leaves it as the last thing its thread does, so kvp_sessions_close_all() can
  * wait for an empty list knowing that nothing of any connection is still running.
  */
-#include "conn.h"
+#include "session.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -42,7 +43,7 @@
 #include "stats.h"
 
 /* Used inside a frame, where SO_RCVTIMEO expiring means the peer stalled: -ETIMEDOUT. */
-int kvp_conn_recv(struct kvp_conn *c, void *buf, size_t len)
+int kvp_session_recv(struct kvp_session *c, void *buf, size_t len)
 {
     uint8_t *p = buf;
     while (len) {
@@ -62,13 +63,13 @@ int kvp_conn_recv(struct kvp_conn *c, void *buf, size_t len)
 }
 
 /* Waits for and reads a request header. Idle time is unlimited; a started header is not. */
-static int recv_header(struct kvp_conn *c, uint8_t *hdr)
+static int recv_header(struct kvp_session *c, uint8_t *hdr)
 {
     for (;;) {
         ssize_t n = recv(c->fd, hdr, KVP_HEADER_SIZE, 0);
         if (n > 0)
             return n == KVP_HEADER_SIZE ? 0
-                                        : kvp_conn_recv(c, hdr + n, KVP_HEADER_SIZE - (size_t)n);
+                                        : kvp_session_recv(c, hdr + n, KVP_HEADER_SIZE - (size_t)n);
         if (n == 0)
             return -ECONNRESET;
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
@@ -84,7 +85,7 @@ static int recv_header(struct kvp_conn *c, uint8_t *hdr)
  * Gathered send of a whole reply, resuming after partial writes. MSG_NOSIGNAL: a worker that
  * vanished is an EPIPE on its own connection, never a signal to the daemon. Consumes iov.
  */
-static int send_all(struct kvp_conn *c, struct iovec *iov, int iovcnt)
+static int send_all(struct kvp_session *c, struct iovec *iov, int iovcnt)
 {
     size_t n = (size_t)iovcnt, i = kvp_iov_advance(iov, n, 0, 0);
     while (i < n) {
@@ -102,8 +103,8 @@ static int send_all(struct kvp_conn *c, struct iovec *iov, int iovcnt)
 
 /* Header, body and payload leave in one sendmsg chain: payload bytes are sent straight from
  * the pool, never copied into a reply buffer. */
-int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
-                   const struct iovec *payload, int npayload, uint64_t payload_len)
+int kvp_session_reply(struct kvp_session *c, const struct kvp_header *req, int status,
+                      const struct iovec *payload, int npayload, uint64_t payload_len)
 {
     struct kvp_wbuf err;
     const struct kvp_wbuf *body = &c->out;
@@ -145,7 +146,7 @@ int kvp_conn_reply(struct kvp_conn *c, const struct kvp_header *req, int status,
     return rc;
 }
 
-int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd)
+int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, int fd)
 {
     uint8_t hdr[KVP_HEADER_SIZE];
     union {
@@ -182,7 +183,7 @@ int kvp_conn_reply_fd(struct kvp_conn *c, const struct kvp_header *req, int fd)
 }
 
 /* Scratch sized for the largest request, allocated once per connection, not per request. */
-static int conn_alloc_buffers(struct kvp_conn *c)
+static int conn_alloc_buffers(struct kvp_session *c)
 {
     c->keys = malloc((size_t)KVP_MAX_CHUNKS * KVP_KEY_SIZE);
     c->objs = malloc(sizeof(*c->objs) * KVP_MAX_CHUNKS);
@@ -194,9 +195,9 @@ static int conn_alloc_buffers(struct kvp_conn *c)
 }
 
 /* Joins the server's list, unless --max-clients connections are there already. */
-static struct kvp_conn *conn_new(struct kvp_server *s, int fd, int *err)
+static struct kvp_session *conn_new(struct kvp_server *s, int fd, int *err)
 {
-    struct kvp_conn *c = calloc(1, sizeof(*c));
+    struct kvp_session *c = calloc(1, sizeof(*c));
     if (!c) {
         *err = -ENOMEM;
         return NULL;
@@ -223,7 +224,7 @@ static struct kvp_conn *conn_new(struct kvp_server *s, int fd, int *err)
 }
 
 /* Last step of a connection thread: leave the list and wake a shutdown waiting for it. */
-static void conn_leave(struct kvp_conn *c)
+static void conn_leave(struct kvp_session *c)
 {
     struct kvp_server *s = c->srv;
 
@@ -239,16 +240,16 @@ static void conn_leave(struct kvp_conn *c)
     pthread_mutex_unlock(&s->conns_lock);
 }
 
-struct kvp_conn *kvp_conn_new(struct kvp_server *s, int fd)
+struct kvp_session *kvp_session_new(struct kvp_server *s, int fd)
 {
     int err;
     return conn_new(s, fd, &err);
 }
 
-int kvp_conn_spawn(struct kvp_server *s, int fd)
+int kvp_session_spawn(struct kvp_server *s, int fd)
 {
     int err = 0;
-    struct kvp_conn *c = conn_new(s, fd, &err);
+    struct kvp_session *c = conn_new(s, fd, &err);
     if (!c)
         return err;
 
@@ -256,7 +257,7 @@ int kvp_conn_spawn(struct kvp_server *s, int fd)
     pthread_t tid;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = kvp_thread_create(&tid, &attr, kvp_conn_main, c);
+    int rc = kvp_thread_create(&tid, &attr, kvp_session_main, c);
     pthread_attr_destroy(&attr);
     if (rc) {
         conn_leave(c);
@@ -268,10 +269,10 @@ int kvp_conn_spawn(struct kvp_server *s, int fd)
     return 0;
 }
 
-void kvp_conns_close_all(struct kvp_server *s)
+void kvp_sessions_close_all(struct kvp_server *s)
 {
     pthread_mutex_lock(&s->conns_lock);
-    for (struct kvp_conn *c = s->conns; c; c = c->next)
+    for (struct kvp_session *c = s->conns; c; c = c->next)
         shutdown(c->fd, SHUT_RDWR);
     while (s->nconns)
         pthread_cond_wait(&s->conns_cv, &s->conns_lock);
@@ -279,7 +280,7 @@ void kvp_conns_close_all(struct kvp_server *s)
 }
 
 /* Frees a connection whose holds are already released; closes its socket. */
-static void conn_free(struct kvp_conn *c)
+static void conn_free(struct kvp_session *c)
 {
     free(c->keys);
     free(c->objs);
@@ -294,18 +295,18 @@ static void conn_free(struct kvp_conn *c)
 }
 
 /* Answers a frame that cannot be trusted; the caller closes the connection. */
-static void reply_protocol_error(struct kvp_conn *c, const struct kvp_header *h, int status,
+static void reply_protocol_error(struct kvp_session *c, const struct kvp_header *h, int status,
                                  const char *what)
 {
     snprintf(c->errmsg, sizeof(c->errmsg), "%s", what);
-    kvp_conn_reply(c, h, status, NULL, 0, 0);
+    kvp_session_reply(c, h, status, NULL, 0, 0);
     KVP_COUNT(protocol_errors, 1);
     log_warn_rl("Connection %llu (pid %d): %s; closing", (unsigned long long)c->id,
                 (int)c->peer.pid, what);
 }
 
 /* Serves requests until the connection ends. Returns why it ended. */
-static int conn_serve(struct kvp_conn *c)
+static int conn_serve(struct kvp_session *c)
 {
     uint8_t raw[KVP_HEADER_SIZE];
     struct kvp_header h;
@@ -328,13 +329,13 @@ static int conn_serve(struct kvp_conn *c)
             if (!b) {
                 snprintf(c->errmsg, sizeof(c->errmsg), "out of memory for a %u-byte body",
                          h.body_len);
-                kvp_conn_reply(c, &h, -ENOMEM, NULL, 0, 0);
+                kvp_session_reply(c, &h, -ENOMEM, NULL, 0, 0);
                 return -ENOMEM;
             }
             c->body = b;
             c->body_cap = h.body_len;
         }
-        rc = kvp_conn_recv(c, c->body, h.body_len);
+        rc = kvp_session_recv(c, c->body, h.body_len);
         if (rc)
             return rc;
         if (h.payload_len && h.opcode != KVP_OP_STORE_INLINE) {
@@ -349,9 +350,9 @@ static int conn_serve(struct kvp_conn *c)
     }
 }
 
-void *kvp_conn_main(void *arg)
+void *kvp_session_main(void *arg)
 {
-    struct kvp_conn *c = arg;
+    struct kvp_session *c = arg;
     struct kvp_server *s = c->srv;
     socklen_t len = sizeof(c->peer);
 
