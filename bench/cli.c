@@ -7,10 +7,16 @@
  * everything for the smoke test; options given with it still apply on top.
  *
  * Sizes accept binary suffixes: 4096, 256K, 256KiB, 4M, 4MiB, 1G, 1GiB.
+ *
+ * The option table is the single source for getopt and --help: each option has its name, its
+ * argument, its help text and the setter that applies it. The lists (--sizes, --only,
+ * --transports) are parsed after every other option, so their errors come first and --only or
+ * --transports win over --no-redis wherever they stand.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,103 +134,167 @@ static int parse_transports(const char *list, struct kvpb_config *cfg)
     return 0;
 }
 
+/* What the setters write: the configuration, and the lists kept for after the loop. */
+struct cli {
+    struct kvpb_config *cfg;
+    const char *sizes, *only, *transports;
+};
+
+struct cli_opt {
+    const char *name;
+    const char *arg;  /* NULL: the option takes no argument */
+    const char *help; /* lines after the first are printed under it */
+    /* Applies the option: 0, or -EINVAL for a bad value. NULL for --help. */
+    int (*set)(struct cli *cli, const struct cli_opt *o, const char *arg);
+    size_t field; /* what a shared setter writes: offsetof() in struct kvpb_config (in struct
+                   * cli for set_later) */
+    long max;     /* set_count: the largest value allowed; the smallest is 1 */
+};
+
+#define FIELD(type, o) ((type *)(void *)((char *)cli->cfg + (o)->field))
+
+static int set_string(struct cli *cli, const struct cli_opt *o, const char *arg)
+{
+    *FIELD(const char *, o) = arg;
+    return 0;
+}
+
+static int set_size(struct cli *cli, const struct cli_opt *o, const char *arg)
+{
+    return parse_size(arg, FIELD(uint64_t, o));
+}
+
+static int set_count(struct cli *cli, const struct cli_opt *o, const char *arg)
+{
+    long v = strtol(arg, NULL, 10);
+    if (v < 1 || v > o->max)
+        return -EINVAL;
+    *FIELD(uint32_t, o) = (uint32_t)v;
+    return 0;
+}
+
+/* --reps also caps the pressure section's repetitions at 5. */
+static int set_reps(struct cli *cli, const struct cli_opt *o, const char *arg)
+{
+    if (set_count(cli, o, arg) < 0)
+        return -EINVAL;
+    cli->cfg->pressure_reps = cli->cfg->reps < 5 ? cli->cfg->reps : 5;
+    return 0;
+}
+
+/* A list: parsed once every option is known (see the top of the file). */
+static int set_later(struct cli *cli, const struct cli_opt *o, const char *arg)
+{
+    *(const char **)(void *)((char *)cli + o->field) = arg;
+    return 0;
+}
+
+static int set_no_redis(struct cli *cli, const struct cli_opt *o, const char *arg)
+{
+    (void)o;
+    (void)arg;
+    cli->cfg->do_redis = false;
+    return 0;
+}
+
+/* --quick is applied before every other option (see kvpb_parse_args), so that they win. */
+static int set_quick(struct cli *cli, const struct cli_opt *o, const char *arg)
+{
+    (void)o;
+    (void)arg;
+    cli->cfg->quick = true;
+    return 0;
+}
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define CFG(f) offsetof(struct kvpb_config, f)
+
+static const struct cli_opt opts[] = {
+    {"socket", "PATH", "use a running kvpoold instead of starting one", set_string, CFG(socket), 0},
+    {"kvpoold", "PATH", "daemon binary to start (default: the one built with the bench)",
+     set_string, CFG(kvpoold), 0},
+    {"l1-size", "SIZE", "pool of the started daemon (default 1GiB)", set_size, CFG(l1_size), 0},
+    {"chunk-tokens", "N", "--chunk-size of the started daemon (default 256)", set_count,
+     CFG(chunk_tokens), 65536},
+    {"workers", "N",
+     "worker processes, each with its own client (default 1, max " STR(KVPB_MAX_WORKERS) ")",
+     set_count, CFG(workers), KVPB_MAX_WORKERS},
+    {"batch", "N",
+     "chunks per store/retrieve call in the sweep, as a worker storing a\n"
+     "whole prompt does (default 1; Redis then uses MSET/MGET)",
+     set_count, CFG(batch), KVPB_MAX_BATCH},
+    {"sizes", "LIST", "chunk sizes (default 256KiB,1MiB,4MiB,16MiB,32MiB)", set_later,
+     offsetof(struct cli, sizes), 0},
+    {"reps", "N", "measured repetitions per cell, after one warm-up (default 11)", set_reps,
+     CFG(reps), 1000},
+    {"footprint", "SIZE",
+     "size of each worker buffer that chunks rotate through; larger\n"
+     "than the CPU caches so copies are not cache-hot (default 256MiB)",
+     set_size, CFG(footprint), 0},
+    {"rep-bytes", "SIZE", "bytes per worker and repetition of a cell (default 256MiB)", set_size,
+     CFG(rep_bytes), 0},
+    {"rtt-count", "N", "round trips per repetition (default 5000)", set_count, CFG(rtt_count),
+     (long)KVPB_MAX_SAMPLES},
+    {"pressure-factor", "N", "pressure working set in pools (default 4)", set_count,
+     CFG(pressure_factor), 64},
+    {"pressure-size", "SIZE", "pressure chunk size, also the first pass's (default 4MiB)", set_size,
+     CFG(pressure_chunk), 0},
+    {"only", "LIST", "sections to run: sweep,rtt,paged,pressure (default all)", set_later,
+     offsetof(struct cli, only), 0},
+    {"transports", "LIST",
+     "sweep transports: shm,inline,uds,redis (default all; memcpy, the\n"
+     "baseline, always runs)",
+     set_later, offsetof(struct cli, transports), 0},
+    {"no-redis", NULL, "skip the Redis comparator", set_no_redis, 0, 0},
+    {"redis-server", "PATH", "redis-server binary (default: from PATH)", set_string,
+     CFG(redis_server), 0},
+    {"csv", "FILE", "write the rows as CSV", set_string, CFG(csv), 0},
+    {"json", "FILE", "write the rows as a JSON list", set_string, CFG(json), 0},
+    {"png", "FILE", "draw GB/s against chunk size with gnuplot (FILE.gp, FILE.dat too)", set_string,
+     CFG(png), 0},
+    {"quick", NULL, "tiny sizes and few repetitions: a smoke test in seconds", set_quick, 0, 0},
+    {"help", NULL, "this text", NULL, 0, 0},
+};
+
+#define NOPTS (sizeof(opts) / sizeof(opts[0]))
+#define OPT_VAL 256 /* getopt_long's value of opts[i] is OPT_VAL + i */
+
 static void usage(FILE *f)
 {
-    fprintf(
-        f,
-        "usage: kvpool-bench [options]\n"
-        "\n"
-        "Measures kvpool store and retrieve on both transports against single-thread memcpy of "
-        "the\n"
-        "same bytes (the physical limit), a raw Unix socket, and Redis, all in the same run.\n"
-        "\n"
-        "  --socket PATH          use a running kvpoold instead of starting one\n"
-        "  --kvpoold PATH         daemon binary to start (default: the one built with the bench)\n"
-        "  --l1-size SIZE         pool of the started daemon (default 1GiB)\n"
-        "  --chunk-tokens N       --chunk-size of the started daemon (default 256)\n"
-        "  --workers N            worker processes, each with its own client (default 1, max %d)\n"
-        "  --batch N              chunks per store/retrieve call in the sweep, as a worker storing "
-        "a\n"
-        "                         whole prompt does (default 1; Redis then uses MSET/MGET)\n"
-        "  --sizes LIST           chunk sizes (default 256KiB,1MiB,4MiB,16MiB,32MiB)\n"
-        "  --reps N               measured repetitions per cell, after one warm-up (default 11)\n"
-        "  --footprint SIZE       size of each worker buffer that chunks rotate through; larger\n"
-        "                         than the CPU caches so copies are not cache-hot (default "
-        "256MiB)\n"
-        "  --rep-bytes SIZE       bytes per worker and repetition of a cell (default 256MiB)\n"
-        "  --rtt-count N          round trips per repetition (default 5000)\n"
-        "  --pressure-factor N    pressure working set in pools (default 4)\n"
-        "  --pressure-size SIZE   pressure chunk size, also the first pass's (default 4MiB)\n"
-        "  --only LIST            sections to run: sweep,rtt,paged,pressure (default all)\n"
-        "  --transports LIST      sweep transports: shm,inline,uds,redis (default all; memcpy, "
-        "the\n"
-        "                         baseline, always runs)\n"
-        "  --no-redis             skip the Redis comparator\n"
-        "  --redis-server PATH    redis-server binary (default: from PATH)\n"
-        "  --csv FILE             write the rows as CSV\n"
-        "  --json FILE            write the rows as a JSON list\n"
-        "  --png FILE             draw GB/s against chunk size with gnuplot (FILE.gp, FILE.dat "
-        "too)\n"
-        "  --quick                tiny sizes and few repetitions: a smoke test in seconds\n"
-        "  --help                 this text\n",
-        KVPB_MAX_WORKERS);
+    fputs("usage: kvpool-bench [options]\n"
+          "\n"
+          "Measures kvpool store and retrieve on both transports against single-thread memcpy "
+          "of the\n"
+          "same bytes (the physical limit), a raw Unix socket, and Redis, all in the same run.\n"
+          "\n",
+          f);
+    for (size_t i = 0; i < NOPTS; i++) {
+        char left[32];
+        snprintf(left, sizeof(left), "--%s%s%s", opts[i].name, opts[i].arg ? " " : "",
+                 opts[i].arg ? opts[i].arg : "");
+        /* The first line of the help text goes next to the option, the others under it. */
+        const char *line = opts[i].help;
+        for (bool first = true; *line; first = false) {
+            const char *nl = strchr(line, '\n');
+            int len = nl ? (int)(nl - line) : (int)strlen(line);
+            fprintf(f, "  %-23s%.*s\n", first ? left : "", len, line);
+            line += len + (nl ? 1 : 0);
+        }
+    }
 }
 
 void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
 {
-    enum {
-        O_SOCKET = 256,
-        O_KVPOOLD,
-        O_L1,
-        O_TOKENS,
-        O_WORKERS,
-        O_SIZES,
-        O_REPS,
-        O_FOOT,
-        O_REPBYTES,
-        O_BATCH,
-        O_RTT,
-        O_PFACTOR,
-        O_PSIZE,
-        O_ONLY,
-        O_TRANSPORTS,
-        O_NOREDIS,
-        O_REDIS,
-        O_CSV,
-        O_JSON,
-        O_PNG,
-        O_QUICK,
-        O_HELP
-    };
-    static const struct option opts[] = {
-        {"socket", required_argument, 0, O_SOCKET},
-        {"kvpoold", required_argument, 0, O_KVPOOLD},
-        {"l1-size", required_argument, 0, O_L1},
-        {"chunk-tokens", required_argument, 0, O_TOKENS},
-        {"workers", required_argument, 0, O_WORKERS},
-        {"sizes", required_argument, 0, O_SIZES},
-        {"reps", required_argument, 0, O_REPS},
-        {"footprint", required_argument, 0, O_FOOT},
-        {"rep-bytes", required_argument, 0, O_REPBYTES},
-        {"batch", required_argument, 0, O_BATCH},
-        {"rtt-count", required_argument, 0, O_RTT},
-        {"pressure-factor", required_argument, 0, O_PFACTOR},
-        {"pressure-size", required_argument, 0, O_PSIZE},
-        {"only", required_argument, 0, O_ONLY},
-        {"transports", required_argument, 0, O_TRANSPORTS},
-        {"no-redis", no_argument, 0, O_NOREDIS},
-        {"redis-server", required_argument, 0, O_REDIS},
-        {"csv", required_argument, 0, O_CSV},
-        {"json", required_argument, 0, O_JSON},
-        {"png", required_argument, 0, O_PNG},
-        {"quick", no_argument, 0, O_QUICK},
-        {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0},
-    };
-    const char *sizes = NULL, *only = NULL, *transports = NULL;
+    struct option lopts[NOPTS + 1];
+    struct cli cli = {.cfg = cfg};
     bool bad = false;
-    long v;
-    int o;
+    int c;
+
+    for (size_t i = 0; i < NOPTS; i++)
+        lopts[i] = (struct option){opts[i].name, opts[i].arg ? required_argument : no_argument,
+                                   NULL, OPT_VAL + (int)i};
+    lopts[NOPTS] = (struct option){0};
 
     set_defaults(cfg);
     /* --quick first: explicit options given with it still win. */
@@ -241,101 +311,29 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
         cfg->pressure_chunk = 256 * KVPB_KiB;
         cfg->pressure_reps = 2;
     }
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (o) {
-        case O_SOCKET:
-            cfg->socket = optarg;
-            break;
-        case O_KVPOOLD:
-            cfg->kvpoold = optarg;
-            break;
-        case O_L1:
-            bad |= parse_size(optarg, &cfg->l1_size) < 0;
-            break;
-        case O_TOKENS:
-            v = strtol(optarg, NULL, 10);
-            bad |= v < 1 || v > 65536;
-            cfg->chunk_tokens = (uint32_t)v;
-            break;
-        case O_WORKERS:
-            v = strtol(optarg, NULL, 10);
-            bad |= v < 1 || v > KVPB_MAX_WORKERS;
-            cfg->workers = (uint32_t)v;
-            break;
-        case O_SIZES:
-            sizes = optarg;
-            break;
-        case O_REPS:
-            v = strtol(optarg, NULL, 10);
-            bad |= v < 1 || v > 1000;
-            cfg->reps = (uint32_t)v;
-            cfg->pressure_reps = cfg->reps < 5 ? cfg->reps : 5;
-            break;
-        case O_FOOT:
-            bad |= parse_size(optarg, &cfg->footprint) < 0;
-            break;
-        case O_REPBYTES:
-            bad |= parse_size(optarg, &cfg->rep_bytes) < 0;
-            break;
-        case O_BATCH:
-            v = strtol(optarg, NULL, 10);
-            bad |= v < 1 || v > KVPB_MAX_BATCH;
-            cfg->batch = (uint32_t)v;
-            break;
-        case O_RTT:
-            v = strtol(optarg, NULL, 10);
-            bad |= v < 1 || v > (long)KVPB_MAX_SAMPLES;
-            cfg->rtt_count = (uint32_t)v;
-            break;
-        case O_PFACTOR:
-            v = strtol(optarg, NULL, 10);
-            bad |= v < 1 || v > 64;
-            cfg->pressure_factor = (uint32_t)v;
-            break;
-        case O_PSIZE:
-            bad |= parse_size(optarg, &cfg->pressure_chunk) < 0;
-            break;
-        case O_ONLY:
-            only = optarg;
-            break;
-        case O_TRANSPORTS:
-            transports = optarg;
-            break;
-        case O_NOREDIS:
-            cfg->do_redis = false;
-            break;
-        case O_REDIS:
-            cfg->redis_server = optarg;
-            break;
-        case O_CSV:
-            cfg->csv = optarg;
-            break;
-        case O_JSON:
-            cfg->json = optarg;
-            break;
-        case O_PNG:
-            cfg->png = optarg;
-            break;
-        case O_QUICK:
-            break;
-        case O_HELP:
-            usage(stdout);
-            exit(0);
-        default:
+    while ((c = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
+        if (c < OPT_VAL || c >= OPT_VAL + (int)NOPTS) {
             usage(stderr);
             exit(2);
         }
+        const struct cli_opt *o = &opts[c - OPT_VAL];
+        if (!o->set) {
+            usage(stdout);
+            exit(0);
+        }
+        bad |= o->set(&cli, o, optarg) < 0;
     }
-    if (sizes && parse_sizes(sizes, cfg) < 0) {
-        fprintf(stderr, "kvpool-bench: bad --sizes '%s'\n", sizes);
+    if (cli.sizes && parse_sizes(cli.sizes, cfg) < 0) {
+        fprintf(stderr, "kvpool-bench: bad --sizes '%s'\n", cli.sizes);
         exit(2);
     }
-    if (only && parse_only(only, cfg) < 0) {
-        fprintf(stderr, "kvpool-bench: bad --only '%s' (sweep,rtt,paged,pressure)\n", only);
+    if (cli.only && parse_only(cli.only, cfg) < 0) {
+        fprintf(stderr, "kvpool-bench: bad --only '%s' (sweep,rtt,paged,pressure)\n", cli.only);
         exit(2);
     }
-    if (transports && parse_transports(transports, cfg) < 0) {
-        fprintf(stderr, "kvpool-bench: bad --transports '%s' (shm,inline,uds,redis)\n", transports);
+    if (cli.transports && parse_transports(cli.transports, cfg) < 0) {
+        fprintf(stderr, "kvpool-bench: bad --transports '%s' (shm,inline,uds,redis)\n",
+                cli.transports);
         exit(2);
     }
     if (bad || optind != argc) {
