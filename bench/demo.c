@@ -58,12 +58,6 @@ static void fill_kv(uint8_t *buf, uint64_t len, uint32_t p, uint32_t i)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static int fail(const char *who, const char *what, int rc, kvp_client *c)
 {
     fprintf(stderr, "%s: %s: %s%s%s\n", who, what, kvp_strerror(rc), c ? " - " : "",
@@ -178,14 +172,13 @@ static int worker(const struct demo *d, const char *name, uint32_t transport, ui
                    "after %d/%u, retrieved %d, every byte checked\n",
                    ntok, before, DEMO_CHUNKS, res.stored, after, DEMO_CHUNKS, got);
     }
-    qsort(st, DEMO_ROUNDS, sizeof(double), cmp_double);
-    qsort(rt, DEMO_ROUNDS, sizeof(double), cmp_double);
+    double st_med = kvpb_percentile(st, DEMO_ROUNDS, 50.0);
+    double rt_med = kvpb_percentile(rt, DEMO_ROUNDS, 50.0);
     double bytes = (double)cb * DEMO_CHUNKS;
     printf("  store    %u x %s in one call: %6.1f ms = %5.2f GB/s (median of %d prompts)\n",
-           DEMO_CHUNKS, sz, st[DEMO_ROUNDS / 2] * 1e3, bytes / st[DEMO_ROUNDS / 2] / 1e9,
-           DEMO_ROUNDS);
-    printf("  retrieve %u x %s in one call: %6.1f ms = %5.2f GB/s\n", DEMO_CHUNKS, sz,
-           rt[DEMO_ROUNDS / 2] * 1e3, bytes / rt[DEMO_ROUNDS / 2] / 1e9);
+           DEMO_CHUNKS, sz, st_med * 1e3, bytes / st_med / 1e9, DEMO_ROUNDS);
+    printf("  retrieve %u x %s in one call: %6.1f ms = %5.2f GB/s\n", DEMO_CHUNKS, sz, rt_med * 1e3,
+           bytes / rt_med / 1e9);
     fflush(stdout);
     kvp_client_close(c); /* unregisters the instance */
     return 0;

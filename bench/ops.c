@@ -535,6 +535,20 @@ static int run_kv_small(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struc
 /* ------------------------------------------------------------------------------------------ */
 /* Raw Unix socket                                                                            */
 
+/* Moves past the first done bytes of the n-entry vector *iov (a partial send or receive). */
+static void iov_advance(struct iovec **iov, int *n, size_t done)
+{
+    while (*n > 0 && done >= (*iov)->iov_len) {
+        done -= (*iov)->iov_len;
+        (*iov)++;
+        (*n)--;
+    }
+    if (*n > 0) {
+        (*iov)->iov_base = (uint8_t *)(*iov)->iov_base + done;
+        (*iov)->iov_len -= done;
+    }
+}
+
 static int send_iov(int fd, struct iovec *iov, int n)
 {
     while (n > 0) {
@@ -545,15 +559,7 @@ static int send_iov(int fd, struct iovec *iov, int n)
                 continue;
             return -errno;
         }
-        while (n > 0 && (size_t)r >= iov->iov_len) {
-            r -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + r;
-            iov->iov_len -= (size_t)r;
-        }
+        iov_advance(&iov, &n, (size_t)r);
     }
     return 0;
 }
@@ -588,15 +594,7 @@ static int recv_iov_full(int fd, struct iovec *iov, int n)
                 continue;
             return -errno;
         }
-        while (n > 0 && (size_t)r >= iov->iov_len) {
-            r -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (uint8_t *)iov->iov_base + r;
-            iov->iov_len -= (size_t)r;
-        }
+        iov_advance(&iov, &n, (size_t)r);
     }
     return 0;
 }
