@@ -206,14 +206,10 @@ static int paged_setup(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct
         nblocks = INT32_MAX;
     uint64_t layer_bytes = nblocks * block_bytes;
     w->paged_mem_bytes = layer_bytes * layers;
-    w->paged_mem = mmap(NULL, w->paged_mem_bytes, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (w->paged_mem == MAP_FAILED) {
-        w->paged_mem = NULL;
+    w->paged_mem = kvpb_map_prefaulted(w->paged_mem_bytes, 0x5a);
+    if (!w->paged_mem)
         return kvpb_fail(res, -ENOMEM, "cannot map a %" PRIu64 "-byte paged cache",
                          w->paged_mem_bytes);
-    }
-    memset(w->paged_mem, 0x5a, w->paged_mem_bytes); /* pre-fault */
 
     w->ntables = (uint32_t)(nblocks / table_len);
     w->table_len = table_len;
@@ -637,14 +633,12 @@ static int run_uds(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct kvp
 
 void kvpb_uds_peer_main(int fd, uint64_t footprint)
 {
-    uint8_t *area = mmap(NULL, footprint, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                         0);
+    uint8_t *area = kvpb_map_prefaulted(footprint, 0xa5);
     struct kvpb_uds_hdr h;
     uint64_t n = 0;
 
-    if (area == MAP_FAILED)
+    if (!area)
         return;
-    memset(area, 0xa5, footprint);
     while (recv_full(fd, &h, sizeof(h)) == 0) {
         uint64_t off = 0;
         if (h.len > footprint)

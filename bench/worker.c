@@ -54,7 +54,7 @@ struct kvpb_pool {
 #define KVPB_FD_CMD 3
 #define KVPB_FD_DONE 4
 
-static void *map_prefaulted(uint64_t bytes, int fill)
+void *kvpb_map_prefaulted(uint64_t bytes, int fill)
 {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -120,9 +120,9 @@ static int worker_init(struct kvpb_worker *w, const char *socket, const char *re
     rc = start_uds_peer(w);
     if (rc < 0)
         return kvpb_fail(res, rc, "cannot start the raw socket peer: %s", strerror(-rc));
-    w->src = map_prefaulted(f, 0);
-    w->dst = map_prefaulted(f, 0);
-    w->scratch = map_prefaulted(f, 0);
+    w->src = kvpb_map_prefaulted(f, 0);
+    w->dst = kvpb_map_prefaulted(f, 0);
+    w->scratch = kvpb_map_prefaulted(f, 0);
     w->tokens = calloc((size_t)w->chunk_tokens * w->cfg->batch, sizeof(*w->tokens));
     if (!w->src || !w->dst || !w->scratch || !w->tokens)
         return kvpb_fail(res, -ENOMEM, "cannot allocate 3 x %llu bytes of buffers",

@@ -64,6 +64,10 @@ void kvpb_ops_teardown(struct kvpb_worker *w);
 /* The raw socket peer's main loop (ops.c): answers frames on fd until EOF. */
 void kvpb_uds_peer_main(int fd, uint64_t footprint);
 
+/* Private anonymous memory of bytes, every page touched (memset to fill) so that no page fault
+ * is measured later, or NULL (worker.c). */
+void *kvpb_map_prefaulted(uint64_t bytes, int fill);
+
 /* Records an error in res and returns rc. */
 int kvpb_fail(struct kvpb_wres *res, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
