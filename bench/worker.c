@@ -56,6 +56,7 @@ struct kvpb_pool {
 
 void *kvpb_map_prefaulted(uint64_t bytes, int fill)
 {
+    /* cppcheck-suppress invalidFunctionArg ; an anonymous mapping takes fd -1 */
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
@@ -221,6 +222,7 @@ struct kvpb_pool *kvpb_pool_start(const struct kvpb_config *cfg, const char *soc
 
     if (!p)
         return NULL;
+    /* cppcheck-suppress invalidFunctionArg ; an anonymous mapping takes fd -1 */
     p->sh = mmap(NULL, sizeof(*p->sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p->sh == MAP_FAILED) {
         free(p);

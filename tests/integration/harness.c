@@ -227,6 +227,7 @@ void kvpt_daemon_stop(struct kvpt_daemon *d)
         fprintf(stderr, "cannot remove %s\n", d->dir);
 }
 
+/* The whole log as a string (the caller frees it), or NULL if it cannot be read. */
 static char *read_log(const struct kvpt_daemon *d)
 {
     FILE *f = fopen(d->log, "re");
@@ -234,15 +235,20 @@ static char *read_log(const struct kvpt_daemon *d)
         return NULL;
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
-    for (;;) {
-        if (len + 4096 > cap)
-            buf = realloc(buf, cap *= 2);
+    while (buf) {
         size_t n = fread(buf + len, 1, cap - len - 1, f);
-        if (n == 0)
+        if (n == 0) {
+            buf[len] = '\0';
             break;
+        }
         len += n;
+        if (len + 4096 > cap) {
+            char *bigger = realloc(buf, cap *= 2);
+            if (!bigger)
+                free(buf);
+            buf = bigger;
+        }
     }
-    buf[len] = '\0';
     fclose(f);
     return buf;
 }

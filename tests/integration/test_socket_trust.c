@@ -169,7 +169,7 @@ static void test_default_dir_created_private(void **state)
     (void)state;
     char xdg[64], dir[96], log[128];
     struct stat st;
-    struct proc p;
+    struct proc p = {.pid = 0};
 
     tmpdir(xdg, sizeof(xdg));
     snprintf(dir, sizeof(dir), "%s/kvpool", xdg);
@@ -196,7 +196,7 @@ static void test_default_dir_open_mode_refused(void **state)
 {
     (void)state;
     char xdg[64], dir[96], log[128];
-    struct proc p;
+    struct proc p = {.pid = 0};
 
     tmpdir(xdg, sizeof(xdg));
     snprintf(dir, sizeof(dir), "%s/kvpool", xdg);
@@ -236,7 +236,7 @@ static void test_default_dir_of_other_user_refused(void **state)
 {
     (void)state;
     char xdg[64], dir[96], log[128], want[160];
-    struct proc p;
+    struct proc p = {.pid = 0};
 
     if (!need_root())
         skip();
@@ -284,7 +284,7 @@ static void test_untrusted_daemon_refused(void **state)
 {
     (void)state;
     char dir[64], sock[128], want[64];
-    struct proc p;
+    struct proc p = {.pid = 0};
 
     if (!need_root())
         skip();

@@ -7,7 +7,6 @@
  * KVPOOL_* variable, so the machine running the tests cannot change the outcome.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,21 +46,26 @@ static void run_free(struct run *r)
     r->out = r->err = NULL;
 }
 
+/*
+ * parse(r, "--option", "value", ..., NULL) and expect_einval(r, "fragment", ..., NULL) take
+ * NULL-terminated lists; the macros pass them as arrays, since a NULL passed through "..." is
+ * not portably a null pointer.
+ */
+#define parse(r, ...) parse_args(r, (const char *const[]){__VA_ARGS__})
+#define expect_einval(r, ...) expect_einval_all(r, (const char *const[]){__VA_ARGS__})
+
 /* Parses the NULL-terminated argument list (argv[0] is added) over fresh defaults. */
-static void parse(struct run *r, ...)
+static void parse_args(struct run *r, const char *const *args)
 {
     char *argv[32];
     int argc = 0;
-    va_list ap;
     size_t out_len = 0, err_len = 0;
 
     argv[argc++] = (char *)"kvpoold";
-    va_start(ap, r);
-    for (char *a = va_arg(ap, char *); a; a = va_arg(ap, char *)) {
+    for (; *args; args++) {
         assert_true(argc < 31);
-        argv[argc++] = a;
+        argv[argc++] = (char *)*args;
     }
-    va_end(ap);
     argv[argc] = NULL;
 
     FILE *out = open_memstream(&r->out, &out_len);
@@ -82,17 +86,15 @@ static void expect_ok(const struct run *r)
     assert_string_equal(r->out, "");
 }
 
-/* The call failed with -EINVAL and the error text contains every given fragment. */
-static void expect_einval(const struct run *r, ...)
+/* The call failed with -EINVAL and the error text contains every fragment of the
+ * NULL-terminated list. */
+static void expect_einval_all(const struct run *r, const char *const *fragments)
 {
-    va_list ap;
     assert_rc(r->rc, -EINVAL);
     assert_string_equal(r->out, "");
-    va_start(ap, r);
-    for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *))
-        if (!strstr(r->err, s))
-            fail_msg("error text \"%s\" does not contain \"%s\"", r->err, s);
-    va_end(ap);
+    for (; *fragments; fragments++)
+        if (!strstr(r->err, *fragments))
+            fail_msg("error text \"%s\" does not contain \"%s\"", r->err, *fragments);
 }
 
 /* ---- kvp_parse_size ---- */
