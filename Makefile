@@ -35,9 +35,9 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # `make check` (or test-quick): the normal build's tests, the quick loop. `make test`, which is
-# what CI runs: lint (cppcheck), check, the suite again under ASan+UBSan and under TSan
-# (separate build directories, the daemon under test sanitized too), then every fuzz driver
-# for FUZZ_CI_SECONDS; it stops at the first failure.
+# what CI runs: format-check (clang-format), lint (cppcheck), check, the suite again under
+# ASan+UBSan and under TSan (separate build directories, the daemon under test sanitized too),
+# then every fuzz driver for FUZZ_CI_SECONDS; it stops at the first failure.
 test:
 	$(MAKE) --no-print-directory format-check
 	$(MAKE) --no-print-directory lint
