@@ -156,6 +156,7 @@ _P = ctypes.POINTER
 _PROTOTYPES = {
     "kvp_version": (c_u32, []),
     "kvp_strerror": (c_char_p, [c_int]),
+    "kvp_err_name": (c_char_p, [c_int]),
     "kvp_default_socket_path": (c_int, [ctypes.c_char_p, c_size_t]),
     "kvp_client_open": (c_int, [_P(kvp_opts), _P(c_void_p)]),
     "kvp_client_close": (None, [c_void_p]),
@@ -295,3 +296,11 @@ def strerror(code):
     """The library's description of a return code."""
     s = load().kvp_strerror(code)
     return s.decode("utf-8", "replace") if s else "error %d" % code
+
+
+def err_name(code: int) -> str:
+    """The library's symbolic name of a return code: ``"KVP_EPROTO"`` for kvpool's own
+    codes, ``"EINVAL"`` for errno values, ``"OK"`` for ``code >= 0``, ``"E<n>"`` for a code it
+    does not know."""
+    s = load().kvp_err_name(code)
+    return s.decode("utf-8", "replace") if s else "E%d" % -code

@@ -8,9 +8,16 @@ failure by returning ``None``.
 
 Where a Python built-in exception means the same thing, the subclass also derives from it, so
 ``except ValueError`` or ``except TimeoutError`` work as expected.
+
+Names of codes come from the library (``kvp_err_name()``), and so do kvpool's own codes:
+``errors.KVP_EPEER`` and its siblings are read from the loaded libkvpool.so on first use. Which
+exception class a code raises is this module's policy (``_BY_CODE``, ``_BY_KVP_NAME``).
 """
 
+from __future__ import annotations
+
 import errno as _errno
+from typing import Dict, Optional, Tuple, Type
 
 __all__ = [
     "Error",
@@ -31,27 +38,52 @@ __all__ = [
     "UntrustedDaemon",
 ]
 
-# kvpool's own codes (KVP_ERRNO_MAP in kvpool.h); all other codes are negative errno values.
-KVP_EPROTO = -10001
-KVP_EVERSION = -10002
-KVP_EBADSLOT = -10003
-KVP_ENOSHM = -10004
-KVP_EPEER = -10005
+# kvpool's own codes are -10001, -10002, ... (KVP_ERRNO_MAP in include/kvpool.h); all other
+# codes are negative errno values. The library's kvp_err_name() is the one table of their
+# names: errors.KVP_EPROTO, errors.KVP_EPEER, ... are looked up there on first use (the module
+# __getattr__ below), so they need a loadable libkvpool.so, as every kvpool call does.
+_KVP_FIRST_CODE = -10001
+_KVP_MAX_CODES = 1000  # bounds the walk over the library's codes; the table has a handful
 
-_KVP_NAMES = {
-    KVP_EPROTO: "KVP_EPROTO",
-    KVP_EVERSION: "KVP_EVERSION",
-    KVP_EBADSLOT: "KVP_EBADSLOT",
-    KVP_ENOSHM: "KVP_ENOSHM",
-    KVP_EPEER: "KVP_EPEER",
-}
+# (library, {name: code}) of the library the codes were read from.
+_kvp_codes: Optional[Tuple[object, Dict[str, int]]] = None
 
 
-def code_name(code):
-    """Symbolic name of a (negative) return code: ``"EINVAL"``, ``"KVP_ENOSHM"``, ..."""
-    if code in _KVP_NAMES:
-        return _KVP_NAMES[code]
-    return _errno.errorcode.get(-code, "E%d" % -code)
+def code_name(code: int) -> str:
+    """Symbolic name of a (negative) return code, as the loaded library names it:
+    ``"EINVAL"``, ``"KVP_ENOSHM"``, ... (``"E<n>"`` for a code it does not know, ``"OK"`` for
+    ``code >= 0``). Raises :class:`LibraryError` when libkvpool.so cannot be loaded."""
+    from . import _lib  # not at the top: _lib imports this module
+
+    return _lib.err_name(code)
+
+
+def kvp_codes() -> Dict[str, int]:
+    """kvpool's own return codes by name, ``{"KVP_EPROTO": -10001, ...}``: the names the loaded
+    library gives -10001, -10002, ... up to the first code that is not one of kvpool's."""
+    global _kvp_codes
+    from . import _lib
+
+    lib = _lib.load()
+    cached = _kvp_codes
+    if cached is None or cached[0] is not lib:
+        codes: Dict[str, int] = {}
+        for i in range(_KVP_MAX_CODES):
+            name = code_name(_KVP_FIRST_CODE - i)
+            if not name.startswith("KVP_E"):
+                break
+            codes[name] = _KVP_FIRST_CODE - i
+        cached = _kvp_codes = (lib, codes)
+    return dict(cached[1])
+
+
+def __getattr__(name: str) -> int:
+    """``errors.KVP_EPROTO``, ``errors.KVP_EPEER``, ...: kvpool's codes, from the library."""
+    if name.startswith("KVP_E"):
+        code = kvp_codes().get(name)
+        if code is not None:
+            return code
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 class Error(Exception):
@@ -66,13 +98,13 @@ class Error(Exception):
         op: the operation that failed (for example ``"register"``).
     """
 
-    def __init__(self, text, code=0, message="", op=""):
+    def __init__(self, text: str, code: int = 0, message: str = "", op: str = "") -> None:
         super().__init__(text)
-        self.code = code
-        self.errno = -code
-        self.name = code_name(code) if code else ""
-        self.message = message
-        self.op = op
+        self.code: int = code
+        self.errno: int = -code
+        self.name: str = code_name(code) if code else ""
+        self.message: str = message
+        self.op: str = op
 
 
 class LibraryError(Error, ImportError):
@@ -142,7 +174,7 @@ class InstanceBusy(InstanceConflict):
     message names that connection's pid; the id is free again once that worker has closed."""
 
 
-_BY_CODE = {
+_BY_CODE: Dict[int, Type[Error]] = {
     -_errno.EINVAL: InvalidArgument,
     -_errno.EOVERFLOW: InvalidArgument,
     -_errno.ENOENT: NotFound,
@@ -163,25 +195,32 @@ _BY_CODE = {
     -_errno.EOPNOTSUPP: ShmUnavailable,
     -_errno.EEXIST: InstanceExists,
     -_errno.EBUSY: InstanceBusy,
-    KVP_EPROTO: ProtocolError,
-    KVP_EVERSION: ProtocolError,
-    KVP_EBADSLOT: BadSlot,
-    KVP_ENOSHM: ShmUnavailable,
-    KVP_EPEER: UntrustedDaemon,
     -_errno.EPERM: UntrustedDaemon,
 }
 
+# kvpool's own codes by the library's name for them (kvp_codes()); a test checks that every
+# code the library has is here.
+_BY_KVP_NAME: Dict[str, Type[Error]] = {
+    "KVP_EPROTO": ProtocolError,
+    "KVP_EVERSION": ProtocolError,
+    "KVP_EBADSLOT": BadSlot,
+    "KVP_ENOSHM": ShmUnavailable,
+    "KVP_EPEER": UntrustedDaemon,
+}
 
-def from_code(code, op, strerror, message="", connecting=False):
+
+def from_code(code: int, op: str, strerror: str, message: str = "",
+              connecting: bool = False) -> Error:
     """Builds the exception for return code ``code`` of operation ``op``.
 
     ``strerror`` is the library's description of the code and ``message`` the daemon's text.
     While connecting, -ENOENT means "no socket" rather than "unknown instance".
     """
-    cls = _BY_CODE.get(code, Error)
+    name = code_name(code)
+    cls = _BY_CODE.get(code) or _BY_KVP_NAME.get(name, Error)
     if connecting and code in (-_errno.ENOENT, -_errno.EACCES):
         cls = DaemonUnavailable
-    text = "%s: %s (%s)" % (op, strerror, code_name(code))
+    text = "%s: %s (%s)" % (op, strerror, name)
     if message:
         text += ": " + message
     return cls(text, code=code, message=message, op=op)

@@ -11,10 +11,12 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 import unittest
+from unittest import mock
 
 import kvpool
-from kvpool import errors
+from kvpool import _lib, errors
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -291,6 +293,69 @@ class TestErrors(unittest.TestCase):
             raise self.make(-errno.ETIMEDOUT)
         with self.assertRaises(kvpool.Error):
             raise self.make(-errno.ECONNREFUSED)
+
+
+class TestErrorNames(unittest.TestCase):
+    """Names of codes, and kvpool's own codes, come from the library's kvp_err_name()."""
+
+    @classmethod
+    def setUpClass(cls):
+        try:
+            kvpool.library_path()
+        except kvpool.LibraryError as e:
+            raise unittest.SkipTest("libkvpool.so not usable: %s" % e)
+
+    def test_names_from_the_library(self):
+        self.assertEqual(errors.code_name(-10005), "KVP_EPEER")
+        self.assertEqual(errors.code_name(-10001), "KVP_EPROTO")
+        self.assertEqual(errors.code_name(-errno.EINVAL), "EINVAL")
+        self.assertEqual(errors.code_name(-errno.EOPNOTSUPP), "EOPNOTSUPP")
+        self.assertEqual(errors.code_name(-99999), "E99999")
+        self.assertEqual(errors.code_name(0), "OK")
+
+    def test_codes_from_the_library(self):
+        # The values are the C ABI (KVP_ERRNO_MAP): they never change, new codes are appended.
+        codes = errors.kvp_codes()
+        for name, code in (("KVP_EPROTO", -10001), ("KVP_EVERSION", -10002),
+                           ("KVP_EBADSLOT", -10003), ("KVP_ENOSHM", -10004),
+                           ("KVP_EPEER", -10005)):
+            self.assertEqual(codes[name], code)
+            self.assertEqual(getattr(errors, name), code)
+        self.assertEqual(sorted(codes.values()), list(range(-10000 - len(codes), -10000)))
+        from kvpool.errors import KVP_ENOSHM
+        self.assertEqual(KVP_ENOSHM, -10004)
+        self.assertFalse(hasattr(errors, "KVP_ENOSUCHCODE"))
+        self.assertFalse(hasattr(errors, "NO_SUCH_NAME"))
+
+    def test_every_library_code_has_a_class(self):
+        # Drift: a code added to KVP_ERRNO_MAP needs its exception class in errors.py (and a
+        # name there that the library no longer has is stale).
+        self.assertEqual(sorted(errors.kvp_codes()), sorted(errors._BY_KVP_NAME))
+        for name, code in errors.kvp_codes().items():
+            e = errors.from_code(code, "op", "desc")
+            self.assertIs(type(e), errors._BY_KVP_NAME[name])
+            self.assertEqual(e.name, name)
+
+    def test_a_library_with_other_names(self):
+        # The binding copies no table: another library's answers change names and codes.
+        names = {-10001: b"KVP_EONE", -10002: b"KVP_ETWO", -errno.EINVAL: b"EWHATEVER"}
+        fake = types.SimpleNamespace(
+            kvp_err_name=lambda code: names.get(code, b"E%d" % -code))
+        with mock.patch.object(_lib, "_lib", fake):
+            self.assertEqual(errors.code_name(-10001), "KVP_EONE")
+            self.assertEqual(errors.code_name(-10005), "E10005")
+            self.assertEqual(errors.code_name(-errno.EINVAL), "EWHATEVER")
+            self.assertEqual(errors.kvp_codes(), {"KVP_EONE": -10001, "KVP_ETWO": -10002})
+            self.assertEqual(errors.KVP_ETWO, -10002)
+            self.assertFalse(hasattr(errors, "KVP_EPEER"))
+            e = errors.from_code(-10002, "op", "desc")
+            self.assertEqual(e.name, "KVP_ETWO")
+            self.assertIs(type(e), kvpool.Error)    # no class for a name errors.py does not know
+            self.assertIn("(KVP_ETWO)", str(e))
+            self.assertIs(type(errors.from_code(-errno.EINVAL, "op", "d")),
+                          kvpool.InvalidArgument)
+        self.assertEqual(errors.code_name(-10005), "KVP_EPEER")
+        self.assertEqual(errors.KVP_EPEER, -10005)
 
 
 if __name__ == "__main__":
