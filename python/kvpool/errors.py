@@ -131,8 +131,12 @@ class Timeout(Error, TimeoutError):
     """-ETIMEDOUT: the daemon did not answer in time, or a reservation expired."""
 
 
-class NoSpace(Error, MemoryError):
-    """-ENOSPC / -ENOMEM: no room in the pool or in this process."""
+class NoSpace(Error):
+    """-ENOSPC / -ENOMEM: no room in the daemon's pool (or an allocation failed in the library).
+
+    Deliberately not a :class:`MemoryError`: that means this Python process is out of memory,
+    which a full cache pool is not, and ``except MemoryError`` handlers (which often give up
+    or free caches) must not catch it. Catch ``kvpool.NoSpace`` or ``kvpool.Error``."""
 
 
 class TooBig(Error, ValueError):

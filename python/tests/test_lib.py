@@ -264,7 +264,7 @@ class TestErrors(unittest.TestCase):
             (-errno.EPIPE, kvpool.DaemonUnavailable, ConnectionError),
             (-errno.ECONNRESET, kvpool.DaemonUnavailable, ConnectionError),
             (-errno.ETIMEDOUT, kvpool.Timeout, TimeoutError),
-            (-errno.ENOSPC, kvpool.NoSpace, MemoryError),
+            (-errno.ENOSPC, kvpool.NoSpace, kvpool.Error),
             (-errno.E2BIG, kvpool.TooBig, ValueError),
             (-errno.EOPNOTSUPP, kvpool.ShmUnavailable, kvpool.Error),
             (errors.KVP_ENOSHM, kvpool.ShmUnavailable, kvpool.Error),
@@ -293,6 +293,22 @@ class TestErrors(unittest.TestCase):
             raise self.make(-errno.ETIMEDOUT)
         with self.assertRaises(kvpool.Error):
             raise self.make(-errno.ECONNREFUSED)
+
+    def test_no_space_is_not_memory_error(self):
+        # A full pool is not this process running out of memory.
+        self.assertFalse(issubclass(kvpool.NoSpace, MemoryError))
+        self.assertEqual(kvpool.NoSpace.__bases__, (kvpool.Error,))
+        for code in (-errno.ENOSPC, -errno.ENOMEM):
+            e = self.make(code)
+            self.assertIs(type(e), kvpool.NoSpace)
+            self.assertNotIsInstance(e, MemoryError)
+            try:
+                try:
+                    raise e
+                except MemoryError:
+                    self.fail("NoSpace caught by except MemoryError")
+            except kvpool.NoSpace:
+                pass
 
 
 class TestErrorNames(unittest.TestCase):
