@@ -15,6 +15,8 @@ Paged KV caches: :class:`PagedKVCache` with :meth:`Context.store_paged` and
 :meth:`Context.retrieve_paged`, or the standalone :func:`gather` / :func:`scatter`.
 """
 
+from typing import Tuple
+
 from . import _lib
 from .client import DEFAULT_TIMEOUT, Client
 from .context import Context, StoreResult
@@ -38,18 +40,18 @@ __version__ = "1.0.0"
 """Version of this binding; it works with libkvpool of the same major version."""
 
 
-def library_path():
+def library_path() -> str:
     """Path (or soname) of the libkvpool.so in use. Raises LibraryError if none is found."""
     return _lib.library_path()
 
 
-def library_version():
+def library_version() -> Tuple[int, int, int]:
     """Version of the loaded libkvpool as a (major, minor, patch) tuple."""
-    v = _lib.load().kvp_version()
+    v = int(_lib.load().kvp_version())
     return (v >> 16, (v >> 8) & 0xFF, v & 0xFF)
 
 
-def default_socket_path():
+def default_socket_path() -> str:
     """The socket a Client without socket_path uses: $KVPOOL_SOCKET, else the library's
     default ($XDG_RUNTIME_DIR/kvpool/kvpool.sock or /tmp/kvpool-<uid>/kvpool.sock)."""
     import ctypes
@@ -63,4 +65,4 @@ def default_socket_path():
     if rc < 0:
         from .errors import from_code
         raise from_code(rc, "default_socket_path", _lib.strerror(rc))
-    return buf.value.decode("utf-8", "replace")
+    return bytes(buf.value).decode("utf-8", "replace")

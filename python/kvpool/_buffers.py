@@ -8,27 +8,38 @@ numpy and torch are optional: numpy is imported when installed, torch is never i
 binding (a tensor is recognised only when the caller's program has imported torch).
 """
 
+from __future__ import annotations
+
 import ctypes
 import sys
 from contextlib import contextmanager
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
 
+from ._types import DTypeLike, NewChunk, ReadMemory
 from .errors import InvalidArgument
+
+if TYPE_CHECKING:
+    import torch
+    from typing_extensions import TypeGuard
 
 try:  # optional
     import numpy as np
 except ImportError:  # pragma: no cover - exercised when numpy is absent
-    np = None
+    # The checker sees numpy's module type; callers test `np is not None` first.
+    np = None  # type: ignore[assignment]
 
 
-def numpy_missing(what):
+def numpy_missing(what: str) -> InvalidArgument:
     """The error for a call that needs numpy in an interpreter that has none."""
     return InvalidArgument(
         "%s needs numpy, which is not installed in this interpreter (%s): install it there "
         "(python3 -m pip install numpy; for Debian's /usr/bin/python3: apt-get install "
         "python3-numpy), or use bytes, bytearray or memoryview buffers" % (what, sys.executable))
 
+
 # kvpool dtype name -> numpy dtype name. numpy has no bfloat16 or float8: raw integer views.
-NUMPY_DTYPES = {
+NUMPY_DTYPES: Dict[str, str] = {
     "float16": "float16",
     "bfloat16": "uint16",
     "float32": "float32",
@@ -39,7 +50,7 @@ NUMPY_DTYPES = {
     "float8_e5m2": "uint8",
 }
 
-DTYPE_SIZES = {
+DTYPE_SIZES: Dict[str, int] = {
     "float16": 2,
     "bfloat16": 2,
     "float32": 4,
@@ -51,28 +62,29 @@ DTYPE_SIZES = {
 }
 
 
-def torch_module():
+def torch_module() -> Optional[ModuleType]:
     """The torch module if the program has imported it, else None."""
     return sys.modules.get("torch")
 
 
-def is_tensor(obj):
+def is_tensor(obj: object) -> TypeGuard[torch.Tensor]:
     torch = torch_module()
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def torch_dtype(name):
+def torch_dtype(name: str) -> Any:
     """The torch dtype for a kvpool dtype name (requires torch)."""
     torch = torch_module()
     if torch is None:
-        import torch  # noqa: F811 - explicit request for a tensor view
+        import torch as imported  # an explicit request for a tensor view: import it
+        torch = imported
     dt = getattr(torch, name, None)
     if dt is None:
         raise InvalidArgument("this torch has no dtype %s" % name)
     return dt
 
 
-def dtype_name(dtype):
+def dtype_name(dtype: DTypeLike) -> str:
     """Normalises a dtype given as a kvpool name, a numpy dtype or a torch dtype to a name."""
     if isinstance(dtype, str):
         return dtype
@@ -115,7 +127,8 @@ _PyBUF_WRITABLE = 1
 
 
 @contextmanager
-def address_of(obj, writable, what="buffer"):
+def address_of(obj: ReadMemory, writable: bool,
+               what: str = "buffer") -> Iterator[Tuple[int, int]]:
     """Yields (address, nbytes) of obj's memory, holding a buffer export while in use.
 
     Raises InvalidArgument for objects that are not contiguous, not writable when they must
@@ -124,7 +137,7 @@ def address_of(obj, writable, what="buffer"):
     if isinstance(obj, tuple):
         if len(obj) != 2 or not all(isinstance(v, int) for v in obj) or obj[0] <= 0 or obj[1] < 0:
             raise InvalidArgument("%s: raw memory must be an (address, nbytes) tuple" % what)
-        yield obj
+        yield (obj[0], obj[1])
         return
     if np is not None and isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
@@ -155,7 +168,7 @@ def address_of(obj, writable, what="buffer"):
         _release_buffer(ctypes.byref(view))
 
 
-def new_chunk(nbytes, shape, dtype, as_numpy):
+def new_chunk(nbytes: int, shape: Tuple[int, ...], dtype: str, as_numpy: bool) -> NewChunk:
     """A new uninitialised chunk buffer: a numpy array of the chunk's shape, or a bytearray."""
     if as_numpy:
         if np is None:

@@ -17,12 +17,15 @@ The structures mirror ``include/kvpool.h`` and ``include/kvpool_paged.h`` field 
 ctypes applies the platform's C alignment rules, so the layouts match the C compiler's.
 """
 
+from __future__ import annotations
+
 import ctypes
 import glob
 import mmap
 import os
 import sys
 import threading
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from .errors import LibraryError
 
@@ -153,7 +156,7 @@ class kvp_paged_cache(ctypes.Structure):
 _P = ctypes.POINTER
 
 # name: (restype, argtypes). Every function of kvpool.h and kvpool_paged.h.
-_PROTOTYPES = {
+_PROTOTYPES: Dict[str, Tuple[Optional[type], List[type]]] = {
     "kvp_version": (c_u32, []),
     "kvp_strerror": (c_char_p, [c_int]),
     "kvp_err_name": (c_char_p, [c_int]),
@@ -185,11 +188,11 @@ _PROTOTYPES = {
 }
 
 _lock = threading.Lock()
-_lib = None
-_path = None
+_lib: Optional[ctypes.CDLL] = None
+_path: Optional[str] = None
 
 
-def _candidates():
+def _candidates() -> Iterator[Tuple[str, str]]:
     """Yields (description, path-or-soname) in search order."""
     env = os.environ.get("KVPOOL_LIB")
     if env:
@@ -214,7 +217,7 @@ _SANITIZER_OPTIONS = ("KVP_ASAN:BOOL=ON", "KVP_TSAN:BOOL=ON", "KVP_FUZZ:BOOL=ON"
 _SANITIZER_SYMBOLS = (b"__asan_init", b"__tsan_init")
 
 
-def _sanitizer_build(path):
+def _sanitizer_build(path: str) -> Optional[str]:
     """Why the library at path (in <build>/lib/) is a sanitizer build, or None."""
     cache = os.path.join(os.path.dirname(os.path.dirname(path)), "CMakeCache.txt")
     try:
@@ -225,7 +228,7 @@ def _sanitizer_build(path):
     except OSError:
         pass
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        with open(path, "rb") as lib, mmap.mmap(lib.fileno(), 0, access=mmap.ACCESS_READ) as m:
             for sym in _SANITIZER_SYMBOLS:
                 if m.find(sym) >= 0:
                     return "sanitizer build, references %s" % sym.decode()
@@ -234,7 +237,7 @@ def _sanitizer_build(path):
     return None
 
 
-def _declare(lib, path):
+def _declare(lib: ctypes.CDLL, path: str) -> None:
     for name, (restype, argtypes) in _PROTOTYPES.items():
         try:
             fn = getattr(lib, name)
@@ -245,7 +248,7 @@ def _declare(lib, path):
         fn.argtypes = argtypes
 
 
-def load():
+def load() -> ctypes.CDLL:
     """Returns the loaded library (a ``ctypes.CDLL``), loading it on first use.
 
     Raises :class:`kvpool.LibraryError` when no usable library is found; the message lists
@@ -255,7 +258,7 @@ def load():
     with _lock:
         if _lib is not None:
             return _lib
-        tried = []
+        tried: List[str] = []
         for where, cand in _candidates():
             if os.sep in cand and not os.path.exists(cand):
                 tried.append("%s: %s (missing)" % (where, cand))
@@ -286,13 +289,14 @@ def load():
         raise LibraryError("libkvpool.so not found; set KVPOOL_LIB. Tried: " + "; ".join(tried))
 
 
-def library_path():
+def library_path() -> str:
     """Path (or soname) of the loaded library, loading it if needed."""
     load()
+    assert _path is not None  # load() sets both or raises
     return _path
 
 
-def strerror(code):
+def strerror(code: int) -> str:
     """The library's description of a return code."""
     s = load().kvp_strerror(code)
     return s.decode("utf-8", "replace") if s else "error %d" % code

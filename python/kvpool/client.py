@@ -18,16 +18,20 @@ RLock taken around every library call, so close() cannot race a transfer). Use o
 thread for parallel transfers: ctypes releases the GIL during library calls.
 """
 
+from __future__ import annotations
+
 import ctypes
 import gc
 import logging
 import threading
 import weakref
+from typing import Any, Callable, Dict, List, Optional, Set, Union
 
 from . import _lib
 from ._buffers import dtype_name
+from ._types import DTypeLike
 from .context import Context, as_uint, instance_id_text, text
-from .errors import ClosedError, InvalidArgument, from_code
+from .errors import ClosedError, Error, InvalidArgument, from_code
 
 __all__ = ["Client", "DEFAULT_TIMEOUT"]
 
@@ -37,28 +41,29 @@ log.addHandler(logging.NullHandler())  # the application decides where records g
 DEFAULT_TIMEOUT = 30.0
 """Seconds a request may take before it fails with :class:`kvpool.Timeout`."""
 
-_TRANSPORTS = {"auto": _lib.KVP_TRANSPORT_AUTO, "shm": _lib.KVP_TRANSPORT_SHM,
-               "inline": _lib.KVP_TRANSPORT_INLINE}
+_TRANSPORTS: Dict[str, int] = {"auto": _lib.KVP_TRANSPORT_AUTO,
+                               "shm": _lib.KVP_TRANSPORT_SHM,
+                               "inline": _lib.KVP_TRANSPORT_INLINE}
 
 
 class _WeakTracker:
     """Weak references to objects that cannot be hashed (ctypes arrays)."""
 
-    def __init__(self):
-        self._refs = {}
+    def __init__(self) -> None:
+        self._refs: Dict[int, weakref.ReferenceType[Any]] = {}
         self._lock = threading.Lock()
 
-    def add(self, obj):
+    def add(self, obj: object) -> None:
         key = id(obj)
 
-        def gone(_ref, key=key):
+        def gone(_ref: object, key: int = key) -> None:
             with self._lock:
                 self._refs.pop(key, None)
 
         with self._lock:
             self._refs[key] = weakref.ref(obj, gone)
 
-    def alive(self):
+    def alive(self) -> List[Any]:
         """The tracked objects that still exist."""
         with self._lock:
             refs = list(self._refs.values())
@@ -68,15 +73,15 @@ class _WeakTracker:
 class _DeferredClose:
     """Closes a kvp_client once every tracked pool array has been collected."""
 
-    def __init__(self, lib, handle, arrays):
+    def __init__(self, lib: ctypes.CDLL, handle: int, arrays: List[Any]) -> None:
         self._lib = lib
-        self._handle = handle
+        self._handle: Optional[int] = handle
         self._lock = threading.Lock()
         self._left = len(arrays)
         for a in arrays:
             weakref.finalize(a, self._one_gone)
 
-    def _one_gone(self):
+    def _one_gone(self) -> None:
         with self._lock:
             self._left -= 1
             if self._left or self._handle is None:
@@ -97,14 +102,15 @@ class Client:
 
     Raises :class:`kvpool.DaemonUnavailable` when no daemon answers, :class:`kvpool.Timeout`,
     :class:`kvpool.ProtocolError` for an incompatible daemon, :class:`kvpool.UntrustedDaemon`
-    for a daemon of an untrusted uid or an unsafe socket directory, :class:`kvpool.LibraryError` when
-    libkvpool.so cannot be loaded.
+    for a daemon of an untrusted uid or an unsafe socket directory,
+    :class:`kvpool.LibraryError` when libkvpool.so cannot be loaded.
 
     Usable as a context manager; :meth:`close` is idempotent.
     """
 
-    def __init__(self, socket_path=None, timeout=DEFAULT_TIMEOUT, trust_uid=None):
-        self._h = None
+    def __init__(self, socket_path: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+                 trust_uid: Optional[int] = None) -> None:
+        self._h: Optional[int] = None
         self._lib = _lib.load()
         if timeout is None or timeout <= 0:
             raise InvalidArgument("timeout must be a positive number of seconds")
@@ -123,18 +129,18 @@ class Client:
             )
         self._h = handle.value
         self._lock = threading.RLock()
-        self._contexts = set()
+        self._contexts: Set[Context] = set()
         self._pool_arrays = _WeakTracker()
         self.socket_path = socket_path
         self.timeout = timeout
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _error(self, rc, op):
+    def _error(self, rc: int, op: str) -> Error:
         msg = text(self._lib.kvp_last_error(self._h)) if self._h else ""
         return from_code(rc, op, _lib.strerror(rc), msg)
 
-    def _call(self, op, fn, *args):
+    def _call(self, op: str, fn: Callable[..., Any], *args: Any) -> int:
         """Calls a library function taking the client lock; raises on a negative return."""
         with self._lock:
             if self._h is None:
@@ -147,23 +153,25 @@ class Client:
     # -- public API ----------------------------------------------------------------------------
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """True once :meth:`close` has been called."""
         return self._h is None
 
-    def ping(self):
+    def ping(self) -> None:
         """One round trip to the daemon. Raises on failure."""
         self._call("ping", self._lib.kvp_ping, self._h)
 
-    def stats(self):
+    def stats(self) -> Dict[str, int]:
         """The daemon's counters and gauges as a dict name -> int."""
         cap = 128
         buf = (_lib.kvp_stat * cap)()
         n = self._call("stats", self._lib.kvp_stats, self._h, buf, cap)
         return {text(s.name): int(s.value) for s in buf[:min(n, cap)]}
 
-    def register(self, instance_id, model_name, world_size, worker_rank, num_layers, hidden_dim,
-                 dtype, block_size=16, use_mla=False, transport="auto"):
+    def register(self, instance_id: Union[str, int], model_name: str, world_size: int,
+                 worker_rank: int, num_layers: int, hidden_dim: int, dtype: DTypeLike,
+                 block_size: int = 16, use_mla: bool = False,
+                 transport: str = "auto") -> Context:
         """Registers a KV layout and returns its :class:`Context`.
 
         ``instance_id``: a str, or an int (LMCache's workers use their pid), sent as
@@ -185,7 +193,7 @@ class Client:
         if transport not in _TRANSPORTS:
             raise InvalidArgument("transport must be 'auto', 'shm' or 'inline', not %r"
                                   % (transport,))
-        dtype = dtype_name(dtype)
+        dtype_str = dtype_name(dtype)
         for name, val in (("world_size", world_size), ("worker_rank", worker_rank),
                           ("num_layers", num_layers), ("hidden_dim", hidden_dim),
                           ("block_size", block_size)):
@@ -196,7 +204,7 @@ class Client:
         opts = _lib.kvp_register_opts(
             instance_id=wire_id.encode("utf-8"), model_name=model_name.encode("utf-8"),
             world_size=world_size, worker_rank=worker_rank, block_size=block_size,
-            num_layers=num_layers, hidden_dim=hidden_dim, dtype=dtype.encode("utf-8"),
+            num_layers=num_layers, hidden_dim=hidden_dim, dtype=dtype_str.encode("utf-8"),
             use_mla=1 if use_mla else 0, transport=_TRANSPORTS[transport])
         inst = ctypes.c_void_p()
         with self._lock:
@@ -224,7 +232,7 @@ class Client:
                         instance_id, ctx.reason)
         return ctx
 
-    def close(self):
+    def close(self) -> None:
         """Closes the connection. The daemon drops this client's reservations, pins and
         instances; contexts and plans of this client become unusable. Idempotent.
 
@@ -252,18 +260,18 @@ class Client:
                     ctx._mark_closed()
                 self._lib.kvp_client_close(handle)
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<kvpool.Client %s%s>" % (self.socket_path or "(default socket)",
                                          " closed" if self.closed else "")

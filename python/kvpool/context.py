@@ -7,17 +7,28 @@ transport they point into staging buffers that commit_store() sends, so that the
 is the same on both transports.
 """
 
+from __future__ import annotations
+
 import ctypes
 import warnings
 import weakref
 from array import array
-from collections import namedtuple
 from contextlib import ExitStack
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, NamedTuple,
+                    Optional, Set, Tuple, Type, Union, overload)
 
 from . import _lib
 from ._buffers import NUMPY_DTYPES, address_of, new_chunk, np, numpy_missing, torch_dtype
 from .errors import ClosedError, Error, InvalidArgument
-from .plans import RetrievePlan, StorePlan
+from ._types import BlockTable, Buffer, NewChunk, ReadMemory, Salt, TokenIds, WriteMemory
+from .plans import RetrievePlan, StorePlan, _PlanBase
+
+if TYPE_CHECKING:
+    import numpy
+    import torch
+
+    from .client import Client
+    from .paged import PagedKVCache
 
 __all__ = ["Context", "StoreResult"]
 
@@ -32,17 +43,23 @@ _BATCH_BYTES = 64 << 20
 # time (page faults), so plans on the inline transport recycle their staging buffers.
 _STAGING_KEEP_BYTES = 256 << 20
 
-StoreResult = namedtuple("StoreResult", "nchunks stored cached busy no_space")
-StoreResult.__doc__ = """Outcome of :meth:`Context.store` with ``details=True``: full chunks in
-the range, newly stored, already cached, being stored by another worker, not stored for lack of
-pool space."""
+
+class StoreResult(NamedTuple):
+    """Outcome of :meth:`Context.store` with ``details=True``: full chunks in the range, newly
+    stored, already cached, being stored by another worker, not stored for lack of pool space."""
+
+    nchunks: int
+    stored: int
+    cached: int
+    busy: int
+    no_space: int
 
 
-def text(b):
+def text(b: Optional[bytes]) -> str:
     return b.decode("utf-8", "replace") if b else ""
 
 
-def instance_id_text(instance_id):
+def instance_id_text(instance_id: Union[str, int]) -> str:
     """The wire form of an instance id: a str as is, an int (a worker's pid, say) as str(int).
     Raises TypeError for anything else (bool included: True is no worker's id)."""
     if isinstance(instance_id, str):
@@ -52,7 +69,7 @@ def instance_id_text(instance_id):
     raise TypeError("instance_id must be a str or an int, not %s" % type(instance_id).__name__)
 
 
-def as_uint(value, name, limit=0xFFFFFFFF):
+def as_uint(value: int, name: str, limit: int = 0xFFFFFFFF) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument("%s must be an int, not %s" % (name, type(value).__name__))
     if value < 0 or value > limit:
@@ -60,17 +77,18 @@ def as_uint(value, name, limit=0xFFFFFFFF):
     return value
 
 
-def _token_array(token_ids):
+def _token_array(token_ids: TokenIds) -> Tuple[object, int, int]:
     """Returns (keepalive, address, count) for token ids as contiguous uint32."""
     if np is not None and isinstance(token_ids, np.ndarray):
         if token_ids.ndim != 1 or token_ids.dtype.kind not in "iu":
             raise InvalidArgument("token_ids must be a 1-D integer array")
         if token_ids.size and (int(token_ids.min()) < 0 or int(token_ids.max()) > 0xFFFFFFFF):
             raise InvalidArgument("token ids must be in [0, 2**32)")
-        a = np.ascontiguousarray(token_ids, dtype=np.uint32)
-        return a, a.ctypes.data, a.size
+        u32 = np.ascontiguousarray(token_ids, dtype=np.uint32)
+        return u32, u32.ctypes.data, u32.size
     if hasattr(token_ids, "tolist") and not isinstance(token_ids, (array, list, tuple)):
         token_ids = token_ids.tolist()  # torch tensors and the like
+    a: array[int]
     if isinstance(token_ids, array) and token_ids.typecode in "IL" and token_ids.itemsize == 4:
         a = token_ids
     else:
@@ -87,7 +105,7 @@ def _token_array(token_ids):
 class _Key:
     """A kvp_tokens built from token ids and an optional salt; keeps the memory alive."""
 
-    def __init__(self, token_ids, salt):
+    def __init__(self, token_ids: TokenIds, salt: Salt) -> None:
         self._ids, addr, self.count = _token_array(token_ids)
         if isinstance(salt, str):
             salt = salt.encode("utf-8")
@@ -130,14 +148,16 @@ class Context:
     Usable as a context manager (unregisters on exit); :meth:`unregister` is idempotent.
     """
 
-    def __init__(self, client, inst, info, instance_id, model_name, world_size, worker_rank,
-                 num_layers, hidden_dim, block_size, use_mla):
+    def __init__(self, client: Client, inst: Optional[int], info: _lib.kvp_instance_info,
+                 instance_id: Union[str, int], model_name: str, world_size: int,
+                 worker_rank: int, num_layers: int, hidden_dim: int, block_size: int,
+                 use_mla: bool) -> None:
         self.client = client
         self._lib = client._lib
-        self._inst = inst
-        self._plans = set()
-        self._view_plan = {}
-        self._staging_free = []
+        self._inst: Optional[int] = inst
+        self._plans: Set[Union[StorePlan, RetrievePlan]] = set()
+        self._view_plan: Dict[int, Union[StorePlan, RetrievePlan]] = {}
+        self._staging_free: List[bytearray] = []
         self.instance_id = instance_id
         self.model_name = model_name
         self.world_size = world_size
@@ -161,24 +181,24 @@ class Context:
             self.shm_backend = "posix" if self.shm_name else "memfd"
         self.existing = bool(info.existing)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<kvpool.Context %s %s chunk=%d tokens %s%s>" % (
             self.instance_id, self.transport, self.chunk_size, self.chunk_shape,
             "" if self._inst else " unregistered")
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _handle(self, op):
+    def _handle(self, op: str) -> int:
         if self._inst is None:
             raise ClosedError("%s: context %s is unregistered" % (op, self.instance_id), op=op)
         return self._inst
 
-    def _call(self, op, fn, *args):
+    def _call(self, op: str, fn: Callable[..., Any], *args: Any) -> int:
         with self.client._lock:
             inst = self._handle(op)
             return self.client._call(op, fn, inst, *args)
 
-    def _range(self, key, start, end):
+    def _range(self, key: _Key, start: int, end: Optional[int]) -> Tuple[int, int, int]:
         """Validates [start, end) and returns (start, end, nchunks) with end rounded down."""
         as_uint(start, "start")
         if end is None:
@@ -196,7 +216,7 @@ class Context:
         end -= end % c
         return start, end, (end - start) // c
 
-    def _check_plan(self, plan, cls, op):
+    def _check_plan(self, plan: object, cls: Type[_PlanBase], op: str) -> None:
         if not isinstance(plan, cls):
             raise InvalidArgument("%s needs a %s" % (op, cls.__name__))
         if plan._ctx is not self:
@@ -204,33 +224,34 @@ class Context:
         if plan._done:
             raise ClosedError("%s: plan was already committed or aborted" % op, op=op)
 
-    def _pool_view(self, slot, readonly):
+    def _pool_view(self, slot: _lib.kvp_slot,
+                   readonly: bool) -> Tuple[ctypes.Array[ctypes.c_ubyte], memoryview]:
         """A memoryview over a pool slot, tracked by the client (see module doc)."""
         arr = (ctypes.c_ubyte * slot.length).from_address(slot.data)
         self.client._pool_arrays.add(arr)
         mv = memoryview(arr).cast("B")
         return arr, (mv.toreadonly() if readonly else mv)
 
-    def _remember_views(self, plan):
+    def _remember_views(self, plan: Union[StorePlan, RetrievePlan]) -> None:
         for v in plan._views:
             self._view_plan[id(v)] = plan
 
-    def _forget_views(self, views):
+    def _forget_views(self, views: List[memoryview]) -> None:
         for v in views:
             self._view_plan.pop(id(v), None)
 
-    def _finish(self, plan, readonly_derived):
+    def _finish(self, plan: Union[StorePlan, RetrievePlan], readonly_derived: bool) -> None:
         plan._done = True
         plan._release_views(readonly_derived)
         self._plans.discard(plan)
 
-    def _take_staging(self):
+    def _take_staging(self) -> bytearray:
         """A chunk-sized staging buffer (contents undefined). Caller holds the client lock."""
         if self._staging_free:
             return self._staging_free.pop()
         return bytearray(self.chunk_bytes)
 
-    def _return_staging(self, bufs):
+    def _return_staging(self, bufs: Iterable[bytearray]) -> None:
         """Keeps staging buffers for reuse, up to _STAGING_KEEP_BYTES. Caller holds the lock."""
         keep = max(1, _STAGING_KEEP_BYTES // max(1, self.chunk_bytes))
         for b in bufs:
@@ -238,7 +259,7 @@ class Context:
                 break
             self._staging_free.append(b)
 
-    def _abandon_plans(self):
+    def _abandon_plans(self) -> None:
         """Ends every open plan (best effort; errors are ignored): frees the library's slot
         arrays and releases the views. Called before unregister and close."""
         for plan in list(self._plans):
@@ -250,13 +271,13 @@ class Context:
             except Error:
                 self._finish(plan, True)
 
-    def _mark_closed(self):
+    def _mark_closed(self) -> None:
         self._inst = None
         self._plans.clear()
         self._view_plan.clear()
         self._staging_free = []
 
-    def _unregister_now(self, handle_alive):
+    def _unregister_now(self, handle_alive: bool) -> None:
         inst, self._inst = self._inst, None
         if inst is not None and handle_alive:
             try:
@@ -267,12 +288,25 @@ class Context:
 
     # -- lookup, one-call store and retrieve ---------------------------------------------------
 
-    def lookup(self, token_ids, *, salt=None):
+    def lookup(self, token_ids: TokenIds, *, salt: Salt = None) -> int:
         """Number of leading full chunks of the sequence that are cached."""
         key = _Key(token_ids, salt)
         return self._call("lookup", self._lib.kvp_lookup, ctypes.byref(key.c))
 
-    def store(self, token_ids, chunks, start=0, *, salt=None, details=False):
+    @overload
+    def store(self, token_ids: TokenIds, chunks: Iterable[ReadMemory], start: int = ..., *,
+              salt: Salt = ..., details: Literal[False] = ...) -> int: ...
+
+    @overload
+    def store(self, token_ids: TokenIds, chunks: Iterable[ReadMemory], start: int = ..., *,
+              salt: Salt = ..., details: Literal[True]) -> StoreResult: ...
+
+    @overload
+    def store(self, token_ids: TokenIds, chunks: Iterable[ReadMemory], start: int = ..., *,
+              salt: Salt = ..., details: bool) -> Union[int, StoreResult]: ...
+
+    def store(self, token_ids: TokenIds, chunks: Iterable[ReadMemory], start: int = 0, *,
+              salt: Salt = None, details: bool = False) -> Union[int, StoreResult]:
         """Stores ``chunks`` as the chunks of the sequence starting at token ``start``.
 
         ``chunks``: one buffer per chunk (buffer-protocol objects, numpy arrays, torch CPU
@@ -306,7 +340,24 @@ class Context:
             return StoreResult(res.nchunks, res.stored, res.cached, res.busy, res.no_space)
         return int(res.stored)
 
-    def retrieve(self, token_ids, start=0, end=None, out=None, *, salt=None, as_numpy=None):
+    @overload
+    def retrieve(self, token_ids: TokenIds, start: int = ..., end: Optional[int] = ...,
+                 out: None = ..., *, salt: Salt = ...,
+                 as_numpy: Optional[bool] = ...) -> List[NewChunk]: ...
+
+    @overload
+    def retrieve(self, token_ids: TokenIds, start: int, end: Optional[int],
+                 out: Iterable[WriteMemory], *, salt: Salt = ...,
+                 as_numpy: Optional[bool] = ...) -> int: ...
+
+    @overload
+    def retrieve(self, token_ids: TokenIds, start: int = ..., end: Optional[int] = ..., *,
+                 out: Iterable[WriteMemory], salt: Salt = ...,
+                 as_numpy: Optional[bool] = ...) -> int: ...
+
+    def retrieve(self, token_ids: TokenIds, start: int = 0, end: Optional[int] = None,
+                 out: Optional[Iterable[WriteMemory]] = None, *, salt: Salt = None,
+                 as_numpy: Optional[bool] = None) -> Union[int, List[NewChunk]]:
         """Retrieves the leading run of cached chunks of tokens ``[start, end)``.
 
         ``end`` defaults to the end of the sequence (rounded down to a full chunk).
@@ -330,17 +381,17 @@ class Context:
                                       % (len(out), nchunks))
             return self._retrieve_into(key, start, end, out[:nchunks])
         start, end, nchunks = self._range(key, start, end)
-        if as_numpy is None:
-            as_numpy = np is not None
-        result = []
+        numpy_out = np is not None if as_numpy is None else as_numpy
+        result: List[NewChunk] = []
 
-        def new():
-            return new_chunk(self.chunk_bytes, self.chunk_shape, self.dtype, as_numpy)
+        def new() -> NewChunk:
+            return new_chunk(self.chunk_bytes, self.chunk_shape, self.dtype, numpy_out)
 
         self._retrieve_batches(key, start, nchunks, new, result.append)
         return result
 
-    def _retrieve_into(self, key, start, end, out):
+    def _retrieve_into(self, key: _Key, start: int, end: int,
+                       out: List[WriteMemory]) -> int:
         if not out:
             return 0
         with ExitStack() as stack:
@@ -351,10 +402,12 @@ class Context:
                     raise InvalidArgument("out[%d] has %d bytes, chunk_bytes is %d"
                                           % (i, n, self.chunk_bytes))
                 ptrs[i] = addr
-            return self._call("retrieve", self._lib.kvp_retrieve, ctypes.byref(key.c), start,
-                              end, ptrs)
+            n = self._call("retrieve", self._lib.kvp_retrieve, ctypes.byref(key.c), start, end,
+                           ptrs)
+        return n
 
-    def _retrieve_batches(self, key, start, nchunks, new, emit):
+    def _retrieve_batches(self, key: _Key, start: int, nchunks: int, new: Callable[[], Any],
+                          emit: Callable[[Any], object]) -> List[Any]:
         """Retrieves in batches of bounded size into buffers from new(), passing each retrieved
         buffer to emit() in order; stops at the first missing chunk. Returns the buffers that
         were allocated but not filled."""
@@ -374,7 +427,8 @@ class Context:
 
     # -- two-phase store -----------------------------------------------------------------------
 
-    def prepare_store(self, token_ids, start=0, end=None, *, salt=None):
+    def prepare_store(self, token_ids: TokenIds, start: int = 0, end: Optional[int] = None, *,
+                      salt: Salt = None) -> StorePlan:
         """Reserves pool space for the chunks of ``[start, end)`` that are not cached yet.
 
         Returns a :class:`StorePlan`, which unpacks as ``(views, chunk_indices)``: write
@@ -388,7 +442,10 @@ class Context:
         with self.client._lock:
             self._call("prepare_store", self._lib.kvp_prepare_store, ctypes.byref(key.c), start,
                        end, ctypes.byref(cplan))
-            views, indices, arrays, staging = [], [], [], []
+            views: List[memoryview] = []
+            indices: List[int] = []
+            arrays: List[ctypes.Array[ctypes.c_ubyte]] = []
+            staging: List[bytearray] = []
             try:
                 for i in range(cplan.nslots):
                     slot = cplan.slots[i]
@@ -414,7 +471,7 @@ class Context:
             self._remember_views(plan)
         return plan
 
-    def commit_store(self, plan):
+    def commit_store(self, plan: StorePlan) -> int:
         """Publishes a prepared store (after every view was written). Returns the number of
         chunks committed. Raises :class:`kvpool.Timeout` if the reservation expired (nothing
         was published). The plan's views are released, whatever the outcome."""
@@ -430,12 +487,13 @@ class Context:
                 with ExitStack() as stack:
                     for idx, buf in zip(plan[1], staging):
                         ptrs[idx] = stack.enter_context(address_of(buf, False))[0]
-                    return self._call("commit_store", self._lib.kvp_store_inline,
-                                      ctypes.byref(plan._c), ptrs)
+                    n = self._call("commit_store", self._lib.kvp_store_inline,
+                                   ctypes.byref(plan._c), ptrs)
+                return n
             finally:
                 self._return_staging(staging)
 
-    def abort_store(self, plan):
+    def abort_store(self, plan: StorePlan) -> None:
         """Drops a prepared store: nothing becomes visible. Releases the plan's views."""
         self._check_plan(plan, StorePlan, "abort_store")
         with self.client._lock:
@@ -446,7 +504,8 @@ class Context:
 
     # -- two-phase retrieve --------------------------------------------------------------------
 
-    def prepare_retrieve(self, token_ids, start=0, end=None, *, salt=None):
+    def prepare_retrieve(self, token_ids: TokenIds, start: int = 0, end: Optional[int] = None,
+                         *, salt: Salt = None) -> RetrievePlan:
         """Pins the leading run of cached chunks of ``[start, end)`` and returns a
         :class:`RetrievePlan`: a list of read-only views, view ``i`` = chunk ``i`` of the
         range. On shm the views are the pool itself (pinned: not evicted meanwhile); on
@@ -455,6 +514,10 @@ class Context:
         """
         key = _Key(token_ids, salt)
         start, end, nchunks = self._range(key, start, end)
+        cplan: Optional[_lib.kvp_retrieve_plan]
+        views: List[memoryview]
+        arrays: List[ctypes.Array[ctypes.c_ubyte]]
+        staging: List[bytearray]
         with self.client._lock:
             if self.transport == "shm":
                 cplan = _lib.kvp_retrieve_plan()
@@ -473,7 +536,7 @@ class Context:
             else:
                 cplan, arrays, staging, views = None, [], [], []
 
-                def keep(buf):
+                def keep(buf: bytearray) -> None:
                     staging.append(buf)
                     views.append(memoryview(buf).toreadonly())
 
@@ -486,7 +549,7 @@ class Context:
             self._remember_views(plan)
         return plan
 
-    def commit_retrieve(self, plan):
+    def commit_retrieve(self, plan: RetrievePlan) -> int:
         """Releases a prepared retrieve (unpins its chunks). Returns the number of chunks
         released. The plan's views are released and must not be used afterwards."""
         self._check_plan(plan, RetrievePlan, "commit_retrieve")
@@ -502,7 +565,7 @@ class Context:
 
     # -- typed views ---------------------------------------------------------------------------
 
-    def as_numpy(self, view):
+    def as_numpy(self, view: Buffer) -> numpy.ndarray:
         """A numpy array of shape ``chunk_shape`` over a chunk buffer (a plan's view, a
         retrieved chunk, any buffer of ``chunk_bytes``). No copy.
 
@@ -512,7 +575,9 @@ class Context:
         """
         if np is None:
             raise numpy_missing("as_numpy()")
-        arr = np.frombuffer(view, dtype=NUMPY_DTYPES[self.dtype])
+        # Any: numpy's stubs list fewer buffer types than the buffer protocol takes.
+        buf: Any = view
+        arr = np.frombuffer(buf, dtype=NUMPY_DTYPES[self.dtype])
         if arr.nbytes != self.chunk_bytes:
             raise InvalidArgument("buffer has %d bytes, chunk_bytes is %d"
                                   % (arr.nbytes, self.chunk_bytes))
@@ -522,12 +587,13 @@ class Context:
             plan._derived.append(weakref.ref(arr))
         return arr
 
-    def as_torch(self, view):
+    def as_torch(self, view: Buffer) -> torch.Tensor:
         """A torch CPU tensor of shape ``chunk_shape`` and the registered dtype (bfloat16 and
         float8 included) over a chunk buffer. No copy. Must not be used after the plan's commit.
         Requires torch."""
         torch_dt = torch_dtype(self.dtype)
         import torch
+
         with warnings.catch_warnings():
             # Read-only retrieve views: torch warns that it cannot mark the tensor read-only.
             warnings.simplefilter("ignore", UserWarning)
@@ -539,7 +605,7 @@ class Context:
 
     # -- paged KV caches -----------------------------------------------------------------------
 
-    def _check_cache(self, cache):
+    def _check_cache(self, cache: object) -> None:
         from .paged import PagedKVCache
 
         if not isinstance(cache, PagedKVCache):
@@ -559,7 +625,8 @@ class Context:
             raise InvalidArgument("paged cache does not match the registration: "
                                   + ", ".join(problems))
 
-    def store_paged(self, token_ids, cache, block_table, start=0, end=None, *, salt=None):
+    def store_paged(self, token_ids: TokenIds, cache: PagedKVCache, block_table: BlockTable,
+                    start: int = 0, end: Optional[int] = None, *, salt: Salt = None) -> int:
         """Stores the chunks of ``[start, end)`` straight from a paged KV cache.
 
         ``cache``: a :class:`kvpool.PagedKVCache` matching the registration (layers, hidden
@@ -582,8 +649,9 @@ class Context:
             raise
         return self.commit_store(plan)
 
-    def retrieve_paged(self, token_ids, cache, block_table, start=0, end=None, skip_first_n=0,
-                       *, salt=None):
+    def retrieve_paged(self, token_ids: TokenIds, cache: PagedKVCache, block_table: BlockTable,
+                       start: int = 0, end: Optional[int] = None, skip_first_n: int = 0, *,
+                       salt: Salt = None) -> int:
         """Retrieves the leading cached chunks of ``[start, end)`` straight into a paged KV
         cache (on shm from the pinned pool slots, one copy).
 
@@ -612,7 +680,7 @@ class Context:
 
     # -- lifetime ------------------------------------------------------------------------------
 
-    def unregister(self):
+    def unregister(self) -> None:
         """Unregisters the instance: open plans are aborted (their views released), the daemon
         drops its reservations and pins. Idempotent; later calls on the context raise
         :class:`kvpool.ClosedError`."""
@@ -630,12 +698,12 @@ class Context:
                 raise self.client._error(rc, "unregister")
 
     @property
-    def registered(self):
+    def registered(self) -> bool:
         """False once unregistered or once the client was closed."""
         return self._inst is not None
 
-    def __enter__(self):
+    def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.unregister()

@@ -108,7 +108,11 @@ class Error(Exception):
 
 
 class LibraryError(Error, ImportError):
-    """libkvpool.so cannot be found, cannot be loaded, or has another major version."""
+    """libkvpool.so cannot be found, cannot be loaded, or has another major version.
+
+    ``name`` is :class:`Error`'s (the code's name: ``""``), not ImportError's module name."""
+
+    name: str
 
 
 class ClosedError(Error):
@@ -221,7 +225,9 @@ def from_code(code: int, op: str, strerror: str, message: str = "",
     While connecting, -ENOENT means "no socket" rather than "unknown instance".
     """
     name = code_name(code)
-    cls = _BY_CODE.get(code) or _BY_KVP_NAME.get(name, Error)
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        cls = _BY_KVP_NAME.get(name, Error)
     if connecting and code in (-_errno.ENOENT, -_errno.EACCES):
         cls = DaemonUnavailable
     text = "%s: %s (%s)" % (op, strerror, name)

@@ -18,21 +18,26 @@ NHD also accepts ``heads * D`` merged into one last dimension. A chunk is
 ``[2, num_layers, chunk_tokens, heads * D]`` (MLA: ``[num_layers, chunk_tokens, latent]``).
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 from array import array
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _lib
 from ._buffers import NUMPY_DTYPES, address_of, is_tensor, np
+from ._types import BlockTable, PagedLayers, ReadMemory, WriteMemory
 from .errors import InvalidArgument, from_code
 
 __all__ = ["PagedKVCache", "gather", "scatter", "block_table_array"]
 
-_LAYOUTS = {"NHD": _lib.KVP_PAGED_NHD, "HND": _lib.KVP_PAGED_HND, "MLA": _lib.KVP_PAGED_MLA}
-_ELEM_NUMPY = {1: "uint8", 2: "uint16", 4: "float32", 8: "float64"}
+_LAYOUTS: Dict[str, int] = {"NHD": _lib.KVP_PAGED_NHD, "HND": _lib.KVP_PAGED_HND,
+                            "MLA": _lib.KVP_PAGED_MLA}
+_ELEM_NUMPY: Dict[int, str] = {1: "uint8", 2: "uint16", 4: "float32", 8: "float64"}
 
 
-def block_table_array(block_table):
+def block_table_array(block_table: BlockTable) -> Any:
     """Returns the block table as contiguous int32 memory (a numpy array, a torch tensor or an
     ``array('i')``) without copying when it already is one. Raises InvalidArgument for values
     that do not fit int32."""
@@ -61,7 +66,7 @@ def block_table_array(block_table):
         raise InvalidArgument("block_table must be ints that fit int32: %s" % e) from None
 
 
-def _elem_size(obj):
+def _elem_size(obj: Any) -> int:
     if is_tensor(obj):
         return obj.element_size()
     return obj.itemsize
@@ -82,7 +87,7 @@ class PagedKVCache:
     ``layer_bytes``.
     """
 
-    def __init__(self, layers, layout="NHD", kv_first=False):
+    def __init__(self, layers: PagedLayers, layout: str = "NHD", kv_first: bool = False) -> None:
         layout = self._check_layout(layout, kv_first)
         per_layer_ndim = 3 if layout == "MLA" else None
         if (np is not None and isinstance(layers, np.ndarray)) or is_tensor(layers):
@@ -91,29 +96,30 @@ class PagedKVCache:
                 raise InvalidArgument("a single array of all layers needs a leading layer "
                                       "dimension (got %d dimensions)" % nd)
             layers = [layers[i] for i in range(layers.shape[0])]
-        layers = list(layers)
-        if not layers:
+        layer_list: List[Any] = list(layers)
+        if not layer_list:
             raise InvalidArgument("layers is empty")
-        shape = tuple(layers[0].shape)
-        esize = _elem_size(layers[0])
-        for i, t in enumerate(layers):
+        shape = tuple(layer_list[0].shape)
+        esize = _elem_size(layer_list[0])
+        for i, t in enumerate(layer_list):
             if tuple(t.shape) != shape or _elem_size(t) != esize:
                 raise InvalidArgument("layer %d has shape %s / element size %d, layer 0 has %s"
                                       " / %d" % (i, tuple(t.shape), _elem_size(t), shape, esize))
         geo = self._geometry(shape, layout, kv_first)
-        ptrs = []
-        nbytes = None
-        for i, t in enumerate(layers):
+        ptrs: List[int] = []
+        nbytes = 0
+        for i, t in enumerate(layer_list):
             with address_of(t, True, "layer %d" % i) as (addr, n):
                 ptrs.append(addr)
                 nbytes = n
         self._init(ptrs, nbytes, layout, kv_first, *geo, esize)
-        self._keep = layers
-        self.dtype = getattr(layers[0], "dtype", None)
+        self._keep: Optional[List[Any]] = layer_list
+        self.dtype: Any = getattr(layer_list[0], "dtype", None)
 
     @classmethod
-    def from_pointers(cls, pointers, layer_bytes, layout, num_blocks, block_size, heads,
-                      head_dim, elem_size, kv_first=False):
+    def from_pointers(cls, pointers: Sequence[int], layer_bytes: int, layout: str,
+                      num_blocks: int, block_size: int, heads: int, head_dim: int,
+                      elem_size: int, kv_first: bool = False) -> PagedKVCache:
         """Describes raw memory: ``pointers`` (one address per layer, each with
         ``layer_bytes`` addressable bytes). The caller keeps the memory alive."""
         self = cls.__new__(cls)
@@ -125,7 +131,7 @@ class PagedKVCache:
         return self
 
     @staticmethod
-    def _check_layout(layout, kv_first):
+    def _check_layout(layout: str, kv_first: bool) -> str:
         layout = str(layout).upper()
         if layout not in _LAYOUTS:
             raise InvalidArgument("layout must be 'NHD', 'HND' or 'MLA', not %r" % (layout,))
@@ -134,9 +140,10 @@ class PagedKVCache:
         return layout
 
     @staticmethod
-    def _geometry(shape, layout, kv_first):
+    def _geometry(shape: Tuple[int, ...], layout: str,
+                  kv_first: bool) -> Tuple[int, int, int, int]:
         """(num_blocks, block_size, heads, head_dim) from a per-layer shape."""
-        def bad():
+        def bad() -> InvalidArgument:
             return InvalidArgument("per-layer shape %s does not match layout %s%s"
                                    % (shape, layout, " (kv_first)" if kv_first else ""))
         if layout == "MLA":
@@ -159,8 +166,9 @@ class PagedKVCache:
             raise bad()
         return nb, shape[3], shape[2], shape[4]
 
-    def _init(self, ptrs, layer_bytes, layout, kv_first, num_blocks, block_size, heads,
-              head_dim, elem_size):
+    def _init(self, ptrs: List[int], layer_bytes: int, layout: str, kv_first: bool,
+              num_blocks: int, block_size: int, heads: int, head_dim: int,
+              elem_size: int) -> None:
         self.layout = layout
         self.kv_first = bool(kv_first)
         self.num_layers = len(ptrs)
@@ -180,13 +188,13 @@ class PagedKVCache:
         self._lib = _lib.load()
         self.chunk_bytes(1)  # validates the description
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return ("<kvpool.PagedKVCache %s%s layers=%d blocks=%d block_size=%d heads=%d "
                 "head_dim=%d elem=%d>" % (self.layout, " kv_first" if self.kv_first else "",
-                                           self.num_layers, self.num_blocks, self.block_size,
-                                           self.heads, self.head_dim, self.elem_size))
+                                          self.num_layers, self.num_blocks, self.block_size,
+                                          self.heads, self.head_dim, self.elem_size))
 
-    def chunk_bytes(self, chunk_tokens):
+    def chunk_bytes(self, chunk_tokens: int) -> int:
         """Bytes of a chunk of ``chunk_tokens`` tokens for this cache."""
         out = ctypes.c_uint64()
         rc = self._lib.kvp_paged_chunk_bytes(ctypes.byref(self._c), chunk_tokens,
@@ -194,15 +202,16 @@ class PagedKVCache:
         if rc < 0:
             raise from_code(rc, "paged cache", _lib.strerror(rc),
                             "invalid description %r or chunk_tokens %d" % (self, chunk_tokens))
-        return out.value
+        return int(out.value)
 
-    def chunk_shape(self, chunk_tokens):
+    def chunk_shape(self, chunk_tokens: int) -> Tuple[int, ...]:
         """Shape of a chunk of ``chunk_tokens`` tokens."""
         if self.layout == "MLA":
             return (self.num_layers, chunk_tokens, self.hidden)
         return (2, self.num_layers, chunk_tokens, self.hidden)
 
-    def _diagnose(self, table, token_start, num_tokens, skip, nbytes, chunk_tokens):
+    def _diagnose(self, table: Any, token_start: int, num_tokens: int, skip: int, nbytes: int,
+                  chunk_tokens: int) -> str:
         """Why the C call said -EINVAL, in words (only computed on failure)."""
         if num_tokens > chunk_tokens:
             return "num_tokens %d > chunk_tokens %d" % (num_tokens, chunk_tokens)
@@ -222,7 +231,8 @@ class PagedKVCache:
                 return "block_table[%d] = %d is not in [0, %d)" % (i, b, self.num_blocks)
         return "invalid arguments"
 
-    def _run(self, op, chunk, block_table, token_start, num_tokens, skip, chunk_tokens, write):
+    def _run(self, op: str, chunk: ReadMemory, block_table: BlockTable, token_start: int,
+             num_tokens: int, skip: int, chunk_tokens: Optional[int], write: bool) -> None:
         if chunk_tokens is None:
             chunk_tokens = num_tokens
         for name, v in (("token_start", token_start), ("num_tokens", num_tokens),
@@ -248,7 +258,9 @@ class PagedKVCache:
                                          chunk_tokens)
                 raise from_code(rc, op, _lib.strerror(rc), why)
 
-    def gather(self, block_table, token_start, num_tokens, out=None, chunk_tokens=None):
+    def gather(self, block_table: BlockTable, token_start: int, num_tokens: int,
+               out: Optional[WriteMemory] = None,
+               chunk_tokens: Optional[int] = None) -> WriteMemory:
         """Copies the sequence's tokens ``[token_start, token_start + num_tokens)`` of every
         layer into rows ``[0, num_tokens)`` of a chunk of ``chunk_tokens`` tokens (default
         ``num_tokens``).
@@ -266,8 +278,9 @@ class PagedKVCache:
         self._run("gather", out, block_table, token_start, num_tokens, 0, chunk_tokens, True)
         return out
 
-    def scatter(self, chunk, block_table, token_start, num_tokens, skip_first_n=0,
-                chunk_tokens=None):
+    def scatter(self, chunk: ReadMemory, block_table: BlockTable, token_start: int,
+                num_tokens: int, skip_first_n: int = 0,
+                chunk_tokens: Optional[int] = None) -> None:
         """Copies rows ``[skip_first_n, num_tokens)`` of a chunk of ``chunk_tokens`` tokens
         (default ``num_tokens``) back to the sequence's tokens ``[token_start + skip_first_n,
         token_start + num_tokens)`` of every layer. Only block table entries covering the
@@ -275,28 +288,31 @@ class PagedKVCache:
         self._run("scatter", chunk, block_table, token_start, num_tokens, skip_first_n,
                   chunk_tokens, False)
 
-    def _new_chunk(self, chunk_tokens):
+    def _new_chunk(self, chunk_tokens: int) -> WriteMemory:
         nbytes = self.chunk_bytes(chunk_tokens)
         shape = self.chunk_shape(chunk_tokens)
         if self._keep and is_tensor(self._keep[0]):
             import torch
+
             return torch.empty(shape, dtype=self._keep[0].dtype)
         if np is None:
             return bytearray(nbytes)
-        dt = self.dtype if isinstance(self.dtype, np.dtype) else _ELEM_NUMPY[self.elem_size]
-        return np.empty(shape, dtype=dt)
+        if isinstance(self.dtype, np.dtype):
+            return np.empty(shape, dtype=self.dtype)
+        return np.empty(shape, dtype=_ELEM_NUMPY[self.elem_size])
 
 
-def gather(cache, block_table, token_start, num_tokens, out=None, chunk_tokens=None):
+def gather(cache: PagedKVCache, block_table: BlockTable, token_start: int, num_tokens: int,
+           out: Optional[WriteMemory] = None, chunk_tokens: Optional[int] = None) -> WriteMemory:
     """Same as :meth:`PagedKVCache.gather`."""
     return cache.gather(block_table, token_start, num_tokens, out, chunk_tokens)
 
 
-def scatter(cache, chunk, block_table, token_start, num_tokens, skip_first_n=0,
-            chunk_tokens=None):
+def scatter(cache: PagedKVCache, chunk: ReadMemory, block_table: BlockTable, token_start: int,
+            num_tokens: int, skip_first_n: int = 0, chunk_tokens: Optional[int] = None) -> None:
     """Same as :meth:`PagedKVCache.scatter`."""
     cache.scatter(chunk, block_table, token_start, num_tokens, skip_first_n, chunk_tokens)
 
 
 # Re-exported for callers that build chunk buffers themselves.
-CHUNK_NUMPY_DTYPES = NUMPY_DTYPES
+CHUNK_NUMPY_DTYPES: Dict[str, str] = NUMPY_DTYPES
