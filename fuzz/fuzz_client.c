@@ -9,17 +9,27 @@
  * connection, writes the input, closes its write side and reads every request until the library
  * closes. The registration is forced inline, so no input can make the library map a segment.
  *
+ * Reconnects: when the input ends (EOF) the library takes the connection for lost, and its next
+ * call connects again. The thread serves every connection the same way, one after the other,
+ * with the same input (each connection numbers its requests from 1, so a seed's HELLO reply
+ * fits again), until the driver stops it after kvp_client_close(). So the reconnect path (HELLO,
+ * registering the instance again) is fuzzed too, and it is bounded: at most one connection per
+ * call of the fixed script below.
+ *
  * What must hold, beyond "no crash, no leak, no hang": every call returns 0, a count or a
  * negative error; a count is within what was asked (lookup <= chunks of the sequence, store and
- * retrieve <= chunks of the range); the instance stays on the inline transport.
+ * retrieve <= chunks of the range); the instance stays on the inline transport and keeps its
+ * chunk layout; no call takes as long as the 10 s timeout (nobody is left waiting for a reply).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fuzz.h"
@@ -34,6 +44,8 @@ static char socket_path[108];
 struct daemon {
     const uint8_t *data;
     size_t size;
+    int stop_fd; /* readable once the driver is done with the client */
+    int nconns;
 };
 
 static void cleanup(void)
@@ -58,16 +70,12 @@ static void init_once(void)
 }
 
 /* The daemon side of one connection: writes the input, then drains requests until EOF. */
-static void *daemon_main(void *arg)
+static void serve(const struct daemon *d, int fd)
 {
-    const struct daemon *d = arg;
     uint8_t buf[16384];
     size_t off = 0;
     bool writing = d->size > 0;
 
-    int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
-        return NULL;
     if (!writing)
         shutdown(fd, SHUT_WR);
     for (;;) {
@@ -95,8 +103,41 @@ static void *daemon_main(void *arg)
         }
     }
     close(fd);
+}
+
+/* Serves connections one after the other until the driver says stop. */
+static void *daemon_main(void *arg)
+{
+    struct daemon *d = arg;
+
+    for (;;) {
+        struct pollfd p[2] = {{.fd = d->stop_fd, .events = POLLIN},
+                              {.fd = listen_fd, .events = POLLIN}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p[0].revents)
+            break;
+        int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        d->nconns++;
+        serve(d, fd);
+    }
     return NULL;
 }
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Set before each call: a call must not wait for its timeout, the daemon never goes silent. */
+static uint64_t call_start;
 
 /* A call returns at most max, and a failed one has an error string and a message. */
 static void check_rc(kvp_client *c, int rc, int max)
@@ -104,6 +145,8 @@ static void check_rc(kvp_client *c, int rc, int max)
     FUZZ_CHECK(rc <= max);
     if (rc < 0)
         FUZZ_CHECK(kvp_strerror(rc) != NULL && kvp_last_error(c) != NULL);
+    FUZZ_CHECK(now_ms() - call_start < 5000);
+    call_start = now_ms();
 }
 
 /* The data calls, when the registration announced a chunk small enough to allocate. */
@@ -116,8 +159,11 @@ static void run_transfers(kvp_client *c, kvp_instance *inst)
 
     FUZZ_CHECK(info->chunk_tokens > 0 && info->chunk_bytes > 0);
     uint32_t nchunks = NTOKENS / info->chunk_tokens;
+    uint64_t chunk_bytes = info->chunk_bytes;
     int rc = kvp_lookup(inst, &seq);
     check_rc(c, rc, (int)nchunks);
+    /* A reconnect may register the instance again, never with another layout. */
+    FUZZ_CHECK(info->chunk_bytes == chunk_bytes && info->transport == KVP_TRANSPORT_INLINE);
     if (info->chunk_bytes > MAX_CHUNK_BYTES)
         return;
 
@@ -133,6 +179,7 @@ static void run_transfers(kvp_client *c, kvp_instance *inst)
         FUZZ_CHECK(res.nchunks == nchunks && res.stored == (uint32_t)rc);
     rc = kvp_retrieve(inst, &seq, 0, NTOKENS, (void *const *)bufs);
     check_rc(c, rc, (int)nchunks);
+    FUZZ_CHECK(info->chunk_bytes == chunk_bytes && info->transport == KVP_TRANSPORT_INLINE);
     for (uint32_t i = 0; i < nchunks; i++)
         free(bufs[i]);
 }
@@ -140,12 +187,16 @@ static void run_transfers(kvp_client *c, kvp_instance *inst)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct daemon d = {.data = data, .size = size};
-    kvp_opts o = {.socket_path = socket_path, .timeout_ms = 5000};
+    kvp_opts o = {.socket_path = socket_path, .timeout_ms = 10000};
     kvp_client *c = NULL;
     pthread_t tid;
+    int stop[2];
 
     init_once();
+    FUZZ_CHECK(pipe2(stop, O_CLOEXEC) == 0);
+    d.stop_fd = stop[0];
     FUZZ_CHECK(pthread_create(&tid, NULL, daemon_main, &d) == 0);
+    call_start = now_ms();
     int rc = kvp_client_open(&o, &c);
     FUZZ_CHECK(rc <= 0 && (rc == 0) == (c != NULL));
     if (c) {
@@ -175,6 +226,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         kvp_client_close(c);
     }
+    FUZZ_CHECK(write(stop[1], "x", 1) == 1);
     pthread_join(tid, NULL);
+    close(stop[0]);
+    close(stop[1]);
+    /* The open and at most one reconnect per later call. */
+    FUZZ_CHECK(d.nconns <= 12);
     return 0;
 }
