@@ -19,9 +19,32 @@
  *     failure. errno is never used to report errors. kvp_strerror() names any return code.
  *   - After a failure that the daemon answered, kvp_last_error() holds the daemon's message;
  *     after a failure detected by the library, its own explanation.
- *   - After an I/O or protocol failure (-ETIMEDOUT, -ECONNRESET, -EPIPE, KVP_EPROTO, ...) the
- *     connection is unusable: every later call on the client returns -ENOTCONN at once (the
- *     daemon has released everything the client held). Close it and open a new client.
+ *   - Daemon restarts. A call that fails with an I/O error (-EPIPE, -ECONNRESET, -ETIMEDOUT,
+ *     ...) has lost the connection, and everything it held (reservations, pins, registrations)
+ *     is released by the daemon. Nothing is retried behind the caller's back. The next call on
+ *     the client reconnects first: it connects to the same socket path, says HELLO, registers
+ *     every live instance again with the options it was registered with (mapping the new
+ *     daemon's segment, or falling back to inline as kvp_register() does), then does its own
+ *     work. A daemon that exited between two calls is noticed before anything is sent, so a
+ *     restart while the worker is idle fails no call at all. The kvp_client and kvp_instance
+ *     handles stay valid; kvp_instance_get_info() may then show another transport (and shm
+ *     name, reason), never another chunk layout. One attempt per call, no background thread,
+ *     no sleeping: while no daemon answers, each call fails with the connect error (-ENOENT,
+ *     -ECONNREFUSED, ...; kvp_last_error() names the socket) and the next call tries again.
+ *   - An instance that the new daemon refuses to register again (-EEXIST, -EBUSY, KVP_ENOSHM,
+ *     ...) fails its own calls with that error and message, trying again once per call; the
+ *     client's other instances go on. If the new daemon uses another chunk size, the instance
+ *     is stale: its calls fail with -ESTALE until it is unregistered (register it again and size
+ *     the buffers by the new chunk_bytes).
+ *   - Plans belong to the connection they were prepared on. Once it is lost, kvp_commit_store(),
+ *     kvp_abort_store(), kvp_store_inline() and kvp_commit_retrieve() of the plan fail with
+ *     -ESTALE without contacting the daemon, free plan->slots and publish nothing. Until then
+ *     the plan's slot pointers stay safe to touch but no longer reach any pool: what was
+ *     written or read through them after the loss is lost. kvp_store() and kvp_retrieve() can
+ *     return -ESTALE too, when another thread's call replaced the connection during theirs.
+ *   - A protocol error (KVP_EPROTO, KVP_EVERSION, KVP_EBADSLOT, -EPROTO: the peer does not speak
+ *     this protocol properly) is final: no reconnect, every later call on the client returns
+ *     -ENOTCONN at once. Close it and open a new client.
  *   - Handles are opaque. Destructors accept NULL.
  *   - The library never prints and never calls exit().
  *   - A kvp_client may be shared between threads: calls on one client are serialised by a mutex.
@@ -108,8 +131,9 @@ typedef struct kvp_opts {
 KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size);
 
 /*
- * Connects to the daemon and checks protocol versions. opts may be NULL (all defaults).
- * On success *ret is a new client; the caller frees it with kvp_client_close().
+ * Connects to the daemon and checks protocol versions. opts may be NULL (all defaults). The
+ * socket path is resolved here once: reconnects (see Conventions) use the same path and
+ * timeout. On success *ret is a new client; the caller frees it with kvp_client_close().
  * Returns 0, -ENOENT / -ECONNREFUSED when no daemon listens, -ETIMEDOUT, KVP_EVERSION,
  * KVP_EPROTO (the peer is not a kvpool daemon), -ENAMETOOLONG (socket path too long), -EPERM
  * (the default socket's directory belongs to another user or is writable by others), KVP_EPEER
@@ -192,12 +216,16 @@ typedef struct kvp_instance_info {
  * the field), -EEXIST (the id is registered with another model, world size, rank or layout; the
  * message names the field and both values), -EBUSY (the id is registered identically by another
  * live client; the message names its pid), KVP_ENOSHM (transport SHM requested but
- * unavailable), or another negative error. kvp_last_error() holds the daemon's message.
+ * unavailable), or another negative error. kvp_last_error() holds the daemon's message. The
+ * library keeps a copy of opts (the strings need not outlive the call): after a daemon restart
+ * it registers the instance again with them.
  */
 KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *opts, kvp_instance **ret);
 
 /* Unregisters and frees the instance: the daemon aborts its reservations and releases its pins.
- * Pointers into the pool obtained through it become invalid. NULL is ok (returns 0). */
+ * Pointers into the pool obtained through it become invalid. NULL is ok (returns 0). If the
+ * connection the instance was registered on is lost, nothing is sent and 0 is returned: that
+ * registration is gone with it, and no reconnect makes it again. */
 KVP_EXPORT int kvp_unregister(kvp_instance *inst);
 
 /* Registration details (pointer valid while the instance lives). */
@@ -226,7 +254,7 @@ KVP_EXPORT int kvp_lookup(kvp_instance *inst, const kvp_tokens *seq);
 
 typedef struct kvp_slot {
     uint32_t chunk_index; /* chunk of the request range, 0 = the chunk at token `start` */
-    uint32_t reserved_;
+    uint32_t reserved_;   /* the library's (the connection the plan belongs to): do not change */
     uint64_t offset; /* byte offset in the shared segment (shm) */
     uint64_t length; /* equals chunk_bytes */
     void *data;      /* shm: pointer into the mapped pool; inline: NULL */
@@ -257,10 +285,13 @@ KVP_EXPORT int kvp_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint
 /* Publishes the reserved chunks (shm transport: after writing every slot). Frees plan->slots.
  * Returns the number of chunks committed, or a negative error (-ETIMEDOUT: the reservation
  * expired and nothing was published; -EOPNOTSUPP: the instance is on the inline transport,
- * use kvp_store_inline(); the reservation is dropped). */
+ * use kvp_store_inline(); the reservation is dropped; -ESTALE: the plan was prepared on a
+ * connection that has been lost since, e.g. the daemon restarted: nothing was published and
+ * nothing was sent, prepare again). */
 KVP_EXPORT int kvp_commit_store(kvp_instance *inst, kvp_store_plan *plan);
 
-/* Drops the reservation: nothing becomes visible. Frees plan->slots. Returns 0 or an error. */
+/* Drops the reservation: nothing becomes visible. Frees plan->slots. Returns 0 or an error
+ * (-ESTALE: the plan's connection was lost, and its reservation with it). */
 KVP_EXPORT int kvp_abort_store(kvp_instance *inst, kvp_store_plan *plan);
 
 /*
@@ -269,6 +300,8 @@ KVP_EXPORT int kvp_abort_store(kvp_instance *inst, kvp_store_plan *plan);
  * the reserved ones are read. Frees plan->slots. Returns chunks committed or a negative error.
  * Works on the shm transport too (the daemon copies). If chunks (or a chunks[i] that a slot
  * needs) is NULL it returns -EINVAL and leaves the plan untouched, so it can still be aborted.
+ * -ESTALE: the plan was prepared on a connection that has been lost since; nothing was sent or
+ * published, and the plan is freed.
  */
 KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan,
                                 const void *const *chunks);
@@ -290,7 +323,8 @@ KVP_EXPORT int kvp_prepare_retrieve(kvp_instance *inst, const kvp_tokens *seq, u
                                     uint32_t end, kvp_retrieve_plan *plan);
 
 /* Releases the pins of a prepared retrieve. Frees plan->slots. Returns 0 or an error. Slot
- * pointers must not be used afterwards. */
+ * pointers must not be used afterwards. -ESTALE: the plan's connection was lost (the pins went
+ * with it), so what was copied out of the slots may not be the chunks: retrieve again. */
 KVP_EXPORT int kvp_commit_retrieve(kvp_instance *inst, kvp_retrieve_plan *plan);
 
 /* ---------------------------------------------------------------------------------------- */

@@ -6,6 +6,8 @@
  * kvp_default_socket_path()), connects, and says HELLO before returning: a client that exists
  * has talked to a daemon of a compatible major version and knows whether shared memory is
  * offered. Nothing is mapped here; the first shm registration maps the segment (instance.c).
+ * Connect + HELLO is kvp_client_connect(), which a reconnect after a lost connection runs again
+ * (reconnect.c); every public call starts with kvp_client_begin() or kvp_instance_begin().
  *
  * Threads. Every call that talks to the daemon takes c->lock for the whole round trip, so calls
  * from several threads on one client are serialised and replies can never be mixed up. Close is
@@ -72,9 +74,27 @@ static int say_hello(kvp_client *c)
     return 0;
 }
 
+/* Every successful connect + HELLO starts a new generation: handles, reservations and pins of
+ * an earlier connection are recognisable as such (client.h). */
+int kvp_client_connect(kvp_client *c)
+{
+    int rc = kvp_conn_connect(&c->conn, c->socket_path, c->conn.timeout_ms);
+
+    if (rc == 0)
+        rc = say_hello(c);
+    if (rc < 0) {
+        kvp_conn_close(&c->conn);
+        return rc;
+    }
+    c->gen++;
+    return 0;
+}
+
 /*
  * The client is fully built (lock, path, connection, HELLO) before it is returned, and torn down
- * by the ordinary destructor on any failure, so there is exactly one cleanup path.
+ * by the ordinary destructor on any failure, so there is exactly one cleanup path. The resolved
+ * path and the timeout are kept: a reconnect goes to the same socket, never to whatever
+ * $KVPOOL_SOCKET says by then.
  */
 KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
 {
@@ -100,10 +120,8 @@ KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
     rc = resolve_path(opts, c->socket_path, sizeof(c->socket_path));
     if (rc < 0)
         goto out_free;
-    rc = kvp_conn_connect(&c->conn, c->socket_path, opts ? opts->timeout_ms : 0);
-    if (rc < 0)
-        goto out_free;
-    rc = say_hello(c);
+    c->conn.timeout_ms = opts ? opts->timeout_ms : 0;
+    rc = kvp_client_connect(c);
     if (rc < 0)
         goto out_free;
 
@@ -126,6 +144,7 @@ KVP_EXPORT void kvp_client_close(kvp_client *c)
     kvp_instances_free_all(c);
     kvp_conn_close(&c->conn);
     kvp_shm_map_close(&c->shm);
+    kvp_client_free_retired(c);
     free(c->slot_buf);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -146,7 +165,7 @@ KVP_EXPORT int kvp_ping(kvp_client *c)
     if (!c)
         return -EINVAL;
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    rc = kvp_client_begin(c);
     if (rc == 0)
         rc = kvp_conn_call(&c->conn, KVP_OP_PING, NULL, 0, false);
     if (rc == 0 && c->conn.body_len != 0)
@@ -176,7 +195,7 @@ KVP_EXPORT int kvp_stats(kvp_client *c, kvp_stat *out, size_t cap)
     }
 
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    rc = kvp_client_begin(c);
     if (rc == 0)
         rc = kvp_conn_call(&c->conn, KVP_OP_STATS, NULL, 0, false);
     if (rc == 0) {

@@ -14,8 +14,10 @@
  *
  * Invariant: once a read or write fails halfway, or a reply cannot be trusted (wrong magic,
  * opcode or request id, malformed body), the byte stream position is unknown. The connection is
- * then marked broken and every later call fails at once with -ENOTCONN; the daemon sees the
- * close and releases everything the client held.
+ * then marked broken (c->broken holds the error) and never used again: kvp_conn_begin() fails
+ * at once with -ENOTCONN. Whether the client replaces it with a new connection is decided by
+ * kvp_conn_reconnectable() (a lost connection: yes; a confused peer: no) and done by
+ * src/client/reconnect.c; the daemon sees the close and releases everything the client held.
  *
  * Threads: none of this locks; the owning kvp_client's mutex serialises all use.
  */
@@ -219,12 +221,16 @@ out_close_fd:
 }
 
 /* Closing the socket is the whole protocol for leaving: the daemon then releases everything
- * this connection held. No goodbye message is needed or sent. */
+ * this connection held. No goodbye message is needed or sent. The error state (broken, the
+ * messages) and the connection settings stay, so that a reconnect can report and reuse them;
+ * a new connection numbers its requests from 1 again. */
 void kvp_conn_close(struct kvp_conn *c)
 {
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    c->next_id = 1;
+    c->payload_left = 0;
     if (c->passed_fd >= 0)
         close(c->passed_fd);
     c->passed_fd = -1;
@@ -232,6 +238,28 @@ void kvp_conn_close(struct kvp_conn *c)
     free(c->body);
     c->body = NULL;
     c->body_cap = c->body_len = 0;
+}
+
+/*
+ * Protocol disagreements are not worth a new connection: a peer that sent a malformed or
+ * mismatched frame, spoke another version or announced a slot outside the pool would most
+ * likely do it again, and reconnecting after each would hide the fault behind a stream of
+ * fresh connections. Everything else that breaks a stream (the daemon closed it, died or was
+ * restarted, a timeout, a refused connect, no memory for a reply) is a lost connection.
+ */
+bool kvp_conn_reconnectable(const struct kvp_conn *c)
+{
+    switch (c->broken) {
+    case 0:
+        return c->fd < 0;
+    case KVP_EPROTO:
+    case KVP_EVERSION:
+    case KVP_EBADSLOT:
+    case -EPROTO:
+        return false;
+    default:
+        return true;
+    }
 }
 
 /* Every public call starts here, so a broken connection fails fast (no I/O, no timeout) and

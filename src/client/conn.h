@@ -48,8 +48,17 @@ struct kvp_conn {
  */
 int kvp_conn_connect(struct kvp_conn *c, const char *path, uint32_t timeout_ms);
 
-/* Closes the socket and frees the buffers. Safe on a zeroed or KVP_CONN_INIT connection. */
+/* Closes the socket and frees the buffers. Safe on a zeroed or KVP_CONN_INIT connection.
+ * Keeps broken, errmsg, broken_msg and the settings; the next connection starts at request
+ * id 1. */
 void kvp_conn_close(struct kvp_conn *c);
+
+/*
+ * Whether c is unusable because the connection was lost (closed, reset, timed out, refused,
+ * never made), so that a new connection may replace it; false while it is usable and after a
+ * protocol error (KVP_EPROTO, KVP_EVERSION, KVP_EBADSLOT, -EPROTO), which stays final.
+ */
+bool kvp_conn_reconnectable(const struct kvp_conn *c);
 
 /*
  * Starts a call: clears errmsg and resets the request body buffer for the caller to encode

@@ -22,6 +22,14 @@
  * the segment and otherwise moves this instance's bytes inline (the daemon accepts inline
  * transfers for shm instances), reporting that in info.reason.
  *
+ * Registering again. An instance keeps a copy of what it was registered with (inst->req, the
+ * names copied, and the transport asked for), so that after a reconnect (reconnect.c) it can be
+ * registered on the new connection exactly as kvp_register() did, transport choice and inline
+ * fallback included. The chunk layout must come back the same: the worker sized its buffers by
+ * chunk_bytes, so a daemon restarted with another chunk size makes the instance stale for good
+ * (-ESTALE; the registration the new daemon made is dropped). Any other refusal is kept in
+ * inst->err/errmsg and the instance's next call tries again.
+ *
  * Threads: the client's lock is held for the whole registration, including the mapping.
  */
 #include "client.h"
@@ -47,17 +55,22 @@ static int check_name(struct kvp_conn *conn, const char *s, const char *field)
     return 0;
 }
 
-/* Maps the daemon's segment unless this client already did. Caller holds the lock. */
+/* Maps the daemon's segment unless this connection already did. Caller holds the lock. */
 static int do_map_segment(kvp_client *c, char *reason, size_t reason_size)
 {
+    int rc;
+
     if (c->shm.base)
         return 0;
+    /* Plans count their pointers per mapping (reconnect.c). */
+    c->shm_gen = c->gen;
+    c->shm_plans = 0;
     if (c->hello.shm_backend == KVP_WIRE_BACKEND_POSIX)
         return kvp_shm_map_open(&c->shm, c->hello.shm_name, c->hello.segment_size, c->hello.nonce,
                                 reason, reason_size);
 
     /* memfd: the daemon hands the descriptor over the socket; there is no name to open. */
-    int rc = kvp_conn_begin(&c->conn);
+    rc = kvp_conn_begin(&c->conn);
     if (rc == 0)
         rc = kvp_conn_call(&c->conn, KVP_OP_MAP_SEGMENT, NULL, 0, false);
     int fd = kvp_conn_take_fd(&c->conn);
@@ -158,13 +171,37 @@ static void do_drop_registration(kvp_client *c, uint32_t handle)
 }
 
 /*
- * Turns a checked REGISTER reply into inst->info and inst->shm, given what was requested.
- * Returns 0, or KVP_ENOSHM (with the registration dropped if this call created it).
+ * A registration made again after a reconnect must have the layout the worker's buffers were
+ * sized for. Returns 0, or -ESTALE with the registration dropped if this call created it.
+ */
+static int do_check_same_layout(kvp_client *c, const kvp_instance *inst,
+                                const struct kvp_register_reply *r)
+{
+    const kvp_instance_info *old = &inst->info;
+
+    if (r->chunk_tokens == old->chunk_tokens && r->ndim == old->ndim &&
+        r->chunk_bytes == old->chunk_bytes && r->dtype_size == old->dtype_size &&
+        memcmp(r->shape, old->shape, sizeof(old->shape)) == 0 && strcmp(r->dtype, old->dtype) == 0)
+        return 0;
+    if (!r->existing)
+        do_drop_registration(c, r->handle);
+    return kvp_conn_error(&c->conn, -ESTALE,
+                          "kvpoold now uses %u-token chunks of %llu bytes, the instance was "
+                          "registered with %u-token chunks of %llu bytes: unregister it and "
+                          "register again",
+                          r->chunk_tokens, (unsigned long long)r->chunk_bytes, old->chunk_tokens,
+                          (unsigned long long)old->chunk_bytes);
+}
+
+/*
+ * Turns a checked REGISTER reply into inst->info, inst->shm and inst->handle, given what was
+ * requested. Returns 0, or KVP_ENOSHM (with the registration dropped if this call created it);
+ * on failure inst is left as it was.
  */
 static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
                           const struct kvp_register_reply *r)
 {
-    kvp_instance_info *info = &inst->info;
+    kvp_instance_info new_info, *info = &new_info;
     char why[KVP_MAX_REASON + 1] = "";
 
     *info = (kvp_instance_info){
@@ -177,13 +214,14 @@ static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
     memcpy(info->shape, r->shape, sizeof(info->shape));
     /* do_check_reply() bounded the dtype name to the field. */
     snprintf(info->dtype, sizeof(info->dtype), "%.*s", (int)sizeof(info->dtype) - 1, r->dtype);
-    inst->handle = r->handle;
 
     if (r->transport == KVP_WIRE_SHM && want != KVP_TRANSPORT_INLINE &&
         do_map_segment(c, why, sizeof(why)) == 0) {
-        inst->shm = true;
         info->transport = KVP_TRANSPORT_SHM;
         snprintf(info->shm_name, sizeof(info->shm_name), "%s", r->shm_name);
+        inst->shm = true;
+        inst->handle = r->handle;
+        inst->info = *info;
         return 0;
     }
     if (want == KVP_TRANSPORT_SHM) {
@@ -196,7 +234,6 @@ static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
                               "transport%s",
                               r->existing ? " (existing registration)" : "");
     }
-    inst->shm = false;
     info->transport = KVP_TRANSPORT_INLINE;
     if (r->transport == KVP_WIRE_SHM && want == KVP_TRANSPORT_INLINE)
         snprintf(info->reason, sizeof(info->reason), "requested by worker");
@@ -207,13 +244,94 @@ static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
                  why);
     else
         snprintf(info->reason, sizeof(info->reason), "%s", r->reason);
+    inst->shm = false;
+    inst->handle = r->handle;
+    inst->info = *info;
     return 0;
+}
+
+/*
+ * REGISTER of inst->req on the current connection, with the transport chosen now (the segment
+ * of this connection's daemon is mapped if needed). On success inst's handle, transport and
+ * info describe the new registration and inst->gen is the connection's generation. Caller
+ * holds the lock, after kvp_conn_begin().
+ */
+static int do_register(kvp_client *c, kvp_instance *inst)
+{
+    struct kvp_register_req req = inst->req;
+    struct kvp_register_reply rep;
+    int rc;
+
+    rc = do_choose_transport(c, inst->want, &req);
+    if (rc < 0)
+        return rc;
+    kvp_encode_register_req(&c->conn.req, &req);
+    rc = kvp_conn_call(&c->conn, KVP_OP_REGISTER, NULL, 0, false);
+    if (rc == -EOPNOTSUPP && req.transport == KVP_WIRE_SHM)
+        rc = KVP_ENOSHM;
+    if (rc < 0)
+        return rc;
+    if (kvp_decode_register_reply(c->conn.body, c->conn.body_len, &rep) < 0)
+        return kvp_conn_fail(&c->conn, KVP_EPROTO, "malformed REGISTER reply");
+    rc = do_check_reply(c, &rep);
+    /* gen is 0 only before the first registration. */
+    if (rc == 0 && inst->gen)
+        rc = do_check_same_layout(c, inst, &rep);
+    if (rc == 0)
+        rc = do_adopt_reply(c, inst, inst->want, &rep);
+    if (rc < 0)
+        return rc;
+    inst->gen = c->gen;
+    inst->err = 0;
+    inst->errmsg[0] = '\0';
+    return 0;
+}
+
+int kvp_instance_register_again(kvp_instance *inst)
+{
+    kvp_client *c = inst->client;
+    int rc;
+
+    if (inst->stale)
+        return inst->err;
+    rc = kvp_conn_begin(&c->conn);
+    if (rc == 0)
+        rc = do_register(c, inst);
+    if (rc < 0) {
+        inst->err = rc;
+        inst->stale = rc == -ESTALE;
+        snprintf(inst->errmsg, sizeof(inst->errmsg),
+                 "cannot register instance %s again after reconnecting to kvpoold: %.300s",
+                 inst->req.instance_id, c->conn.errmsg[0] ? c->conn.errmsg : kvp_strerror(rc));
+    }
+    return rc;
+}
+
+/*
+ * An instance that is not registered on the current connection gets one attempt per call. If
+ * the reconnect made by this very call has just tried and failed, its answer is reported
+ * instead of asking the daemon twice.
+ */
+int kvp_instance_begin(kvp_instance *inst)
+{
+    kvp_client *c = inst->client;
+    uint64_t gen = c->gen;
+    int rc;
+
+    rc = kvp_client_begin(c);
+    if (rc < 0 || inst->gen == c->gen)
+        return rc;
+    if (inst->err && (inst->stale || c->gen != gen))
+        return kvp_conn_error(&c->conn, inst->err, "%s", inst->errmsg);
+    rc = kvp_instance_register_again(inst);
+    if (rc < 0)
+        return kvp_conn_error(&c->conn, rc, "%s", inst->errmsg);
+    return kvp_conn_begin(&c->conn);
 }
 
 KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *o, kvp_instance **ret)
 {
-    struct kvp_register_req req = {0};
-    struct kvp_register_reply rep;
+    struct kvp_register_req *req;
     kvp_instance *inst;
     int rc;
 
@@ -226,9 +344,10 @@ KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *o, kvp_insta
     if (!inst)
         return -ENOMEM;
     inst->client = c;
+    req = &inst->req;
 
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    rc = kvp_client_begin(c);
     if (rc < 0)
         goto out_unlock;
     if ((rc = check_name(&c->conn, o->instance_id, "instance_id")) < 0 ||
@@ -243,34 +362,19 @@ KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *o, kvp_insta
         goto out_unlock;
     }
 
-    /* Lengths were checked above, so these copies cannot truncate. */
-    snprintf(req.instance_id, sizeof(req.instance_id), "%s", o->instance_id);
-    snprintf(req.model_name, sizeof(req.model_name), "%s", o->model_name);
-    snprintf(req.dtype, sizeof(req.dtype), "%s", o->dtype);
-    req.world_size = o->world_size;
-    req.worker_rank = o->worker_rank;
-    req.block_size = o->block_size;
-    req.num_layers = o->num_layers;
-    req.hidden_dim = o->hidden_dim;
-    req.use_mla = o->use_mla ? 1 : 0;
-    rc = do_choose_transport(c, o->transport, &req);
-    if (rc < 0)
-        goto out_unlock;
-
-    kvp_encode_register_req(&c->conn.req, &req);
-    rc = kvp_conn_call(&c->conn, KVP_OP_REGISTER, NULL, 0, false);
-    if (rc == -EOPNOTSUPP && req.transport == KVP_WIRE_SHM)
-        rc = KVP_ENOSHM;
-    if (rc < 0)
-        goto out_unlock;
-    if (kvp_decode_register_reply(c->conn.body, c->conn.body_len, &rep) < 0) {
-        rc = kvp_conn_fail(&c->conn, KVP_EPROTO, "malformed REGISTER reply");
-        goto out_unlock;
-    }
-    rc = do_check_reply(c, &rep);
-    if (rc < 0)
-        goto out_unlock;
-    rc = do_adopt_reply(c, inst, o->transport, &rep);
+    /* Lengths were checked above, so these copies cannot truncate. The instance keeps them:
+     * the caller's strings need not outlive this call, a reconnect registers again. */
+    snprintf(req->instance_id, sizeof(req->instance_id), "%s", o->instance_id);
+    snprintf(req->model_name, sizeof(req->model_name), "%s", o->model_name);
+    snprintf(req->dtype, sizeof(req->dtype), "%s", o->dtype);
+    req->world_size = o->world_size;
+    req->worker_rank = o->worker_rank;
+    req->block_size = o->block_size;
+    req->num_layers = o->num_layers;
+    req->hidden_dim = o->hidden_dim;
+    req->use_mla = o->use_mla ? 1 : 0;
+    inst->want = o->transport;
+    rc = do_register(c, inst);
     if (rc < 0)
         goto out_unlock;
 
@@ -311,19 +415,27 @@ KVP_EXPORT int kvp_unregister(kvp_instance *inst)
     if (!inst)
         return 0;
     c = inst->client;
-    ref = (struct kvp_ref_req){.handle = inst->handle, .id = 0};
 
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
-    if (rc == 0) {
-        kvp_encode_ref_req(&c->conn.req, &ref);
-        rc = kvp_conn_call(&c->conn, KVP_OP_UNREGISTER, NULL, 0, false);
+    kvp_client_probe(c);
+    /* Nothing to tell a daemon that does not know this registration: it was made on a lost
+     * connection (dropped with it; a reconnect will not make it again) or never made again. */
+    if (inst->gen != c->gen || (c->conn.broken && kvp_conn_reconnectable(&c->conn))) {
+        c->conn.errmsg[0] = '\0';
+        rc = 0;
+    } else {
+        ref = (struct kvp_ref_req){.handle = inst->handle, .id = 0};
+        rc = kvp_conn_begin(&c->conn);
+        if (rc == 0) {
+            kvp_encode_ref_req(&c->conn.req, &ref);
+            rc = kvp_conn_call(&c->conn, KVP_OP_UNREGISTER, NULL, 0, false);
+        }
+        if (rc == 0 && c->conn.body_len != 0)
+            rc = kvp_conn_fail(&c->conn, KVP_EPROTO, "UNREGISTER reply has a %zu-byte body",
+                               c->conn.body_len);
     }
-    if (rc == 0 && c->conn.body_len != 0)
-        rc = kvp_conn_fail(&c->conn, KVP_EPROTO, "UNREGISTER reply has a %zu-byte body",
-                           c->conn.body_len);
     /* The instance is gone for the caller whatever the daemon said: on a broken connection the
-     * daemon has already dropped it. */
+     * daemon drops it when it sees the close. */
     do_unlink(inst);
     pthread_mutex_unlock(&c->lock);
     free(inst);

@@ -21,6 +21,10 @@
  *
  * Slots: offsets and lengths come from another process and are checked (header page excluded,
  * exact chunk length, no wrap-around) before any pointer is formed.
+ *
+ * Detaching: after a reconnect a plan of the old connection may still be written through
+ * (reconnect.c). kvp_shm_map_detach() swaps the segment's pages for private anonymous ones at
+ * the same addresses, so such a late access neither faults nor reaches any segment.
  */
 #include "shm_map.h"
 
@@ -136,6 +140,25 @@ void kvp_shm_map_close(struct kvp_shm_map *m)
     if (m->base)
         munmap(m->base, (size_t)m->size);
     *m = (struct kvp_shm_map){0};
+}
+
+/*
+ * MAP_FIXED over the same range replaces the shared pages atomically: a thread writing into a
+ * slot meanwhile writes either into the old segment or into the new anonymous page, never into
+ * a hole. MAP_NORESERVE: pages cost memory only once written, so a retired mapping is address
+ * space, not pool-sized memory.
+ */
+int kvp_shm_map_detach(struct kvp_shm_map *m)
+{
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE;
+    void *p;
+
+    if (!m->base)
+        return 0;
+    /* cppcheck-suppress invalidFunctionArg ; an anonymous mapping takes fd -1 */
+    p = mmap(m->base, (size_t)m->size, PROT_READ | PROT_WRITE, flags, -1, 0);
+    /* cppcheck-suppress memleak ; p is m->base again, which kvp_shm_map_close() unmaps */
+    return p == MAP_FAILED ? -errno : 0;
 }
 
 uint8_t *kvp_shm_slot(const struct kvp_shm_map *m, uint64_t offset, uint64_t length,

@@ -48,6 +48,14 @@ int kvp_shm_map_fd(struct kvp_shm_map *m, int fd, uint64_t size,
 void kvp_shm_map_close(struct kvp_shm_map *m);
 
 /*
+ * Cuts the mapping off from the segment without giving up its addresses: the pages become
+ * private anonymous memory (reads see zeros, writes land in this process only), so a pointer
+ * into it stays safe to use while it can no longer reach the segment. Returns 0, or a negative
+ * errno when the kernel refused (the caller then keeps the mapping as it is).
+ */
+int kvp_shm_map_detach(struct kvp_shm_map *m);
+
+/*
  * Checks a slot the daemon sent: header page excluded, length == chunk_bytes, inside the mapping
  * without overflow. Returns a pointer to the slot's bytes, or NULL (caller: KVP_EBADSLOT).
  */

@@ -20,13 +20,65 @@
  * other thread or process touches them meanwhile.
  *
  * Plans own their slot arrays (malloc'd per prepare); commit, abort and store_inline free them
- * and zero the plan, so releasing a plan twice is harmless.
+ * and zero the plan, so releasing a plan twice is harmless. A plan knows its connection: every
+ * slot carries the connection generation it was prepared in (kvp_slot.reserved_, the library's
+ * field; the public structs are unchanged and plan->slots stays a plain malloc'd array). One
+ * prepared before a reconnect (or on a connection that has been lost since) is refused with
+ * -ESTALE and freed without a round trip, because its reservation or pin id belongs to a
+ * connection that no longer exists, and the same number may name another plan's hold on the
+ * new one. A plan that holds nothing has no slots and needs no round trip either: the daemon
+ * answers id 0 exactly when it gives no slot (do_decode_slots() insists). Plans with pointers
+ * into the mapping are counted, so that a retired mapping can go once none is left
+ * (reconnect.c); a plan the caller frees itself only keeps it until kvp_client_close().
  */
 #include "client.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+
+/*
+ * The generation as kept in kvp_slot.reserved_: 32 bits, so a plan could only be mistaken for
+ * a current one after 2^32 reconnects of its client.
+ */
+static uint32_t gen32(uint64_t gen)
+{
+    return (uint32_t)gen;
+}
+
+/* Frees a plan's slot array of n slots (NULL is fine). Caller holds the lock. */
+static void do_plan_slots_free(kvp_client *c, kvp_slot *slots, uint32_t n)
+{
+    if (slots && n && slots[0].data)
+        kvp_client_plan_unmapped(c, slots[0].reserved_);
+    free(slots);
+}
+
+/*
+ * Whether a plan that holds a reservation or pin, with nslots slots, may still be finished on
+ * the current connection. Returns 0, or -ESTALE (or -EINVAL for a plan without the slots the
+ * library gave it) with the message set. Caller holds the lock.
+ */
+static int do_plan_check(kvp_client *c, const kvp_slot *slots, uint32_t nslots, const char *what)
+{
+    /* A daemon that exited since the prepare took the plan's hold with it: say so, rather than
+     * fail the commit with EPIPE. */
+    c->conn.errmsg[0] = '\0';
+    kvp_client_probe(c);
+    if (!slots || !nslots)
+        return kvp_conn_error(&c->conn, -EINVAL, "%s holds an id but no slots", what);
+    if (slots[0].reserved_ != gen32(c->gen))
+        return kvp_conn_error(&c->conn, -ESTALE,
+                              "%s was prepared before the client reconnected to kvpoold: "
+                              "its hold died with the old connection, nothing was published",
+                              what);
+    if (c->conn.broken || c->conn.fd < 0)
+        return kvp_conn_error(&c->conn, -ESTALE,
+                              "%s was prepared on a connection to kvpoold that has been lost "
+                              "since (%.300s): nothing was published",
+                              what, c->conn.broken_msg);
+    return 0;
+}
 
 /* Checks a sequence argument. Caller holds the lock. */
 static int do_check_seq(kvp_client *c, const kvp_tokens *seq)
@@ -148,6 +200,10 @@ static int do_decode_slots(kvp_instance *inst, uint16_t op, uint32_t nchunks,
                              "%s reply covers %u chunks, the range has "
                              "%u",
                              kvp_opcode_name(op), r->nchunks, nchunks);
+    /* A hold without slots would be a plan that cannot tell its connection (see the top). */
+    if (op != KVP_OP_RETRIEVE_INLINE && (r->id == 0) != (r->nslots == 0))
+        return kvp_conn_fail(&c->conn, KVP_EPROTO, "%s reply has id %llu for %u slots",
+                             kvp_opcode_name(op), (unsigned long long)r->id, r->nslots);
     for (uint32_t i = 0; i < r->nslots; i++)
         if (r->slots[i].length != inst->info.chunk_bytes)
             return kvp_conn_fail(&c->conn, KVP_EBADSLOT,
@@ -159,8 +215,9 @@ static int do_decode_slots(kvp_instance *inst, uint16_t op, uint32_t nchunks,
 }
 
 /*
- * Builds the caller's slot array from a decoded reply: on shm every slot is checked against the
- * mapping and gets its pointer. Returns 0, -ENOMEM or KVP_EBADSLOT (message set).
+ * Builds the caller's slot array from a decoded reply: every slot is tagged with the connection
+ * generation, and on shm checked against the mapping and given its pointer (the plan is then
+ * counted against the mapping). Returns 0, -ENOMEM or KVP_EBADSLOT (message set).
  */
 static int do_make_slots(kvp_instance *inst, const struct kvp_slots_reply *r, kvp_slot **out)
 {
@@ -175,7 +232,10 @@ static int do_make_slots(kvp_instance *inst, const struct kvp_slots_reply *r, kv
         return kvp_conn_error(conn, -ENOMEM, "out of memory for %u slots", r->nslots);
     for (uint32_t i = 0; i < r->nslots; i++) {
         const struct kvp_wire_slot *w = &r->slots[i];
-        s[i] = (kvp_slot){.chunk_index = w->chunk_index, .offset = w->offset, .length = w->length};
+        s[i] = (kvp_slot){.chunk_index = w->chunk_index,
+                          .reserved_ = gen32(inst->client->gen),
+                          .offset = w->offset,
+                          .length = w->length};
         if (!inst->shm)
             continue;
         s[i].data = kvp_shm_slot(&inst->client->shm, w->offset, w->length, inst->info.chunk_bytes);
@@ -188,6 +248,8 @@ static int do_make_slots(kvp_instance *inst, const struct kvp_slots_reply *r, kv
                                   (unsigned long long)inst->client->shm.size);
         }
     }
+    if (inst->shm)
+        inst->client->shm_plans++;
     *out = s;
     return 0;
 }
@@ -219,15 +281,17 @@ static int do_check_leading(kvp_instance *inst, uint16_t op, const struct kvp_sl
     return 0;
 }
 
-static void plan_reset_store(kvp_store_plan *plan)
+/* Caller holds the lock. */
+static void do_plan_reset_store(kvp_client *c, kvp_store_plan *plan)
 {
-    free(plan->slots);
+    do_plan_slots_free(c, plan->slots, plan->nslots);
     *plan = (kvp_store_plan){0};
 }
 
-static void plan_reset_retrieve(kvp_retrieve_plan *plan)
+/* Caller holds the lock. */
+static void do_plan_reset_retrieve(kvp_client *c, kvp_retrieve_plan *plan)
 {
-    free(plan->slots);
+    do_plan_slots_free(c, plan->slots, plan->nslots);
     *plan = (kvp_retrieve_plan){0};
 }
 
@@ -243,7 +307,7 @@ KVP_EXPORT int kvp_lookup(kvp_instance *inst, const kvp_tokens *seq)
         return -EINVAL;
     c = inst->client;
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    rc = kvp_instance_begin(inst);
     if (rc < 0)
         goto out_unlock;
     rc = do_check_seq(c, seq);
@@ -313,7 +377,7 @@ KVP_EXPORT int kvp_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint
         return -EINVAL;
     c = inst->client;
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    rc = kvp_instance_begin(inst);
     if (rc == 0)
         rc = do_check_range(inst, seq, start, end);
     if (rc >= 0)
@@ -325,7 +389,8 @@ KVP_EXPORT int kvp_prepare_store(kvp_instance *inst, const kvp_tokens *seq, uint
 /*
  * COMMIT_STORE or ABORT_STORE of a plan, which is released whatever the outcome: after an error
  * the daemon has either dropped the reservation (expired, unknown) or will drop it when the
- * broken connection closes, so keeping the slots would only invite writes into freed space.
+ * broken connection closes, so keeping the slots would only invite writes into freed space. A
+ * stale plan is never sent (do_plan_check) and does not reconnect: it needs no daemon.
  */
 static int finish_store(kvp_instance *inst, kvp_store_plan *plan, uint16_t op)
 {
@@ -334,15 +399,17 @@ static int finish_store(kvp_instance *inst, kvp_store_plan *plan, uint16_t op)
 
     if (!inst || !plan)
         return -EINVAL;
+    c = inst->client;
+    pthread_mutex_lock(&c->lock);
     if (plan->reservation) {
-        c = inst->client;
-        pthread_mutex_lock(&c->lock);
-        rc = kvp_conn_begin(&c->conn);
+        rc = do_plan_check(c, plan->slots, plan->nslots, "the store plan");
+        if (rc == 0)
+            rc = kvp_conn_begin(&c->conn);
         if (rc == 0)
             rc = do_ref_call(inst, op, plan->reservation);
-        pthread_mutex_unlock(&c->lock);
     }
-    plan_reset_store(plan);
+    do_plan_reset_store(c, plan);
+    pthread_mutex_unlock(&c->lock);
     return rc;
 }
 
@@ -414,13 +481,16 @@ KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan, const 
 
     if (!inst || !plan)
         return -EINVAL;
-    if (plan->nslots == 0 || !plan->reservation) {
-        plan_reset_store(plan);
-        return 0;
-    }
     c = inst->client;
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    if (plan->nslots == 0 || !plan->reservation) {
+        do_plan_reset_store(c, plan);
+        pthread_mutex_unlock(&c->lock);
+        return 0;
+    }
+    rc = do_plan_check(c, plan->slots, plan->nslots, "the store plan");
+    if (rc == 0)
+        rc = kvp_conn_begin(&c->conn);
     if (rc == 0) {
         rc = do_check_plan_chunks(inst, plan, chunks);
         /* A bad argument leaves the plan alone: the caller can still abort it. */
@@ -430,8 +500,8 @@ KVP_EXPORT int kvp_store_inline(kvp_instance *inst, kvp_store_plan *plan, const 
         }
         rc = do_store_inline(inst, plan, chunks);
     }
+    do_plan_reset_store(c, plan);
     pthread_mutex_unlock(&c->lock);
-    plan_reset_store(plan);
     return rc;
 }
 
@@ -483,7 +553,7 @@ KVP_EXPORT int kvp_prepare_retrieve(kvp_instance *inst, const kvp_tokens *seq, u
         return -EINVAL;
     c = inst->client;
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    rc = kvp_instance_begin(inst);
     if (rc == 0)
         rc = do_check_range(inst, seq, start, end);
     if (rc >= 0)
@@ -500,15 +570,17 @@ KVP_EXPORT int kvp_commit_retrieve(kvp_instance *inst, kvp_retrieve_plan *plan)
 
     if (!inst || !plan)
         return -EINVAL;
+    c = inst->client;
+    pthread_mutex_lock(&c->lock);
     if (plan->pin) {
-        c = inst->client;
-        pthread_mutex_lock(&c->lock);
-        rc = kvp_conn_begin(&c->conn);
+        rc = do_plan_check(c, plan->slots, plan->nslots, "the retrieve plan");
+        if (rc == 0)
+            rc = kvp_conn_begin(&c->conn);
         if (rc == 0)
             rc = do_ref_call(inst, KVP_OP_COMMIT_RETRIEVE, plan->pin);
-        pthread_mutex_unlock(&c->lock);
     }
-    plan_reset_retrieve(plan);
+    do_plan_reset_retrieve(c, plan);
+    pthread_mutex_unlock(&c->lock);
     return rc < 0 ? rc : 0;
 }
 
@@ -529,7 +601,7 @@ KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t sta
         return -EINVAL;
     c = inst->client;
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    rc = kvp_instance_begin(inst);
     if (rc == 0)
         rc = do_check_range(inst, seq, start, end);
     if (rc >= 0) {
@@ -540,20 +612,20 @@ KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t sta
     }
     if (rc > 0 && !inst->shm) {
         rc = do_store_inline(inst, &plan, chunks);
-        pthread_mutex_unlock(&c->lock);
     } else if (rc > 0) {
-        /* The slots are ours until commit: copy without holding the client lock. */
+        /* The slots are ours until commit: copy without holding the client lock. Another
+         * thread may see the connection die meanwhile; the plan check then refuses the
+         * commit (the copy itself is safe, see reconnect.c). */
         pthread_mutex_unlock(&c->lock);
         for (uint32_t i = 0; i < plan.nslots; i++)
             memcpy(plan.slots[i].data, chunks[plan.slots[i].chunk_index],
                    (size_t)plan.slots[i].length);
         pthread_mutex_lock(&c->lock);
-        rc = kvp_conn_begin(&c->conn);
+        rc = do_plan_check(c, plan.slots, plan.nslots, "the store");
+        if (rc == 0)
+            rc = kvp_conn_begin(&c->conn);
         if (rc == 0)
             rc = do_ref_call(inst, KVP_OP_COMMIT_STORE, plan.reservation);
-        pthread_mutex_unlock(&c->lock);
-    } else {
-        pthread_mutex_unlock(&c->lock);
     }
 
     if (rc >= 0 && result)
@@ -562,7 +634,8 @@ KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t sta
                                      .cached = plan.cached,
                                      .busy = plan.busy,
                                      .no_space = plan.no_space};
-    plan_reset_store(&plan);
+    do_plan_reset_store(c, &plan);
+    pthread_mutex_unlock(&c->lock);
     return rc;
 }
 
@@ -616,7 +689,7 @@ KVP_EXPORT int kvp_retrieve(kvp_instance *inst, const kvp_tokens *seq, uint32_t 
         return -EINVAL;
     c = inst->client;
     pthread_mutex_lock(&c->lock);
-    rc = kvp_conn_begin(&c->conn);
+    rc = kvp_instance_begin(inst);
     if (rc == 0)
         rc = do_check_range(inst, seq, start, end);
     if (rc >= 0) {

@@ -11,6 +11,10 @@
  * 32 bytes of garbage, silence, closing the connection, a reply with a wrong request id, a reply
  * whose header claims another protocol version, or a reply sent without reading the request's
  * payload followed by a hang-up (what kvpoold does with an unwanted STORE_INLINE payload).
+ *
+ * Reconnects: a HELLO step after the first is served on a new connection, as a restarted
+ * daemon would: the fake waits for the client to close the current connection (recording what
+ * it still sends), then accepts the next one. f->nconns counts the connections accepted.
  */
 #ifndef KVP_TEST_FAKE_DAEMON_H
 #define KVP_TEST_FAKE_DAEMON_H
@@ -70,6 +74,7 @@ struct fake_daemon {
     int nsteps;
     struct fake_req reqs[FAKE_MAX_STEPS + 4];
     int nreqs;
+    int nconns;      /* connections accepted */
     char error[256]; /* what went wrong in the fake, "" if nothing */
 };
 
@@ -223,27 +228,54 @@ static inline int fake_reply(int fd, const struct fake_req *q, const struct fake
     return 0;
 }
 
-static inline void *fake_main(void *arg)
+/* Accepts the next connection, or returns -1 with f->error set after FAKE_IDLE_MS. */
+static inline int fake_accept(struct fake_daemon *f)
 {
-    struct fake_daemon *f = arg;
     struct pollfd p = {.fd = f->listen_fd, .events = POLLIN};
     struct timeval tv = {.tv_sec = FAKE_IDLE_MS / 1000};
     int fd;
 
     if (poll(&p, 1, FAKE_IDLE_MS) != 1) {
-        snprintf(f->error, sizeof(f->error), "no client connected");
-        return NULL;
+        snprintf(f->error, sizeof(f->error), "no client connected (connection %d)", f->nconns + 1);
+        return -1;
     }
     fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
         snprintf(f->error, sizeof(f->error), "accept: %s", strerror(errno));
-        return NULL;
+        return -1;
     }
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    f->nconns++;
+    return fd;
+}
 
+/* True if step i + 1 opens a new connection. */
+static inline bool fake_reconnect_next(const struct fake_daemon *f, int i)
+{
+    return i + 1 < f->nsteps && f->steps[i + 1].op == KVP_OP_HELLO;
+}
+
+static inline void *fake_main(void *arg)
+{
+    struct fake_daemon *f = arg;
+    int fd = fake_accept(f);
+
+    if (fd < 0)
+        return NULL;
     for (int i = 0; i < f->nsteps; i++) {
         const struct fake_step *s = &f->steps[i];
+        if (i > 0 && s->op == KVP_OP_HELLO) {
+            /* Like a restarted daemon: the client has to give up this connection first. */
+            if (fd >= 0) {
+                while (fake_read_req(f, fd, true) == 0)
+                    ;
+                close(fd);
+            }
+            fd = fake_accept(f);
+            if (fd < 0)
+                return NULL;
+        }
         if (fake_read_req(f, fd, s->action != FAKE_REPLY_EARLY) < 0)
             goto out; /* the client went away early; the test checks f->nreqs */
         const struct fake_req *q = &f->reqs[f->nreqs - 1];
@@ -252,12 +284,19 @@ static inline void *fake_main(void *arg)
                      kvp_opcode_name(q->h.opcode), kvp_opcode_name(s->op));
             goto out;
         }
-        if (s->action == FAKE_CLOSE)
-            goto out;
+        if (s->action == FAKE_SILENT && fake_reconnect_next(f, i))
+            continue;
         if (s->action == FAKE_SILENT)
             break;
-        if (fake_reply(fd, q, s) < 0 || s->action == FAKE_REPLY_EARLY)
+        if (s->action != FAKE_CLOSE && fake_reply(fd, q, s) < 0)
             goto out;
+        if (s->action == FAKE_CLOSE || s->action == FAKE_REPLY_EARLY) {
+            close(fd);
+            fd = -1;
+            if (fake_reconnect_next(f, i))
+                continue;
+            return NULL;
+        }
     }
     /* Record whatever else arrives until the client closes (unexpected requests show up in
      * f->nreqs). */

@@ -2,7 +2,8 @@
  * test_client_offline.c - libkvpool without a real daemon: connection failures, error names,
  * socket path rules, NULL handling, version, and the connection's reaction to a misbehaving
  * peer (wrong version, garbage, silence, wrong request id, error replies, hang-ups), played by
- * the scripted fake daemon.
+ * the scripted fake daemon: a lost connection is replaced at the next call, a confused peer's
+ * is not.
  */
 #include <limits.h>
 
@@ -232,15 +233,16 @@ static void test_garbage_header(void **state)
     assert_rc(open_fake(f, 2000, &c), 0);
     assert_rc(kvp_ping(c), KVP_EPROTO);
     assert_non_null(strstr(kvp_last_error(c), "malformed reply header"));
+    /* A confused peer is not reconnected to: later calls fail at once. */
     uint64_t t0 = fake_now_ms();
-    int rc = kvp_ping(c);
-    assert_true(rc == -ENOTCONN || rc == -EPIPE);
+    assert_rc(kvp_ping(c), -ENOTCONN);
     assert_true(fake_now_ms() - t0 < 100);
-    assert_true(kvp_last_error(c)[0] != '\0');
+    assert_non_null(strstr(kvp_last_error(c), "malformed reply header"));
     kvp_client_close(c);
     fake_join(f);
-    /* The second ping never reached the wire. */
+    /* The second ping never reached the wire, nor did a second connection. */
     assert_rc(f->nreqs, 2);
+    assert_rc(f->nconns, 1);
 }
 
 /* A daemon that never answers HELLO: -ETIMEDOUT after about timeout_ms. */
@@ -260,7 +262,10 @@ static void test_no_answer_times_out(void **state)
     fake_join(f);
 }
 
-/* A request that times out leaves the stream position unknown: later calls fail at once. */
+/*
+ * A request that times out leaves the stream position unknown: the connection is given up, and
+ * the next call makes a new one (HELLO again) instead of failing forever.
+ */
 static void test_ping_times_out(void **state)
 {
     struct fake_daemon *f = *state;
@@ -268,14 +273,22 @@ static void test_ping_times_out(void **state)
 
     fake_add_hello(f);
     fake_add(f, KVP_OP_PING, FAKE_SILENT);
+    fake_add_hello(f);
+    fake_add_reply(f, KVP_OP_PING, NULL);
     fake_start(f);
     assert_rc(open_fake(f, 200, &c), 0);
     uint64_t t0 = fake_now_ms();
     assert_rc(kvp_ping(c), -ETIMEDOUT);
     assert_true(fake_now_ms() - t0 < 2000);
-    assert_rc(kvp_ping(c), -ENOTCONN);
+    assert_rc(kvp_ping(c), 0);
+    assert_string_equal(kvp_last_error(c), "");
     kvp_client_close(c);
     fake_join(f);
+    assert_rc(f->nconns, 2);
+    assert_rc(f->nreqs, 4);
+    assert_int_equal(f->reqs[2].h.opcode, KVP_OP_HELLO);
+    /* Request ids start over on the new connection. */
+    assert_int_equal(f->reqs[2].h.request_id, 1);
 }
 
 static void test_wrong_request_id(void **state)
@@ -291,6 +304,7 @@ static void test_wrong_request_id(void **state)
     assert_rc(kvp_ping(c), -ENOTCONN);
     kvp_client_close(c);
     fake_join(f);
+    assert_rc(f->nconns, 1);
     /* Request ids increase along the connection. */
     assert_true(f->reqs[1].h.request_id > f->reqs[0].h.request_id);
 }
@@ -329,11 +343,41 @@ static void test_protocol_error_reply_breaks(void **state)
     assert_rc(kvp_ping(c), -EPROTO);
     assert_string_equal(kvp_last_error(c), "malformed PING body");
     assert_rc(kvp_ping(c), -ENOTCONN);
+    assert_non_null(strstr(kvp_last_error(c), "malformed PING body"));
     kvp_client_close(c);
     fake_join(f);
+    assert_rc(f->nconns, 1);
 }
 
+/* A daemon that hangs up (it exited or was restarted): the call in flight fails, the next call
+ * connects again, says HELLO and goes on. */
 static void test_daemon_hangs_up(void **state)
+{
+    struct fake_daemon *f = *state;
+    kvp_client *c = NULL;
+
+    fake_add_hello(f);
+    fake_add(f, KVP_OP_PING, FAKE_CLOSE);
+    fake_add_hello(f);
+    fake_add_reply(f, KVP_OP_PING, NULL);
+    fake_add_count(f, KVP_OP_STATS, 0);
+    fake_start(f);
+    assert_rc(open_fake(f, 2000, &c), 0);
+    int rc = kvp_ping(c);
+    assert_true(rc == -ECONNRESET || rc == -EPIPE);
+    assert_true(kvp_last_error(c)[0] != '\0');
+    assert_rc(kvp_ping(c), 0);
+    assert_rc(kvp_stats(c, NULL, 0), 0);
+    kvp_client_close(c);
+    fake_join(f);
+    assert_rc(f->nconns, 2);
+    assert_rc(f->nreqs, 5);
+    assert_int_equal(f->reqs[2].h.opcode, KVP_OP_HELLO);
+}
+
+/* While nobody listens, each call makes one attempt, fails with the connect error naming the
+ * socket, and the next call tries again: no -ENOTCONN, no waiting. */
+static void test_daemon_gone(void **state)
 {
     struct fake_daemon *f = *state;
     kvp_client *c = NULL;
@@ -344,10 +388,48 @@ static void test_daemon_hangs_up(void **state)
     assert_rc(open_fake(f, 2000, &c), 0);
     int rc = kvp_ping(c);
     assert_true(rc == -ECONNRESET || rc == -EPIPE);
+    fake_join(f);
+    close(f->listen_fd);
+    f->listen_fd = -1;
+    unlink(f->path);
+
+    for (int i = 0; i < 3; i++) {
+        uint64_t t0 = fake_now_ms();
+        assert_rc(kvp_ping(c), -ENOENT);
+        assert_true(fake_now_ms() - t0 < 500);
+        assert_non_null(strstr(kvp_last_error(c), f->path));
+        assert_non_null(strstr(kvp_last_error(c), "reconnect"));
+    }
+    assert_rc(kvp_stats(c, NULL, 0), -ENOENT);
+    kvp_client_close(c);
+    assert_rc(f->nconns, 1);
+}
+
+/* A reconnect that reaches a confused peer (garbage instead of a HELLO reply) fails with the
+ * protocol error and is not tried again. */
+static void test_reconnect_to_confused_peer(void **state)
+{
+    struct fake_daemon *f = *state;
+    kvp_client *c = NULL;
+
+    fake_add_hello(f);
+    fake_add(f, KVP_OP_PING, FAKE_CLOSE);
+    fake_add(f, KVP_OP_HELLO, FAKE_GARBAGE);
+    fake_start(f);
+    assert_rc(open_fake(f, 2000, &c), 0);
+    int rc = kvp_ping(c);
+    assert_true(rc == -ECONNRESET || rc == -EPIPE);
+    assert_rc(kvp_ping(c), KVP_EPROTO);
+    assert_non_null(strstr(kvp_last_error(c), "could not reconnect"));
+    assert_non_null(strstr(kvp_last_error(c), "malformed reply header"));
+    uint64_t t0 = fake_now_ms();
     assert_rc(kvp_ping(c), -ENOTCONN);
     assert_rc(kvp_stats(c, NULL, 0), -ENOTCONN);
+    assert_true(fake_now_ms() - t0 < 100);
     kvp_client_close(c);
     fake_join(f);
+    assert_rc(f->nconns, 2);
+    assert_rc(f->nreqs, 3);
 }
 
 /* A payload on a reply that takes none cannot be skipped safely. */
@@ -366,6 +448,7 @@ static void test_unexpected_payload(void **state)
     assert_rc(kvp_ping(c), -ENOTCONN);
     kvp_client_close(c);
     fake_join(f);
+    assert_rc(f->nconns, 1);
 }
 
 #define PING_THREADS 4
@@ -468,6 +551,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_protocol_error_reply_breaks, setup_fake,
                                         teardown_fake),
         cmocka_unit_test_setup_teardown(test_daemon_hangs_up, setup_fake, teardown_fake),
+        cmocka_unit_test_setup_teardown(test_daemon_gone, setup_fake, teardown_fake),
+        cmocka_unit_test_setup_teardown(test_reconnect_to_confused_peer, setup_fake, teardown_fake),
         cmocka_unit_test_setup_teardown(test_unexpected_payload, setup_fake, teardown_fake),
         cmocka_unit_test_setup_teardown(test_concurrent_calls, setup_fake, teardown_fake),
         cmocka_unit_test_setup_teardown(test_stats, setup_fake, teardown_fake),
