@@ -23,7 +23,7 @@ from .context import Context, StoreResult
 from .plans import RetrievePlan, StorePlan
 from .errors import (BadSlot, ClosedError, DaemonUnavailable, Error, InstanceBusy,
                      InstanceConflict, InstanceExists, InvalidArgument, LibraryError, NoSpace,
-                     NotFound, ProtocolError, ShmUnavailable, Timeout, TooBig,
+                     NotFound, ProtocolError, ShmUnavailable, Stale, Timeout, TooBig,
                      UntrustedDaemon)
 from .paged import PagedKVCache, gather, scatter
 
@@ -32,7 +32,7 @@ __all__ = [
     "PagedKVCache", "gather", "scatter",
     "Error", "LibraryError", "ClosedError", "InvalidArgument", "NotFound", "DaemonUnavailable",
     "Timeout", "NoSpace", "TooBig", "ProtocolError", "ShmUnavailable", "BadSlot",
-    "InstanceConflict", "InstanceExists", "InstanceBusy", "UntrustedDaemon",
+    "InstanceConflict", "InstanceExists", "InstanceBusy", "UntrustedDaemon", "Stale",
     "library_path", "library_version", "default_socket_path", "__version__",
 ]
 

@@ -5,11 +5,17 @@ Python (so that the message is precise), then call the C library through the cli
 serialises calls. On the shm transport, plan views point into the pool; on the inline
 transport they point into staging buffers that commit_store() sends, so that the two-phase API
 is the same on both transports.
+
+After a daemon restart the library reconnects and registers the instance again at its next call
+(include/kvpool.h): the same Context goes on, but its transport may change (shm on the new
+daemon's segment, or inline if that cannot be mapped), so the transport attributes are read
+back from the library after every call and each plan remembers the transport it was made on.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import warnings
 import weakref
 from array import array
@@ -19,7 +25,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal,
 
 from . import _lib
 from ._buffers import NUMPY_DTYPES, address_of, new_chunk, np, numpy_missing, torch_dtype
-from .errors import ClosedError, Error, InvalidArgument
+from .errors import ClosedError, Error, InvalidArgument, ShmUnavailable
 from ._types import BlockTable, Buffer, NewChunk, ReadMemory, Salt, TokenIds, WriteMemory
 from .plans import RetrievePlan, StorePlan, _PlanBase
 
@@ -31,6 +37,8 @@ if TYPE_CHECKING:
     from .paged import PagedKVCache
 
 __all__ = ["Context", "StoreResult"]
+
+log = logging.getLogger("kvpool")
 
 _TRANSPORT_NAMES = {_lib.KVP_TRANSPORT_SHM: "shm", _lib.KVP_TRANSPORT_INLINE: "inline"}
 
@@ -124,7 +132,8 @@ class Context:
     """A registered instance. Created by :meth:`Client.register`.
 
     Attributes:
-        transport: "shm" or "inline", the transport actually used.
+        transport: "shm" or "inline", the transport actually used (after a daemon restart,
+            the one the new registration got).
         reason: why inline is used ("" on shm).
         chunk_size: tokens per chunk (the daemon's ``--chunk-size``).
         chunk_shape: ``(2, num_layers, chunk_size, hidden_dim)`` or, for MLA,
@@ -166,13 +175,24 @@ class Context:
         self.hidden_dim = hidden_dim
         self.block_size = block_size
         self.use_mla = use_mla
-        self.transport = _TRANSPORT_NAMES.get(info.transport, "inline")
-        self.reason = text(info.reason)
+        # The library's kvp_instance_info of this instance (not a copy): valid while it lives.
+        self._info = info
         self.chunk_size = int(info.chunk_tokens)
         self.chunk_shape = tuple(int(x) for x in info.shape[:info.ndim])
         self.chunk_bytes = int(info.chunk_bytes)
         self.dtype = text(info.dtype)
         self.dtype_size = int(info.dtype_size)
+        self.transport = None
+        self._load_info()
+
+    def _load_info(self):
+        """Reads the registration's transport from the library, which registers the instance
+        again after a daemon restart (the chunk layout never changes). Caller holds the client
+        lock and the instance is alive."""
+        info = self._info
+        before = self.transport
+        self.transport = _TRANSPORT_NAMES.get(info.transport, "inline")
+        self.reason = text(info.reason)
         self.shm_name = text(info.shm_name)
         # A posix segment always has a name; a memfd one never has.
         if self.transport != "shm":
@@ -180,6 +200,10 @@ class Context:
         else:
             self.shm_backend = "posix" if self.shm_name else "memfd"
         self.existing = bool(info.existing)
+        if before is not None and before != self.transport:
+            log.warning("Instance %s now using %s transport after reconnecting to kvpoold%s",
+                        self.instance_id, self.transport,
+                        " (%s)" % self.reason if self.reason else "")
 
     def __repr__(self) -> str:
         return "<kvpool.Context %s %s chunk=%d tokens %s%s>" % (
@@ -196,7 +220,11 @@ class Context:
     def _call(self, op: str, fn: Callable[..., Any], *args: Any) -> int:
         with self.client._lock:
             inst = self._handle(op)
-            return self.client._call(op, fn, inst, *args)
+            try:
+                return self.client._call(op, fn, inst, *args)
+            finally:
+                if self._inst is not None and self.client._h is not None:
+                    self._load_info()
 
     def _range(self, key: _Key, start: int, end: Optional[int]) -> Tuple[int, int, int]:
         """Validates [start, end) and returns (start, end, nchunks) with end rounded down."""
@@ -442,6 +470,8 @@ class Context:
         with self.client._lock:
             self._call("prepare_store", self._lib.kvp_prepare_store, ctypes.byref(key.c), start,
                        end, ctypes.byref(cplan))
+            # The transport of this prepare (_call read it back): it decides the commit too.
+            shm = self.transport == "shm"
             views: List[memoryview] = []
             indices: List[int] = []
             arrays: List[ctypes.Array[ctypes.c_ubyte]] = []
@@ -450,7 +480,7 @@ class Context:
                 for i in range(cplan.nslots):
                     slot = cplan.slots[i]
                     indices.append(int(slot.chunk_index))
-                    if self.transport == "shm":
+                    if shm:
                         arr, mv = self._pool_view(slot, readonly=False)
                         arrays.append(arr)
                     else:
@@ -465,6 +495,7 @@ class Context:
             plan = StorePlan(views, indices)
             plan._init_plan(self, cplan, int(cplan.nchunks))
             plan._views, plan._arrays, plan._staging = list(views), arrays, staging
+            plan._shm = shm
             plan.cached, plan.busy, plan.no_space = int(cplan.cached), int(cplan.busy), \
                 int(cplan.no_space)
             self._plans.add(plan)
@@ -473,13 +504,15 @@ class Context:
 
     def commit_store(self, plan: StorePlan) -> int:
         """Publishes a prepared store (after every view was written). Returns the number of
-        chunks committed. Raises :class:`kvpool.Timeout` if the reservation expired (nothing
-        was published). The plan's views are released, whatever the outcome."""
+        chunks committed. Raises :class:`kvpool.Timeout` if the reservation expired and
+        :class:`kvpool.Stale` if the plan was prepared before the connection to the daemon
+        was lost (a restart); nothing was published then. The plan's views are released,
+        whatever the outcome."""
         self._check_plan(plan, StorePlan, "commit_store")
         with self.client._lock:
             staging, plan._staging = plan._staging, []
             self._finish(plan, readonly_derived=True)
-            if self.transport == "shm" or not plan[1]:
+            if plan._shm or not plan[1]:
                 return self._call("commit_store", self._lib.kvp_commit_store,
                                   ctypes.byref(plan._c))
             ptrs = (ctypes.c_void_p * max(1, plan.nchunks))()
@@ -519,10 +552,19 @@ class Context:
         arrays: List[ctypes.Array[ctypes.c_ubyte]]
         staging: List[bytearray]
         with self.client._lock:
+            cplan = None
             if self.transport == "shm":
                 cplan = _lib.kvp_retrieve_plan()
-                self._call("prepare_retrieve", self._lib.kvp_prepare_retrieve,
-                           ctypes.byref(key.c), start, end, ctypes.byref(cplan))
+                try:
+                    self._call("prepare_retrieve", self._lib.kvp_prepare_retrieve,
+                               ctypes.byref(key.c), start, end, ctypes.byref(cplan))
+                except ShmUnavailable:
+                    # This call reconnected to a restarted daemon whose segment this process
+                    # cannot map: the instance is on inline now, fetch the chunks that way.
+                    if self.transport == "shm":
+                        raise
+                    cplan = None
+            if cplan is not None:
                 views, arrays = [], []
                 try:
                     for i in range(cplan.nslots):

@@ -36,6 +36,7 @@ __all__ = [
     "InstanceExists",
     "InstanceBusy",
     "UntrustedDaemon",
+    "Stale",
 ]
 
 # kvpool's own codes are -10001, -10002, ... (KVP_ERRNO_MAP in include/kvpool.h); all other
@@ -166,6 +167,14 @@ class UntrustedDaemon(Error, PermissionError):
     The message names the uid or the directory (docs/SECURITY.md)."""
 
 
+class Stale(DaemonUnavailable):
+    """-ESTALE: the object belongs to a connection to the daemon that was lost (the daemon
+    exited or restarted). A plan prepared before that is refused by its commit or abort, its
+    views are released and nothing was published: prepare again (the client has reconnected,
+    or does at its next call). An instance whose daemon came back with another chunk size is
+    stale for good: unregister it and register again."""
+
+
 class InstanceConflict(Error):
     """The instance id is taken by another registration: :class:`InstanceExists` or
     :class:`InstanceBusy`. The daemon's message (in the text and in ``message``) says why."""
@@ -204,7 +213,13 @@ _BY_CODE: Dict[int, Type[Error]] = {
     -_errno.EEXIST: InstanceExists,
     -_errno.EBUSY: InstanceBusy,
     -_errno.EPERM: UntrustedDaemon,
+    -_errno.ESTALE: Stale,
 }
+
+# How the library's message for a call that found the connection lost and could not make a new
+# one begins (src/client/reconnect.c): its -ENOENT then means "no socket", not "unknown
+# instance".
+_RECONNECT_FAILED = "lost the connection to kvpoold and could not reconnect"
 
 # kvpool's own codes by the library's name for them (kvp_codes()); a test checks that every
 # code the library has is here.
@@ -222,12 +237,15 @@ def from_code(code: int, op: str, strerror: str, message: str = "",
     """Builds the exception for return code ``code`` of operation ``op``.
 
     ``strerror`` is the library's description of the code and ``message`` the daemon's text.
-    While connecting, -ENOENT means "no socket" rather than "unknown instance".
+    While connecting, or reconnecting after the daemon went away, -ENOENT means "no socket"
+    rather than "unknown instance".
     """
     name = code_name(code)
     cls = _BY_CODE.get(code)
     if cls is None:
         cls = _BY_KVP_NAME.get(name, Error)
+    if message.startswith(_RECONNECT_FAILED):
+        connecting = True
     if connecting and code in (-_errno.ENOENT, -_errno.EACCES):
         cls = DaemonUnavailable
     text = "%s: %s (%s)" % (op, strerror, name)

@@ -86,6 +86,7 @@ class StorePlan(_PlanBase, _StorePlanBase):
     cached: int
     busy: int
     no_space: int
+    _shm: bool  # prepared on the shm transport: views into the pool, committed by commit_store
 
     def __new__(cls, views: List[memoryview], indices: List[int]) -> StorePlan:
         return tuple.__new__(cls, (views, indices))

@@ -108,6 +108,17 @@ class Daemon:
         self.proc = None
         return rc
 
+    def kill(self):
+        """SIGKILL, like a crash: the socket file and the segment stay behind until the next
+        start() clears them. Returns the exit code (-9)."""
+        rc = None
+        if self.proc is not None:
+            self.proc.kill()
+            rc = self.proc.wait()
+            self._log.close()
+        self.proc = None
+        return rc
+
     def cleanup(self):
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
