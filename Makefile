@@ -35,9 +35,9 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # `make check` (or test-quick): the normal build's tests, the quick loop. `make test`, which is
-# what CI runs: format-check (clang-format), lint (cppcheck), check, the suite again under
-# ASan+UBSan and under TSan (separate build directories, the daemon under test sanitized too),
-# then every fuzz driver for FUZZ_CI_SECONDS; it stops at the first failure.
+# what CI runs: format-check (clang-format), lint (cppcheck; flake8 and mypy for python/), check,
+# the suite again under ASan+UBSan and under TSan (separate build directories, the daemon under
+# test sanitized too), then every fuzz driver for FUZZ_CI_SECONDS; it stops at the first failure.
 test:
 	$(MAKE) --no-print-directory format-check
 	$(MAKE) --no-print-directory lint
@@ -115,6 +115,10 @@ CPPCHECK_FLAGS = --enable=warning,performance,portability --library=posix --std=
 	--inline-suppr --error-exitcode=1 --quiet -D_GNU_SOURCE -D__linux__ \
 	-DKVP_DAEMON_VERSION=\"0\" -Iinclude -Isrc -Isrc/common -Isrc/server -Isrc/client
 
+# The Python binding, its tests and the examples: flake8 and mypy on Debian's interpreter
+# (configured in python/.flake8 and python/pyproject.toml).
+LINT_PYTHON ?= /usr/bin/python3
+
 # Formatting (.clang-format): format rewrites the files in place, format-check names the files
 # it would change (first difference of each) and fails if there is any.
 FORMAT_FILES = $(shell find src tests bench fuzz include -name '*.[ch]' 2>/dev/null | sort)
@@ -123,6 +127,8 @@ FORMAT_FILES = $(shell find src tests bench fuzz include -name '*.[ch]' 2>/dev/n
 
 lint: deps-check
 	cppcheck $(CPPCHECK_FLAGS) src fuzz
+	cd python && $(LINT_PYTHON) -m flake8 kvpool tests ../examples
+	cd python && $(LINT_PYTHON) -m mypy
 
 format: deps-check
 	clang-format -i $(FORMAT_FILES)

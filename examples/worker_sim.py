@@ -38,7 +38,7 @@ import kvpool  # noqa: E402
 try:
     import numpy as np
 except ImportError:
-    np = None
+    np = None  # type: ignore[assignment]  # optional; the checker sees numpy's module type
 
 
 class Worker:

@@ -4,14 +4,15 @@
 # Idempotent: packages already present are skipped without touching apt. Needs root (or sudo)
 # only when something is missing. Usage: scripts/install-deps.sh [build|bench|check|all]
 # check: what `make test` adds to build: clang and its libFuzzer runtime (`make fuzz`; Debian 12's
-# clang is 14), cppcheck (`make lint`), clang-format (`make format`).
+# clang is 14), cppcheck, flake8 and mypy (`make lint`; the Python linters run on Debian's
+# /usr/bin/python3), clang-format (`make format`).
 set -eu
 
 group=${1:-build}
 
 build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev util-linux python3 python3-numpy"
 bench_pkgs="redis-server libhiredis-dev gnuplot-nox"
-check_pkgs="clang libclang-rt-14-dev cppcheck clang-format"
+check_pkgs="clang libclang-rt-14-dev cppcheck flake8 mypy clang-format"
 case "$group" in
 build) want="$build_pkgs" ;;
 bench) want="$build_pkgs $bench_pkgs" ;;

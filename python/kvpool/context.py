@@ -182,10 +182,10 @@ class Context:
         self.chunk_bytes = int(info.chunk_bytes)
         self.dtype = text(info.dtype)
         self.dtype_size = int(info.dtype_size)
-        self.transport = None
+        self.transport = ""  # "shm" or "inline" once _load_info() has run
         self._load_info()
 
-    def _load_info(self):
+    def _load_info(self) -> None:
         """Reads the registration's transport from the library, which registers the instance
         again after a daemon restart (the chunk layout never changes). Caller holds the client
         lock and the instance is alive."""
@@ -200,7 +200,7 @@ class Context:
         else:
             self.shm_backend = "posix" if self.shm_name else "memfd"
         self.existing = bool(info.existing)
-        if before is not None and before != self.transport:
+        if before and before != self.transport:
             log.warning("Instance %s now using %s transport after reconnecting to kvpoold%s",
                         self.instance_id, self.transport,
                         " (%s)" % self.reason if self.reason else "")

@@ -13,6 +13,7 @@ import random
 import threading
 import time
 import unittest
+from typing import Tuple
 
 import kvpool
 from kvpool import context as kvcontext
@@ -21,7 +22,7 @@ from tests.daemon import Daemon, require_kvpoold
 try:
     import numpy as np
 except ImportError:
-    np = None
+    np = None  # type: ignore[assignment]  # optional; the checker sees numpy's module type
 
 needs_numpy = unittest.skipUnless(np is not None, "numpy is not installed")
 
@@ -40,7 +41,7 @@ class _DaemonPerClass(unittest.TestCase):
     """One kvpoold for the whole class, stopped cleanly (exit 0) at its end."""
 
     shm = True            # start the daemon with a segment
-    extra = ()            # more daemon options
+    extra: Tuple[str, ...] = ()  # more daemon options
     daemon = None
 
     @classmethod
@@ -625,8 +626,8 @@ class TestPagedRoundTrip(unittest.TestCase):
                         transport, layout, kv_first, bs))
                     # Skipped tokens were not written.
                     b0 = dst_cache.gather(dst_table, 0, skip)
-                    old = kvpool.PagedKVCache(before, layout, kv_first).gather(dst_table, 0,
-                                                                              skip)
+                    old = kvpool.PagedKVCache(before, layout, kv_first).gather(
+                        dst_table, 0, skip)
                     np.testing.assert_array_equal(b0, old)
                     # A mismatching cache is refused before anything moves.
                     with self.assertRaises(kvpool.InvalidArgument):

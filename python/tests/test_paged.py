@@ -16,7 +16,7 @@ import kvpool
 try:
     import numpy as np
 except ImportError:
-    np = None
+    np = None  # type: ignore[assignment]  # optional; the checker sees numpy's module type
 
 needs_numpy = unittest.skipUnless(np is not None, "numpy is not installed")
 
@@ -52,24 +52,24 @@ def ref_token(arr, layout, kv_first, kv, blk, o):
 def ref_gather(layers, layout, kv_first, bs, table, start, n, chunk_tokens, out):
     planes = 1 if layout == "MLA" else 2
     for kv in range(planes):
-        for l, arr in enumerate(layers):
+        for layer, arr in enumerate(layers):
             for t in range(n):
                 p = start + t
                 row = ref_token(arr, layout, kv_first, kv, table[p // bs], p % bs)
                 if planes == 1:
-                    out[l, t] = row
+                    out[layer, t] = row
                 else:
-                    out[kv, l, t] = row
+                    out[kv, layer, t] = row
 
 
 def ref_scatter(layers, layout, kv_first, bs, heads, hd, table, start, n, skip, chunk):
     planes = 1 if layout == "MLA" else 2
     for kv in range(planes):
-        for l, arr in enumerate(layers):
+        for layer, arr in enumerate(layers):
             for t in range(skip, n):
                 p = start + t
                 blk, o = table[p // bs], p % bs
-                row = chunk[l, t] if planes == 1 else chunk[kv, l, t]
+                row = chunk[layer, t] if planes == 1 else chunk[kv, layer, t]
                 if layout == "MLA":
                     arr[blk, o] = row
                 elif layout == "NHD":
@@ -111,8 +111,8 @@ class TestAgainstReference(unittest.TestCase):
         kvpool.PagedKVCache(mine, layout, kv_first).scatter(
             chunk, table, start, n, skip_first_n=skip, chunk_tokens=chunk_tokens)
         ref_scatter(ref, layout, kv_first, bs, heads, hd, table, start, n, skip, chunk)
-        for l in range(layers):
-            np.testing.assert_array_equal(mine[l], ref[l], err_msg=ctx)
+        for layer in range(layers):
+            np.testing.assert_array_equal(mine[layer], ref[layer], err_msg=ctx)
 
     def test_nhd(self):
         self.check("NHD", False, 2, 16, 2, 8, np.float16, 16, 0, 16, 0)
