@@ -4,8 +4,8 @@
  * kvp_client and kvp_instance handles.
  *
  *   - Restart between calls: the next store and retrieve succeed byte-exact on both transports
- *     (shm on the new daemon's segment, inline), through the same kvp_instance pointers, and
- *     the new daemon logs each registration once, with its transport.
+ *     (shm on the new daemon's segment, posix or memfd; inline), through the same kvp_instance
+ *     pointers, and the new daemon logs each registration once, with its transport.
  *   - Daemon down: a call fails at once with the connect error naming the socket (-ENOENT
  *     after SIGTERM, which removes the socket file; -ECONNREFUSED after SIGKILL, which leaves
  *     it), each later call tries again, and the first call after the daemon is back succeeds.
@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,9 @@
 #define NCHUNKS 4u /* chunks per stored sequence */
 
 static const char *const daemon_args[] = {"--l1-size", "64MiB", "--chunk-size", "16", NULL};
+static const char *const memfd_args[] = {"--l1-size", "64MiB",         "--chunk-size",
+                                         "16",        "--shm-backend", "memfd",
+                                         NULL};
 
 static uint64_t now_ms(void)
 {
@@ -162,12 +166,13 @@ static void assert_error_mentions(kvp_client *c, const char *what)
 /* ---------------------------------------------------------------------------------------- */
 /* (1) Restart between calls                                                                */
 
-static void restart_under_worker(int sig)
+static void restart_under_worker(int sig, const char *const *args)
 {
     struct kvpt_daemon d;
+    bool memfd = args == memfd_args;
     char line[160];
 
-    kvpt_daemon_start(&d, daemon_args);
+    kvpt_daemon_start(&d, args);
     kvp_client *w = open_worker(&d);
     kvp_instance *shm = reg(w, "rs-shm", KVP_TRANSPORT_AUTO);
     kvp_instance *inl = reg(w, "rs-inline", KVP_TRANSPORT_INLINE);
@@ -178,7 +183,7 @@ static void restart_under_worker(int sig)
     store_seq(w, inl, 2);
 
     assert_int_equal(kvpt_daemon_signal_wait(&d, sig), sig == SIGKILL ? 128 + SIGKILL : 0);
-    kvpt_daemon_restart(&d, daemon_args);
+    kvpt_daemon_restart(&d, args);
 
     /* The worker's next calls just work, with the handles it holds. */
     uint64_t t0 = now_ms();
@@ -189,7 +194,7 @@ static void restart_under_worker(int sig)
     assert_true(now_ms() - t0 < 2000);
     assert_ptr_equal(kvp_instance_get_info(shm), si);
     assert_int_equal(si->transport, KVP_TRANSPORT_SHM);
-    assert_string_equal(si->shm_name, d.shm_name);
+    assert_string_equal(si->shm_name, memfd ? "" : d.shm_name);
     assert_int_equal(si->chunk_tokens, C);
     assert_int_equal(ii->transport, KVP_TRANSPORT_INLINE);
     assert_string_equal(ii->reason, "requested by worker");
@@ -202,8 +207,13 @@ static void restart_under_worker(int sig)
     assert_int_equal(kvpt_stat(w, "registrations_inline"), 1);
 
     /* One registration line per daemon (the log holds both), with the real transport. */
-    snprintf(line, sizeof(line), "Instance rs-shm non-GPU context using SHM transport (shm_name=%s",
-             d.shm_name);
+    if (memfd)
+        snprintf(line, sizeof(line),
+                 "Instance rs-shm non-GPU context using SHM transport "
+                 "(backend=memfd");
+    else
+        snprintf(line, sizeof(line),
+                 "Instance rs-shm non-GPU context using SHM transport (shm_name=%s", d.shm_name);
     assert_int_equal(kvpt_log_count(&d, line), 2);
     assert_int_equal(kvpt_log_count(&d,
                                     "Instance rs-inline non-GPU context using inline transport"),
@@ -216,13 +226,20 @@ static void restart_under_worker(int sig)
 static void test_restart_sigterm(void **state)
 {
     (void)state;
-    restart_under_worker(SIGTERM);
+    restart_under_worker(SIGTERM, daemon_args);
 }
 
 static void test_restart_sigkill(void **state)
 {
     (void)state;
-    restart_under_worker(SIGKILL);
+    restart_under_worker(SIGKILL, daemon_args);
+}
+
+/* The memfd backend: the new daemon's segment comes over the new socket (MAP_SEGMENT). */
+static void test_restart_memfd(void **state)
+{
+    (void)state;
+    restart_under_worker(SIGKILL, memfd_args);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -489,11 +506,9 @@ static void test_reregistration_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_restart_sigterm),
-        cmocka_unit_test(test_restart_sigkill),
-        cmocka_unit_test(test_daemon_down),
-        cmocka_unit_test(test_stale_plans),
-        cmocka_unit_test(test_reregistration_refused),
+        cmocka_unit_test(test_restart_sigterm), cmocka_unit_test(test_restart_sigkill),
+        cmocka_unit_test(test_restart_memfd),   cmocka_unit_test(test_daemon_down),
+        cmocka_unit_test(test_stale_plans),     cmocka_unit_test(test_reregistration_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
