@@ -12,7 +12,6 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -22,16 +21,13 @@
 #include "common/msg.h"
 #include "common/wire.h"
 #include "harness.h"
-
-#define C 16
-#define CHUNK_BYTES 8192 /* kvpt_layout() */
+#include "malformed.h"
 
 static struct kvpt_daemon daemon_;
 
 static int setup(void **state)
 {
-    const char *args[] = {"--l1-size", "16MiB",       "--chunk-size", "16", "--io-timeout",
-                          "500",       "--log-level", "info",         NULL};
+    static const char *const args[] = MALFORMED_DAEMON_ARGS;
     return kvpt_group_start(state, &daemon_, args);
 }
 
