@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -26,18 +25,6 @@ static int setup(void **state)
 {
     const char *args[] = {"--l1-size", "8MiB", "--chunk-size", "16", "--io-timeout", "500", NULL};
     return kvpt_group_start(state, &daemon_, args);
-}
-
-static int raw_connect(void)
-{
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof(a.sun_path), "%.100s", daemon_.socket);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(fd >= 0);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    struct timeval tv = {.tv_sec = 5};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
 }
 
 static void send_frame(int fd, uint16_t op, uint16_t version, uint32_t body_len,
@@ -82,7 +69,7 @@ static bool closed_by_peer(int fd)
 static void test_garbage_header(void **state)
 {
     (void)state;
-    int fd = raw_connect();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     uint8_t junk[KVP_HEADER_SIZE];
     memset(junk, 0x5a, sizeof(junk));
     assert_int_equal(send(fd, junk, sizeof(junk), MSG_NOSIGNAL), (ssize_t)sizeof(junk));
@@ -101,7 +88,7 @@ static void test_garbage_header(void **state)
 static void test_wrong_version(void **state)
 {
     (void)state;
-    int fd = raw_connect();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     send_frame(fd, KVP_OP_PING, 2, 0, 0, NULL, 0);
     char msg[256];
     uint8_t hdr[KVP_HEADER_SIZE];
@@ -118,7 +105,7 @@ static void test_wrong_version(void **state)
 static void test_huge_body(void **state)
 {
     (void)state;
-    int fd = raw_connect();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     send_frame(fd, KVP_OP_REGISTER, KVP_PROTO_VERSION, 0xfffffff0u, 0, NULL, 0);
     uint8_t hdr[KVP_HEADER_SIZE];
     struct kvp_header h;
@@ -132,7 +119,7 @@ static void test_huge_body(void **state)
 static void test_malformed_body(void **state)
 {
     (void)state;
-    int fd = raw_connect();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     uint8_t body[5] = {1, 2, 3, 4, 5};
     char msg[256];
     send_frame(fd, KVP_OP_REGISTER, KVP_PROTO_VERSION, sizeof(body), 0, body, sizeof(body));
@@ -142,7 +129,7 @@ static void test_malformed_body(void **state)
     close(fd);
 
     /* A token count beyond the limit. */
-    fd = raw_connect();
+    fd = kvpt_raw_connect_or_fail(&daemon_);
     struct kvp_wbuf w;
     kvp_wbuf_init(&w);
     kvp_put_u32(&w, 1);
@@ -161,7 +148,7 @@ static void test_malformed_body(void **state)
 static void test_payload_where_none_allowed(void **state)
 {
     (void)state;
-    int fd = raw_connect();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     send_frame(fd, KVP_OP_PING, KVP_PROTO_VERSION, 0, 1 << 20, NULL, 0);
     assert_int_equal(read_reply(fd, KVP_OP_PING, NULL, 0), -EPROTO);
     assert_true(closed_by_peer(fd));
@@ -172,7 +159,7 @@ static void test_payload_where_none_allowed(void **state)
 static void test_bad_values_keep_connection(void **state)
 {
     (void)state;
-    int fd = raw_connect();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     char msg[256];
     struct kvp_wbuf w;
     kvp_wbuf_init(&w);
@@ -211,7 +198,7 @@ static void test_foreign_reservation(void **state)
     assert_int_equal(kvp_register(a, &o, &inst), 0);
     assert_int_equal(kvp_prepare_store(inst, &t, 0, 32, &sp), 2);
 
-    int fd = raw_connect();
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     struct kvp_wbuf w;
     char msg[256];
     kvp_wbuf_init(&w);
@@ -243,8 +230,8 @@ static void test_foreign_reservation(void **state)
 static void test_stalled_client_dropped(void **state)
 {
     (void)state;
-    int idle = raw_connect();
-    int fd = raw_connect();
+    int idle = kvpt_raw_connect_or_fail(&daemon_);
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
     uint8_t half[10] = {0};
     assert_int_equal(send(fd, half, sizeof(half), MSG_NOSIGNAL), (ssize_t)sizeof(half));
     assert_true(kvpt_log_wait(&daemon_, "stalled mid-frame", 5000));
