@@ -27,6 +27,7 @@
 #include "log.h"
 #include "server.h"
 #include "session.h"
+#include "snapshot.h"
 #include "stats.h"
 
 /* Sends an error reply with a formatted message. Returns the send result. */
@@ -78,46 +79,27 @@ static int handle_hello(struct kvp_session *c, const struct kvp_header *h)
     return ok(c, h);
 }
 
+/* Every counter, then every gauge, in the order of their maps (stats.h). */
 static int handle_stats(struct kvp_session *c, const struct kvp_header *h)
 {
-    struct kvp_server *s = c->srv;
-    struct kvp_stat_entry e[KVP_MAX_STATS];
-    struct kvp_store_gauges g;
+    _Static_assert(KVP_NCOUNTERS + KVP_NGAUGES <= KVP_MAX_STATS, "STATS reply too long");
+    struct kvp_stat_entry e[KVP_NCOUNTERS + KVP_NGAUGES];
+    struct kvp_snapshot snap;
     uint32_t n = 0;
 
     if (h->body_len != 0)
         return malformed(c, h);
-#define KVP_STAT_COUNTER(field, help)                     \
-    snprintf(e[n].name, sizeof(e[n].name), "%s", #field); \
-    e[n++].value = atomic_load_explicit(&kvp_counters.field, memory_order_relaxed);
-    /* cppcheck-suppress legacyUninitvar ; the macro writes each e[n] before anything reads it */
-    KVP_COUNTER_MAP(KVP_STAT_COUNTER)
-#undef KVP_STAT_COUNTER
-
-    kvp_store_get_gauges(&s->store, &g);
-    pthread_mutex_lock(&s->conns_lock);
-    uint64_t nconns = s->nconns;
-    pthread_mutex_unlock(&s->conns_lock);
-    const struct {
-        const char *name;
-        uint64_t value;
-    } gauges[] = {
-        {"pool_size", g.pool_size},
-        {"pool_used", g.pool_used},
-        {"pool_largest_free", g.largest_free},
-        {"objects_committed", g.committed},
-        {"objects_reserved", g.reserved},
-        {"objects_expired", g.expired},
-        {"objects_pinned", g.pinned},
-        {"instances", kvp_registry_count(&s->registry)},
-        {"connections", nconns},
-        {"shm_enabled", s->seg.shared},
-        {"chunk_tokens", s->cfg.chunk_tokens},
-    };
-    for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++) {
-        snprintf(e[n].name, sizeof(e[n].name), "%s", gauges[i].name);
-        e[n++].value = gauges[i].value;
+    if (kvp_snapshot_take(c->srv, 0, &snap))
+        return fail(c, h, -ENOMEM, "out of memory while collecting statistics");
+    for (uint32_t i = 0; i < KVP_NCOUNTERS; i++, n++) {
+        snprintf(e[n].name, sizeof(e[n].name), "%s", kvp_counter_desc[i].name);
+        e[n].value = snap.counters[i];
     }
+    for (uint32_t i = 0; i < KVP_NGAUGES; i++, n++) {
+        snprintf(e[n].name, sizeof(e[n].name), "%s", kvp_gauge_desc[i].name);
+        e[n].value = snap.gauges[i];
+    }
+    kvp_snapshot_free(&snap);
     kvp_encode_stats_reply(&c->out, e, n);
     return ok(c, h);
 }
@@ -171,7 +153,7 @@ static int handle_unregister(struct kvp_session *c, const struct kvp_header *h)
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    kvp_holds_release_all(&c->holds, req.handle, false);
+    kvp_holds_release_all(&c->holds, req.handle, false, KVP_DROP_UNREGISTER);
     struct kvp_registration inst;
     /* Only the registering connection knows the handle legitimately, and only it ends the
      * instance. */
@@ -328,15 +310,29 @@ static int handle_prepare_store(struct kvp_session *c, const struct kvp_header *
     return ok(c, h);
 }
 
-/* Publishes a reservation, ends the hold, and answers with the count (or -ETIMEDOUT). */
-static int commit_hold(struct kvp_session *c, const struct kvp_header *h, struct kvp_hold *hold)
+/*
+ * Publishes a reservation, ends the hold, and answers with the count (or -ETIMEDOUT). inline_
+ * says which transport carried the bytes: STORE_INLINE, or the worker's writes into the mapping.
+ */
+static int commit_hold(struct kvp_session *c, const struct kvp_header *h, struct kvp_hold *hold,
+                       bool inline_)
 {
-    uint64_t id = hold->id;
+    uint64_t id = hold->id, chunk_bytes = hold->chunk_bytes;
+    uint32_t handle = hold->handle;
     int rc = kvp_store_commit(&c->srv->store, hold->objs, hold->n);
     kvp_holds_drop(&c->holds, hold);
     if (rc < 0)
         return fail(c, h, rc, "reservation %" PRIu64 " expired before commit; nothing stored", id);
+    uint64_t bytes = (uint64_t)rc * chunk_bytes;
     KVP_COUNT(store_chunks_committed, rc);
+    if (inline_) {
+        KVP_COUNT(store_chunks_inline, rc);
+        KVP_COUNT(store_bytes_inline, bytes);
+    } else {
+        KVP_COUNT(store_chunks_shm, rc);
+        KVP_COUNT(store_bytes_shm, bytes);
+    }
+    kvp_registry_count_io(&c->srv->registry, handle, true, (uint64_t)rc, bytes);
     kvp_encode_count_reply(&c->out, (uint32_t)rc);
     return ok(c, h);
 }
@@ -355,7 +351,7 @@ static int handle_finish_store(struct kvp_session *c, const struct kvp_header *h
                     req.id);
     if (!commit) {
         uint32_t n = hold->n;
-        kvp_holds_release(&c->holds, hold);
+        kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT);
         kvp_encode_count_reply(&c->out, n);
         return ok(c, h);
     }
@@ -365,13 +361,13 @@ static int handle_finish_store(struct kvp_session *c, const struct kvp_header *h
     struct kvp_registration inst;
     if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst) == 0 &&
         inst.transport != KVP_WIRE_SHM) {
-        kvp_holds_release(&c->holds, hold);
+        kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT);
         return fail(c, h, -EOPNOTSUPP,
                     "instance %s uses the inline transport: its data must "
                     "come with STORE_INLINE; reservation %" PRIu64 " dropped",
                     inst.req.instance_id, req.id);
     }
-    return commit_hold(c, h, hold);
+    return commit_hold(c, h, hold, false);
 }
 
 static int handle_store_inline(struct kvp_session *c, const struct kvp_header *h)
@@ -391,19 +387,19 @@ static int handle_store_inline(struct kvp_session *c, const struct kvp_header *h
     if (h->payload_len != want) {
         fail(c, h, -EINVAL, "payload of %" PRIu64 " bytes; reservation %" PRIu64 " needs %" PRIu64,
              h->payload_len, req.id, want);
-        kvp_holds_release(&c->holds, hold);
+        kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT);
         return -EINVAL;
     }
     /* Straight into the reserved slots: the hold keeps them ours, and no lock is needed. */
     for (uint32_t i = 0; i < hold->n; i++) {
         int rc = kvp_session_recv(c, s->seg.base + hold->objs[i]->offset, hold->chunk_bytes);
         if (rc) {
-            kvp_holds_release(&c->holds, hold);
+            kvp_holds_release(&c->holds, hold, KVP_DROP_DISCONNECT);
             return rc;
         }
     }
     KVP_COUNT(inline_bytes_in, want);
-    return commit_hold(c, h, hold);
+    return commit_hold(c, h, hold, true);
 }
 
 static int handle_prepare_retrieve(struct kvp_session *c, const struct kvp_header *h)
@@ -435,7 +431,12 @@ static int handle_prepare_retrieve(struct kvp_session *c, const struct kvp_heade
         }
         id = hold->id;
     }
+    /* Counted when pinned: the worker copies the bytes out of the mapping by itself. */
+    uint64_t bytes = (uint64_t)n * k.inst.layout.bytes;
     KVP_COUNT(retrieve_chunks, n);
+    KVP_COUNT(retrieve_chunks_shm, n);
+    KVP_COUNT(retrieve_bytes_shm, bytes);
+    kvp_registry_count_io(&s->registry, k.inst.handle, false, n, bytes);
     encode_slots(c, id, k.n, NULL, c->objs, NULL, n);
     return ok(c, h);
 }
@@ -450,7 +451,7 @@ static int handle_commit_retrieve(struct kvp_session *c, const struct kvp_header
         return fail(c, h, -ENOENT, "no pin %" PRIu64 " for this instance on this connection",
                     req.id);
     uint32_t n = hold->n;
-    kvp_holds_release(&c->holds, hold);
+    kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT); /* a pin set: nothing is dropped */
     kvp_encode_count_reply(&c->out, n);
     return ok(c, h);
 }
@@ -479,7 +480,10 @@ static int handle_retrieve_inline(struct kvp_session *c, const struct kvp_header
     free(iov);
     if (rc == 0) {
         KVP_COUNT(retrieve_chunks, n);
+        KVP_COUNT(retrieve_chunks_inline, n);
+        KVP_COUNT(retrieve_bytes_inline, bytes);
         KVP_COUNT(inline_bytes_out, bytes);
+        kvp_registry_count_io(&s->registry, k.inst.handle, false, n, bytes);
     }
     return rc;
 }

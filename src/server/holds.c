@@ -30,7 +30,7 @@ int kvp_holds_init(struct kvp_holds *t, struct kvp_store *store)
 void kvp_holds_destroy(struct kvp_holds *t)
 {
     if (t->v)
-        kvp_holds_release_all(t, 0, true);
+        kvp_holds_release_all(t, 0, true, KVP_DROP_DISCONNECT);
     free(t->v);
     t->v = NULL;
 }
@@ -77,21 +77,29 @@ void kvp_holds_drop(struct kvp_holds *t, struct kvp_hold *h)
     *h = t->v[--t->n];
 }
 
-void kvp_holds_release(struct kvp_holds *t, struct kvp_hold *h)
+/* Chunks that expired first were counted by the expiry (cause "timeout"): only those still
+ * reserved are counted here, so each dropped chunk has exactly one cause. */
+void kvp_holds_release(struct kvp_holds *t, struct kvp_hold *h, enum kvp_drop_cause why)
 {
     if (h->is_pin) {
         kvp_store_unpin(t->store, h->objs, h->n);
     } else {
-        kvp_store_abort(t->store, h->objs, h->n);
-        KVP_COUNT(store_chunks_aborted, h->n);
+        uint32_t n = kvp_store_abort(t->store, h->objs, h->n);
+        KVP_COUNT(store_chunks_aborted, n);
+        if (why == KVP_DROP_UNREGISTER)
+            KVP_COUNT(store_chunks_aborted_unregister, n);
+        else if (why == KVP_DROP_DISCONNECT)
+            KVP_COUNT(store_chunks_aborted_disconnect, n);
+        else
+            KVP_COUNT(store_chunks_aborted_abort, n);
     }
     kvp_holds_drop(t, h);
 }
 
 /* Backwards, so that the entry moved into a released slot has been visited already. */
-void kvp_holds_release_all(struct kvp_holds *t, uint32_t handle, bool all)
+void kvp_holds_release_all(struct kvp_holds *t, uint32_t handle, bool all, enum kvp_drop_cause why)
 {
     for (uint32_t i = t->n; i-- > 0;)
         if (all || t->v[i].handle == handle)
-            kvp_holds_release(t, &t->v[i]);
+            kvp_holds_release(t, &t->v[i], why);
 }

@@ -14,6 +14,14 @@
 
 #include "store.h"
 
+/* Why a reservation ends without being published: the counter its chunks are reported in
+ * (kvpool_reserved_chunks_dropped_total{cause}; the fourth cause, timeout, is the expiry's). */
+enum kvp_drop_cause {
+    KVP_DROP_ABORT,      /* ABORT_STORE, or a store the daemon refused to complete */
+    KVP_DROP_UNREGISTER, /* the instance was unregistered */
+    KVP_DROP_DISCONNECT, /* the connection closed (or failed mid-transfer) */
+};
+
 /* Holds one connection may have at once; a prepare beyond that is refused with -EMFILE. */
 #define KVP_MAX_HOLDS 1024
 
@@ -56,10 +64,10 @@ struct kvp_hold *kvp_holds_find(struct kvp_holds *t, uint64_t id, uint32_t handl
 /* Removes a hold whose objects were already committed. h is invalid afterwards. */
 void kvp_holds_drop(struct kvp_holds *t, struct kvp_hold *h);
 
-/* Releases (aborts a reservation, unpins a pin set) and removes a hold. */
-void kvp_holds_release(struct kvp_holds *t, struct kvp_hold *h);
+/* Releases (aborts a reservation, counted under why; unpins a pin set) and removes a hold. */
+void kvp_holds_release(struct kvp_holds *t, struct kvp_hold *h, enum kvp_drop_cause why);
 
 /* Releases every hold of instance handle, or every hold when all is true. */
-void kvp_holds_release_all(struct kvp_holds *t, uint32_t handle, bool all);
+void kvp_holds_release_all(struct kvp_holds *t, uint32_t handle, bool all, enum kvp_drop_cause why);
 
 #endif /* KVP_HOLDS_H */

@@ -232,6 +232,12 @@ int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
     inst->owner_pid = owner_pid;
     r->slots[i].inst = *inst;
     r->count++;
+    r->count_shm += inst->transport == KVP_WIRE_SHM;
+    struct kvp_instance_io *io = &r->slots[i].io;
+    atomic_store_explicit(&io->stored_chunks, 0, memory_order_relaxed);
+    atomic_store_explicit(&io->stored_bytes, 0, memory_order_relaxed);
+    atomic_store_explicit(&io->retrieved_chunks, 0, memory_order_relaxed);
+    atomic_store_explicit(&io->retrieved_bytes, 0, memory_order_relaxed);
     pthread_mutex_unlock(&r->lock);
 
     KVP_COUNT(registrations, 1);
@@ -293,6 +299,7 @@ int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why
         memcpy(id, r->slots[i].inst.req.instance_id, sizeof(id));
         r->slots[i].used = false;
         r->count--;
+        r->count_shm -= r->slots[i].inst.transport == KVP_WIRE_SHM;
     }
     pthread_mutex_unlock(&r->lock);
     if (i < 0)
@@ -321,6 +328,50 @@ uint32_t kvp_registry_count(struct kvp_registry *r)
 {
     pthread_mutex_lock(&r->lock);
     uint32_t n = r->count;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+void kvp_registry_count_transports(struct kvp_registry *r, uint32_t *total, uint32_t *shm)
+{
+    pthread_mutex_lock(&r->lock);
+    *total = r->count;
+    *shm = r->count_shm;
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* Relaxed: the counts order nothing; the status report reads them under the lock only to see
+ * the slot's registration consistently with them. */
+void kvp_registry_count_io(struct kvp_registry *r, uint32_t handle, bool store, uint64_t chunks,
+                           uint64_t bytes)
+{
+    uint32_t i = handle & 0xffff;
+    if (i >= KVP_MAX_INSTANCES || chunks == 0)
+        return;
+    struct kvp_instance_io *io = &r->slots[i].io;
+    atomic_fetch_add_explicit(store ? &io->stored_chunks : &io->retrieved_chunks, chunks,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(store ? &io->stored_bytes : &io->retrieved_bytes, bytes,
+                              memory_order_relaxed);
+}
+
+uint32_t kvp_registry_list(struct kvp_registry *r, struct kvp_instance_view *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < KVP_MAX_INSTANCES && n < cap; i++) {
+        if (!r->slots[i].used)
+            continue;
+        struct kvp_instance_io *io = &r->slots[i].io;
+        out[n] = (struct kvp_instance_view){
+            .reg = r->slots[i].inst,
+            .stored_chunks = atomic_load_explicit(&io->stored_chunks, memory_order_relaxed),
+            .stored_bytes = atomic_load_explicit(&io->stored_bytes, memory_order_relaxed),
+            .retrieved_chunks = atomic_load_explicit(&io->retrieved_chunks, memory_order_relaxed),
+            .retrieved_bytes = atomic_load_explicit(&io->retrieved_bytes, memory_order_relaxed),
+        };
+        n++;
+    }
     pthread_mutex_unlock(&r->lock);
     return n;
 }

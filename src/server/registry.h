@@ -12,6 +12,7 @@
 #define KVP_REGISTRY_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -30,6 +31,23 @@ struct kvp_registration {
     uint32_t dtype_size;
     uint8_t transport; /* KVP_WIRE_SHM or KVP_WIRE_INLINE */
     char reason[KVP_MAX_REASON + 1];
+    int64_t connected_since_ms; /* wall clock (ms since the epoch) the owner connected; set by
+                                   the caller of kvp_registry_add() */
+};
+
+/*
+ * What one instance moved, for the status report. Updated with relaxed atomics and without the
+ * registry lock by the one connection thread that owns the instance (kvp_registry_count_io());
+ * reset under the lock when a registration takes the slot.
+ */
+struct kvp_instance_io {
+    _Atomic uint64_t stored_chunks, stored_bytes, retrieved_chunks, retrieved_bytes;
+};
+
+/* A registered instance as the status report shows it: a copy, taken under the lock. */
+struct kvp_instance_view {
+    struct kvp_registration reg;
+    uint64_t stored_chunks, stored_bytes, retrieved_chunks, retrieved_bytes;
 };
 
 /* What the daemon offers, fixed at start-up. */
@@ -46,10 +64,12 @@ struct kvp_registry {
     pthread_mutex_t lock;
     struct kvp_offer offer;
     uint32_t count;
+    uint32_t count_shm; /* of count, those on the shm transport */
     struct {
         bool used;
         uint16_t gen;
         struct kvp_registration inst;
+        struct kvp_instance_io io;
     } slots[KVP_MAX_INSTANCES];
 };
 
@@ -106,5 +126,21 @@ int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why
 uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner);
 
 uint32_t kvp_registry_count(struct kvp_registry *r);
+
+/* The number of registered instances and, of those, how many use the shm transport. */
+void kvp_registry_count_transports(struct kvp_registry *r, uint32_t *total, uint32_t *shm);
+
+/*
+ * Adds a transfer to the counts of instance handle: chunks and bytes stored (store true) or
+ * retrieved. Lock-free. Only the connection that owns handle may call it, while the instance is
+ * registered: that connection is the only one that can unregister it, so the slot cannot be
+ * reused meanwhile.
+ */
+void kvp_registry_count_io(struct kvp_registry *r, uint32_t handle, bool store, uint64_t chunks,
+                           uint64_t bytes);
+
+/* Copies up to cap registered instances, in slot order, into out. Returns how many. The lock is
+ * held for the copy only. */
+uint32_t kvp_registry_list(struct kvp_registry *r, struct kvp_instance_view *out, uint32_t cap);
 
 #endif /* KVP_REGISTRY_H */

@@ -300,6 +300,20 @@ uint64_t kvp_mono_ms(void)
     return kvp_log_now_ms();
 }
 
+uint64_t kvp_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int64_t kvp_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /* Once a second: cancel reservations older than --reserve-timeout. Woken early at shutdown. */
 static void *expiry_main(void *arg)
 {
@@ -356,6 +370,8 @@ int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
     s->listen_fd = -1;
     s->lock_fd = -1;
     s->wake_fds[0] = s->wake_fds[1] = -1;
+    s->started_mono_ms = kvp_mono_ms();
+    s->started_wall_ms = kvp_wall_ms();
     pthread_mutex_init(&s->conns_lock, NULL);
     pthread_cond_init(&s->conns_cv, NULL);
     pthread_mutex_init(&s->expiry_lock, NULL);
@@ -397,7 +413,7 @@ int kvp_server_start(struct kvp_server *s)
 
     kvp_segment_sweep(KVP_SHM_DIR, cfg->shm_enabled ? cfg->shm_name : NULL, KVP_SWEEP_MIN_AGE_S);
     kvp_segment_set_reserve_control(progress_interval(), &s->stopping);
-    rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason));
+    rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason), &s->gate);
     if (rc)
         return rc;
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size);
@@ -431,6 +447,8 @@ int kvp_server_start(struct kvp_server *s)
     s->expiry_started = true;
     if (atomic_load(&s->stopping))
         return -ECANCELED;
+    /* Publishes everything above to the reporting threads (snapshot.c, http.c). */
+    atomic_store_explicit(&s->serving, true, memory_order_release);
     log_startup(s);
     return 0;
 }

@@ -15,8 +15,10 @@
 #include "registry.h"
 #include "segment.h"
 #include "store.h"
+#include "transport.h"
 
 struct kvp_session;
+struct kvp_http;
 
 struct kvp_server {
     struct kvp_config cfg;
@@ -25,6 +27,13 @@ struct kvp_server {
     struct kvp_registry registry;
     bool store_ready, registry_ready;
     char shm_reason[KVP_MAX_REASON + 1]; /* why SHM is off, "" when on */
+    struct kvp_gate_seen gate;           /* what the capacity gate measured */
+    uint64_t started_mono_ms;            /* kvp_server_init(): uptime is counted from here */
+    int64_t started_wall_ms;
+    /* Set (release) once start-up is complete: from then on, until kvp_server_destroy(), the
+     * store, registry and segment may be read by the reporting threads (acquire). */
+    atomic_bool serving;
+    struct kvp_http *http; /* the HTTP endpoint (http.c), NULL with --http off */
 
     int lock_fd; /* <socket>.lock, flocked for our lifetime */
     int listen_fd;
@@ -74,6 +83,12 @@ void kvp_server_destroy(struct kvp_server *s);
 
 /* Milliseconds of CLOCK_MONOTONIC: the clock of reservation ages and their expiry. */
 uint64_t kvp_mono_ms(void);
+
+/* Nanoseconds of CLOCK_MONOTONIC: the clock of request latencies. */
+uint64_t kvp_mono_ns(void);
+
+/* Milliseconds since the epoch (CLOCK_REALTIME): the clock of the times the status shows. */
+int64_t kvp_wall_ms(void);
 
 /* pthread_create() with SIGINT, SIGTERM, SIGHUP and SIGPIPE blocked in the new thread, so that
  * only the main thread handles the stop signals. Returns 0 or a positive errno. */

@@ -205,6 +205,11 @@ static struct kvp_session *conn_new(struct kvp_server *s, int fd, int *err)
     c->srv = s;
     c->fd = fd;
     kvp_wbuf_init(&c->out);
+    /* Before joining the list: the status report reads both under conns_lock. */
+    socklen_t len = sizeof(c->peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->peer, &len) != 0)
+        c->peer = (struct ucred){.pid = -1};
+    c->connected_since_ms = kvp_wall_ms();
 
     pthread_mutex_lock(&s->conns_lock);
     if (s->nconns >= s->cfg.max_clients) {
@@ -324,6 +329,8 @@ static int conn_serve(struct kvp_session *c)
                                                         : "malformed frame header");
             return rc;
         }
+        /* From the end of the header: the body, the payload and the reply, not the idle wait. */
+        uint64_t t0 = kvp_mono_ns();
         if (h.body_len > c->body_cap) {
             uint8_t *b = realloc(c->body, h.body_len);
             if (!b) {
@@ -345,6 +352,7 @@ static int conn_serve(struct kvp_session *c)
         kvp_wbuf_reset(&c->out);
         c->errmsg[0] = '\0';
         rc = kvp_handle_request(c, &h);
+        kvp_latency_record(h.opcode, kvp_mono_ns() - t0);
         if (rc)
             return rc;
     }
@@ -354,10 +362,7 @@ void *kvp_session_main(void *arg)
 {
     struct kvp_session *c = arg;
     struct kvp_server *s = c->srv;
-    socklen_t len = sizeof(c->peer);
 
-    if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &c->peer, &len) != 0)
-        c->peer = (struct ucred){.pid = -1};
     struct timeval tv = {.tv_sec = s->cfg.io_timeout_ms / 1000,
                          .tv_usec = (s->cfg.io_timeout_ms % 1000) * 1000};
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -379,7 +384,7 @@ void *kvp_session_main(void *arg)
         log_debug("Connection %llu closed (%s)", (unsigned long long)c->id, kvp_strerror(rc));
 
     /* Everything the client held is released now, not at a timeout. */
-    kvp_holds_release_all(&c->holds, 0, true);
+    kvp_holds_release_all(&c->holds, 0, true, KVP_DROP_DISCONNECT);
     kvp_registry_remove_owner(&s->registry, c->id);
     conn_leave(c);
     conn_free(c);

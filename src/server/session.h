@@ -21,7 +21,8 @@ struct kvp_session {
     struct kvp_server *srv;
     int fd;
     uint64_t id;
-    struct ucred peer;
+    struct ucred peer;               /* set before the connection joins the server's list */
+    int64_t connected_since_ms;      /* wall clock of the accept */
     struct kvp_session *prev, *next; /* server's connection list */
 
     uint8_t *body; /* current request body */

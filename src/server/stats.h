@@ -1,39 +1,140 @@
 /*
- * stats.h - the daemon's counters, defined once in KVP_COUNTER_MAP and rendered from that list
- * (STATS reply, `kvpool stats`). Counters are relaxed atomics: each is independent and only
- * ever read for reporting.
+ * stats.h - the daemon's counters, gauges and request-latency histogram, each defined once and
+ * rendered from that one definition to every report: the STATS reply (`kvpool stats`,
+ * handlers.c), the status JSON (status.c) and the Prometheus metrics (metrics.c).
+ *
+ * A row of KVP_COUNTER_MAP or KVP_GAUGE_MAP is
+ *
+ *   XX(name, family, label, value, help)
+ *
+ *   name    the statistic's name in STATS and in the status JSON, and its C identifier;
+ *   family  its Prometheus metric, without the "kvpool_" prefix (and, for counters, without the
+ *           "_total" suffix, which metrics.c adds); rows of one family are adjacent and differ
+ *           by the value of their label. NULL for a total that is only the sum of a labelled
+ *           family (Prometheus users sum() it; STATS keeps the name it always had);
+ *   label   the family's label name ("" for none): "transport" or "cause";
+ *   value   this row's value of that label;
+ *   help    one line; the first row of a family gives the family's HELP text.
+ *
+ * Counters are relaxed atomics, incremented where the event happens: each is independent and
+ * only ever read for reporting. Gauges are not stored: snapshot.c reads them from their owners
+ * (store, registry, connection list) when a report is made.
  */
 #ifndef KVP_STATS_H
 #define KVP_STATS_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#define KVP_COUNTER_MAP(XX)                                                             \
-    XX(connections_accepted, "connections accepted")                                    \
-    XX(connections_rejected, "connections refused at --max-clients")                    \
-    XX(requests, "requests answered")                                                   \
-    XX(request_errors, "requests answered with an error")                               \
-    XX(protocol_errors, "connections closed for a malformed frame")                     \
-    XX(registrations, "instances registered")                                           \
-    XX(registrations_shm, "instances registered on the shm transport")                  \
-    XX(registrations_inline, "instances registered on the inline transport")            \
-    XX(lookups, "lookup requests")                                                      \
-    XX(lookup_hit_chunks, "chunks found cached by lookups")                             \
-    XX(store_chunks_reserved, "chunk slots reserved by prepare-store")                  \
-    XX(store_chunks_committed, "chunks published by commit")                            \
-    XX(store_chunks_cached, "chunks skipped by prepare-store because cached")           \
-    XX(store_chunks_busy, "chunks skipped because another store was in progress")       \
-    XX(store_chunks_no_space, "chunks not stored for lack of evictable space")          \
-    XX(store_chunks_aborted, "reserved chunks dropped (abort, unregister, disconnect)") \
-    XX(reservations_expired, "reserved chunks cancelled by --reserve-timeout")          \
-    XX(retrieve_chunks, "chunks pinned or sent by retrieves")                           \
-    XX(evictions, "committed chunks evicted to make room")                              \
-    XX(inline_bytes_in, "payload bytes received inline")                                \
-    XX(inline_bytes_out, "payload bytes sent inline")
+#include "common/wire.h"
+
+#define KVP_COUNTER_MAP(XX)                                                                    \
+    XX(connections_accepted, "connections_accepted", "", "", "connections accepted")           \
+    XX(connections_rejected, "connections_rejected", "", "",                                   \
+       "connections refused (--max-clients, --allow-uid)")                                     \
+    XX(requests, "requests", "", "", "requests answered")                                      \
+    XX(request_errors, "request_errors", "", "", "requests answered with an error")            \
+    XX(protocol_errors, "protocol_errors", "", "", "connections closed for a malformed frame") \
+    XX(registrations, NULL, "", "", "instances registered")                                    \
+    XX(registrations_shm, "registrations", "transport", "shm",                                 \
+       "instances registered, by the transport they use")                                      \
+    XX(registrations_inline, "registrations", "transport", "inline",                           \
+       "instances registered on the inline transport")                                         \
+    XX(lookups, "lookups", "", "", "lookup requests")                                          \
+    XX(lookup_hit_chunks, "lookup_hit_chunks", "", "", "chunks found cached by lookups")       \
+    XX(store_chunks_reserved, "store_chunks_reserved", "", "",                                 \
+       "chunk slots reserved by prepare-store")                                                \
+    XX(store_chunks_committed, NULL, "", "", "chunks published by commit")                     \
+    XX(store_chunks_shm, "store_chunks", "transport", "shm",                                   \
+       "chunks stored (published by commit), by the transport that carried them")              \
+    XX(store_chunks_inline, "store_chunks", "transport", "inline",                             \
+       "chunks stored through the socket (STORE_INLINE)")                                      \
+    XX(store_bytes_shm, "store_bytes", "transport", "shm",                                     \
+       "chunk bytes stored (published by commit), by the transport that carried them")         \
+    XX(store_bytes_inline, "store_bytes", "transport", "inline",                               \
+       "chunk bytes stored through the socket")                                                \
+    XX(store_chunks_cached, "store_chunks_cached", "", "",                                     \
+       "chunks skipped by prepare-store because cached")                                       \
+    XX(store_chunks_busy, "store_chunks_busy", "", "",                                         \
+       "chunks skipped because another store was in progress")                                 \
+    XX(store_chunks_no_space, "allocation_failures", "", "",                                   \
+       "chunks not stored for lack of evictable space in the pool")                            \
+    XX(store_chunks_aborted, NULL, "", "",                                                     \
+       "reserved chunks dropped (abort, unregister, disconnect)")                              \
+    XX(store_chunks_aborted_abort, "reserved_chunks_dropped", "cause", "abort",                \
+       "reserved chunks dropped without being published, by cause")                            \
+    XX(store_chunks_aborted_unregister, "reserved_chunks_dropped", "cause", "unregister",      \
+       "reserved chunks dropped because their instance was unregistered")                      \
+    XX(store_chunks_aborted_disconnect, "reserved_chunks_dropped", "cause", "disconnect",      \
+       "reserved chunks dropped because their connection closed")                              \
+    XX(reservations_expired, "reserved_chunks_dropped", "cause", "timeout",                    \
+       "reserved chunks cancelled by --reserve-timeout")                                       \
+    XX(retrieve_chunks, NULL, "", "", "chunks pinned or sent by retrieves")                    \
+    XX(retrieve_chunks_shm, "retrieve_chunks", "transport", "shm",                             \
+       "chunks retrieved (pinned for a copy out of the mapping, or sent), by transport")       \
+    XX(retrieve_chunks_inline, "retrieve_chunks", "transport", "inline",                       \
+       "chunks sent through the socket (RETRIEVE_INLINE)")                                     \
+    XX(retrieve_bytes_shm, "retrieve_bytes", "transport", "shm",                               \
+       "chunk bytes retrieved, by transport")                                                  \
+    XX(retrieve_bytes_inline, "retrieve_bytes", "transport", "inline",                         \
+       "chunk bytes sent through the socket")                                                  \
+    XX(evictions, "evictions", "", "", "committed chunks evicted to make room")                \
+    XX(inline_bytes_in, "inline_received_bytes", "", "",                                       \
+       "payload bytes received inline (committed or not)")                                     \
+    XX(inline_bytes_out, "inline_sent_bytes", "", "", "payload bytes sent inline")
+
+#define KVP_GAUGE_MAP(XX)                                                                     \
+    XX(pool_size, "pool_capacity_bytes", "", "", "bytes of the L1 pool")                      \
+    XX(pool_used, "pool_used_bytes", "", "", "pool bytes held by objects")                    \
+    XX(pool_largest_free, "pool_largest_free_bytes", "", "",                                  \
+       "largest run of free pool bytes (the largest chunk that fits without eviction)")       \
+    XX(objects_committed, "objects", "", "", "committed chunks (visible to lookups)")         \
+    XX(objects_reserved, "reserved_objects", "", "", "chunks reserved by stores in progress") \
+    XX(objects_expired, "expired_objects", "", "",                                            \
+       "reservations cancelled by --reserve-timeout whose owner has not ended them")          \
+    XX(objects_pinned, "pinned_objects", "", "", "committed chunks pinned by retrieves")      \
+    XX(instances, NULL, "", "", "registered instances")                                       \
+    XX(instances_shm, "instances", "transport", "shm",                                        \
+       "registered instances, by the transport they use")                                     \
+    XX(instances_inline, "instances", "transport", "inline",                                  \
+       "registered instances on the inline transport")                                        \
+    XX(connections, "connected_clients", "", "", "client connections being served")           \
+    XX(max_clients, "max_clients", "", "", "connections allowed at once (--max-clients)")     \
+    XX(shm_enabled, "shm_enabled", "", "",                                                    \
+       "1 when the pool is shared memory (workers may use the shm transport), else 0")        \
+    XX(chunk_tokens, "chunk_tokens", "", "", "tokens per KV chunk")                           \
+    XX(uptime_seconds, "uptime_seconds", "", "", "seconds since kvpoold started")
+
+/* Indices into the value arrays of a snapshot (snapshot.h), in map order. */
+enum kvp_counter_id {
+#define KVP_COUNTER_ID(name, family, label, value, help) KVP_CTR_##name,
+    KVP_COUNTER_MAP(KVP_COUNTER_ID)
+#undef KVP_COUNTER_ID
+        KVP_NCOUNTERS
+};
+
+enum kvp_gauge_id {
+#define KVP_GAUGE_ID(name, family, label, value, help) KVP_GAUGE_##name,
+    KVP_GAUGE_MAP(KVP_GAUGE_ID)
+#undef KVP_GAUGE_ID
+        KVP_NGAUGES
+};
+
+/* One row of a map, as data. */
+struct kvp_stat_desc {
+    const char *name;
+    const char *family; /* NULL: not a metric of its own (see above) */
+    const char *label;  /* "" for none */
+    const char *value;
+    const char *help;
+};
+
+extern const struct kvp_stat_desc kvp_counter_desc[KVP_NCOUNTERS];
+extern const struct kvp_stat_desc kvp_gauge_desc[KVP_NGAUGES];
 
 struct kvp_counters {
-#define KVP_COUNTER_FIELD(name, help) _Atomic uint64_t name;
+#define KVP_COUNTER_FIELD(name, family, label, value, help) _Atomic uint64_t name;
     KVP_COUNTER_MAP(KVP_COUNTER_FIELD)
 #undef KVP_COUNTER_FIELD
 };
@@ -42,5 +143,45 @@ extern struct kvp_counters kvp_counters;
 
 #define KVP_COUNT(name, n) \
     atomic_fetch_add_explicit(&kvp_counters.name, (uint64_t)(n), memory_order_relaxed)
+
+/* Copies every counter into v[KVP_NCOUNTERS], in map order (relaxed loads). */
+void kvp_counters_read(uint64_t *v);
+
+/* ---- request latency: kvpool_request_duration_seconds{op} ---- */
+
+/*
+ * Upper bounds of the histogram's buckets in nanoseconds (the last bucket, +Inf, is implicit),
+ * from 50 us (a PING) to 10 s (a stalled 32 MiB inline transfer). Fixed, so that recording is
+ * one comparison loop and two relaxed increments, without any lock.
+ */
+#define KVP_LATENCY_BUCKETS 16
+extern const uint64_t kvp_latency_bound_ns[KVP_LATENCY_BUCKETS];
+/* The same bounds as Prometheus writes them in the "le" label. */
+extern const char *const kvp_latency_bound_le[KVP_LATENCY_BUCKETS];
+
+/* One opcode's histogram: per-bucket counts (not cumulative; the last is +Inf) and the sum. */
+struct kvp_latency {
+    _Atomic uint64_t bucket[KVP_LATENCY_BUCKETS + 1];
+    _Atomic uint64_t sum_ns;
+};
+
+/* A copy of one opcode's histogram. count is the sum of the buckets, so it always equals the
+ * +Inf bucket of the cumulative rendering even while requests are being recorded. */
+struct kvp_latency_copy {
+    uint64_t bucket[KVP_LATENCY_BUCKETS + 1];
+    uint64_t sum_ns;
+    uint64_t count;
+};
+
+/* The name of opcode op in lower case ("prepare_store"): the op label of the histogram and
+ * the key of the status JSON's "requests". */
+void kvp_op_label(uint16_t op, char *out, size_t size);
+
+/* Records one request of opcode op that took ns nanoseconds. Unknown opcodes are ignored. */
+void kvp_latency_record(uint16_t op, uint64_t ns);
+
+/* Copies the histogram of every opcode 1..KVP_OP_MAX_-1 into out (index = opcode; out[0] is
+ * zeroed). */
+void kvp_latency_read(struct kvp_latency_copy out[KVP_OP_MAX_]);
 
 #endif /* KVP_STATS_H */

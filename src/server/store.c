@@ -173,21 +173,24 @@ static void do_touch(struct kvp_store *s, struct kvp_obj *o)
 
 /*
  * Frees reserved or expired objects. A reserved one is still indexed (others see it as busy);
- * an expired one was already taken out of the index by the expiry pass. Caller holds the lock.
+ * an expired one was already taken out of the index by the expiry pass. Returns how many were
+ * still reserved. Caller holds the lock.
  */
 static uint32_t do_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
 {
+    uint32_t reserved = 0;
     for (uint32_t i = 0; i < n; i++) {
         struct kvp_obj *o = objs[i];
         if (o->state == KVP_OBJ_RESERVED) {
             do_index_remove(s, o);
             s->nreserved--;
+            reserved++;
         } else {
             s->nexpired--;
         }
         do_release(s, o);
     }
-    return n;
+    return reserved;
 }
 
 /*

@@ -82,7 +82,8 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
  */
 int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n);
 
-/* Drops reserved (or expired) objects; nothing becomes visible. Returns how many. */
+/* Drops reserved (or expired) objects; nothing becomes visible. Returns how many of them were
+ * still reserved: an expired one was already counted when --reserve-timeout cancelled it. */
 uint32_t kvp_store_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n);
 
 /* Pins the leading run of committed keys into objs. Returns its length. */

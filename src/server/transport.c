@@ -41,17 +41,19 @@ static bool gate_allows(enum kvp_gate_verdict v, const char *log_line)
 
 /* The order of the checks is the order of the README's "How the transport is chosen". */
 int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, char *reason,
-                        size_t reason_size)
+                        size_t reason_size, struct kvp_gate_seen *seen)
 {
     uint64_t size = KVP_SEG_HEADER + cfg->l1_size;
     char log_line[512], why[200];
     struct kvp_gate_probe probe;
     int rc = 0;
 
+    *seen = (struct kvp_gate_seen){.probed = false};
     if (!cfg->shm_enabled || cfg->shm_backend == KVP_SHM_NONE) {
         snprintf(reason, reason_size, "SHM disabled by configuration");
     } else if (cfg->shm_backend == KVP_SHM_MEMFD) {
         kvp_mem_gate_probe(&probe);
+        *seen = (struct kvp_gate_seen){.probed = true, .memory = true, .probe = probe};
         if (gate_allows(kvp_mem_gate_decide(size, &probe, log_line, sizeof(log_line), reason,
                                             reason_size),
                         log_line)) {
@@ -65,6 +67,7 @@ int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, c
         }
     } else {
         kvp_shm_gate_probe(KVP_SHM_DIR, &probe);
+        *seen = (struct kvp_gate_seen){.probed = true, .probe = probe};
         if (gate_allows(kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line), reason,
                                             reason_size),
                         log_line)) {
