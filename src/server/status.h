@@ -1,0 +1,19 @@
+/*
+ * status.h - the daemon's status as one JSON document: the body of GET /api/status (http.c),
+ * and what the command line shows (docs/HTTP.md lists every field).
+ */
+#ifndef KVP_STATUS_H
+#define KVP_STATUS_H
+
+struct kvp_server;
+
+/*
+ * Renders the status of s, which must have started (kvp_server_start() returned 0): version,
+ * uptime, pool, the SHM decision, every instance with its transport, the clients, every counter
+ * and gauge (stats.h) and the request latencies. No lock is held while the text is formatted
+ * (snapshot.h). Returns a malloc'd NUL-terminated JSON document, indented for people; the caller
+ * frees it with free(). NULL when out of memory.
+ */
+char *kvp_status_json(struct kvp_server *s);
+
+#endif /* KVP_STATUS_H */

@@ -1,0 +1,36 @@
+/*
+ * server_fixture.h - a real kvp_server started inside the test process (the reports' unit
+ * tests: test_status.c, test_metrics.c): the daemon's own start-up on a socket in a temporary
+ * directory, a 1 MiB pool, no HTTP endpoint; instances are registered straight into its
+ * registry, as the REGISTER handler does, for connection ids that need no real connection.
+ */
+#ifndef KVP_TEST_SERVER_FIXTURE_H
+#define KVP_TEST_SERVER_FIXTURE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "server.h"
+
+#define FX_POOL (1u << 20)
+#define FX_CHUNK_TOKENS 16u
+
+/* Starts s with shared memory (posix backend) or without (--shm-name ""). Fails the test if
+ * it does not start. Logs only errors. */
+void fx_server_start(struct kvp_server *s, bool shm);
+
+/* Stops and destroys s, removes its directory. */
+void fx_server_stop(struct kvp_server *s);
+
+/*
+ * Registers instance id for connection owner (pid 1000 + owner) with a 2-layer, hidden-64
+ * float16 layout, asking for transport (KVP_WIRE_SHM or KVP_WIRE_INLINE) with reason. Fails the
+ * test unless it is registered. Returns its handle.
+ */
+uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8_t transport,
+                     const char *reason);
+
+/* The text of a file read whole (NUL-terminated); caller frees. NULL if it cannot be read. */
+char *fx_read_file(const char *path);
+
+#endif /* KVP_TEST_SERVER_FIXTURE_H */

@@ -1,0 +1,275 @@
+/*
+ * test_status.c - kvp_status_json() on a real kvp_server started in this process: every field
+ * docs/HTTP.md promises, with values that follow from what the test did (registrations,
+ * transfers counted, a client connected), for a daemon with shared memory and one without.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/kvp_assert.h"
+#include "server_fixture.h"
+#include "session.h"
+#include "stats.h"
+#include "status.h"
+
+/* The status document of s, parsed; fails the test if it is not valid JSON. */
+static json_t *status(struct kvp_server *s)
+{
+    json_error_t err;
+    char *text = kvp_status_json(s);
+    assert_non_null(text);
+    json_t *root = json_loads(text, 0, &err);
+    if (!root)
+        fail_msg("status is not JSON (%s at line %d): %s", err.text, err.line, text);
+    free(text);
+    assert_true(json_is_object(root));
+    return root;
+}
+
+/* The member at a dotted path ("pool.used_bytes"); fails the test if it is absent. */
+static json_t *at(json_t *root, const char *path)
+{
+    char buf[128], *save = NULL;
+    snprintf(buf, sizeof(buf), "%s", path);
+    json_t *v = root;
+    for (char *k = strtok_r(buf, ".", &save); k; k = strtok_r(NULL, ".", &save)) {
+        v = json_object_get(v, k);
+        if (!v)
+            fail_msg("status has no %s", path);
+    }
+    return v;
+}
+
+static long long num(json_t *root, const char *path)
+{
+    json_t *v = at(root, path);
+    if (!json_is_integer(v))
+        fail_msg("status %s is not an integer", path);
+    return json_integer_value(v);
+}
+
+static const char *str(json_t *root, const char *path)
+{
+    json_t *v = at(root, path);
+    if (!json_is_string(v))
+        fail_msg("status %s is not a string", path);
+    return json_string_value(v);
+}
+
+/* The instance of that id in "instances", or NULL. */
+static json_t *instance(json_t *root, const char *id)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(at(root, "instances"), i, e)
+    {
+        if (strcmp(json_string_value(json_object_get(e, "instance_id")), id) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static void test_fresh_daemon_with_shm(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, true);
+    json_t *st = status(&s);
+
+    assert_string_equal(str(st, "version"), KVP_DAEMON_VERSION);
+    assert_string_equal(str(st, "state"), "serving");
+    assert_int_equal(num(st, "pid"), getpid());
+    assert_true(num(st, "uptime_s") >= 0);
+    assert_int_equal(num(st, "chunk_tokens"), FX_CHUNK_TOKENS);
+    assert_string_equal(str(st, "socket"), s.cfg.socket_path);
+    assert_non_null(strstr(str(st, "started_at"), "Z"));
+
+    assert_int_equal(num(st, "pool.capacity_bytes"), FX_POOL);
+    assert_int_equal(num(st, "pool.used_bytes"), 0);
+    assert_int_equal(num(st, "pool.largest_free_bytes"), FX_POOL);
+    assert_int_equal(num(st, "pool.objects"), 0);
+    assert_int_equal(num(st, "pool.reserved_objects"), 0);
+    assert_int_equal(num(st, "pool.pinned_objects"), 0);
+
+    assert_true(json_is_true(at(st, "shm.enabled")));
+    assert_string_equal(str(st, "shm.backend"), "posix");
+    assert_string_equal(str(st, "shm.name"), s.seg.name);
+    assert_int_equal(num(st, "shm.pool_size"), FX_POOL);
+    assert_int_equal(num(st, "shm.segment_size"), FX_POOL + 4096);
+    assert_true(json_is_null(at(st, "shm.disabled_reason")));
+    /* What the gate saw before the segment took its share. */
+    assert_true(num(st, "shm.dev_shm_free_bytes") >= FX_POOL + 4096);
+    assert_true(json_is_null(at(st, "shm.memory_available_bytes")));
+
+    assert_int_equal(json_array_size(at(st, "instances")), 0);
+    assert_int_equal(num(st, "clients.connected"), 0);
+    assert_int_equal(num(st, "clients.max"), 256);
+    assert_int_equal(json_array_size(at(st, "clients.list")), 0);
+
+    /* Every counter and gauge of the maps, by its STATS name. */
+    for (size_t i = 0; i < KVP_NCOUNTERS; i++)
+        assert_true(json_is_integer(json_object_get(at(st, "counters"), kvp_counter_desc[i].name)));
+    for (size_t i = 0; i < KVP_NGAUGES; i++)
+        assert_true(json_is_integer(json_object_get(at(st, "gauges"), kvp_gauge_desc[i].name)));
+    assert_int_equal(num(st, "gauges.shm_enabled"), 1);
+    assert_int_equal(num(st, "requests.prepare_store.count"), 0);
+    assert_true(json_is_number(at(st, "requests.ping.seconds_total")));
+    json_decref(st);
+    fx_server_stop(&s);
+}
+
+static void test_instances_and_transfers(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, true);
+    json_t *st0 = status(&s);
+    long long shm_chunks0 = num(st0, "counters.store_chunks_shm");
+    json_decref(st0);
+
+    uint32_t a = fx_register(&s, "worker-shm", 7, KVP_WIRE_SHM, NULL);
+    fx_register(&s, "worker-inline", 8, KVP_WIRE_INLINE, "requested by worker");
+    kvp_registry_count_io(&s.registry, a, true, 3, 3 * 4096);
+    kvp_registry_count_io(&s.registry, a, false, 2, 2 * 4096);
+    KVP_COUNT(store_chunks_shm, 3);
+
+    json_t *st = status(&s);
+    assert_int_equal(json_array_size(at(st, "instances")), 2);
+    json_t *i1 = instance(st, "worker-shm"), *i2 = instance(st, "worker-inline");
+    assert_non_null(i1);
+    assert_non_null(i2);
+    assert_string_equal(str(i1, "transport"), "shm");
+    assert_true(json_is_null(at(i1, "fallback_reason")));
+    assert_string_equal(str(i2, "transport"), "inline");
+    assert_string_equal(str(i2, "fallback_reason"), "requested by worker");
+    assert_string_equal(str(i1, "model_name"), "fixture-model");
+    assert_string_equal(str(i1, "dtype"), "float16");
+    assert_int_equal(num(i1, "world_size"), 2);
+    assert_int_equal(num(i1, "worker_rank"), 1);
+    assert_int_equal(num(i1, "pid"), 1007);
+    assert_int_equal(num(i1, "client_id"), 7);
+    assert_false(json_is_true(at(i1, "use_mla")));
+    /* [2, layers, chunk tokens, hidden] */
+    json_t *shape = at(i1, "chunk_shape");
+    assert_int_equal(json_array_size(shape), 4);
+    assert_int_equal(json_integer_value(json_array_get(shape, 0)), 2);
+    assert_int_equal(json_integer_value(json_array_get(shape, 1)), 2);
+    assert_int_equal(json_integer_value(json_array_get(shape, 2)), FX_CHUNK_TOKENS);
+    assert_int_equal(json_integer_value(json_array_get(shape, 3)), 64);
+    assert_int_equal(num(i1, "chunk_bytes"), 2 * 2 * FX_CHUNK_TOKENS * 64 * 2);
+    assert_non_null(strstr(str(i1, "connected_since"), "T"));
+    assert_int_equal(num(i1, "stored_chunks"), 3);
+    assert_int_equal(num(i1, "stored_bytes"), 3 * 4096);
+    assert_int_equal(num(i1, "retrieved_chunks"), 2);
+    assert_int_equal(num(i1, "retrieved_bytes"), 2 * 4096);
+    assert_int_equal(num(i2, "stored_chunks"), 0);
+    assert_int_equal(num(st, "gauges.instances"), 2);
+    assert_int_equal(num(st, "gauges.instances_shm"), 1);
+    assert_int_equal(num(st, "gauges.instances_inline"), 1);
+    assert_int_equal(num(st, "counters.store_chunks_shm"), shm_chunks0 + 3);
+    json_decref(st);
+
+    /* A slot taken again starts from zero. */
+    assert_rc(kvp_registry_remove(&s.registry, a, "test"), 0);
+    a = fx_register(&s, "worker-shm-2", 9, KVP_WIRE_SHM, NULL);
+    st = status(&s);
+    assert_null(instance(st, "worker-shm"));
+    assert_int_equal(num(instance(st, "worker-shm-2"), "stored_chunks"), 0);
+    json_decref(st);
+    fx_server_stop(&s);
+}
+
+static void test_without_shm(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, false);
+    fx_register(&s, "forced", 1, 0, NULL); /* auto */
+    json_t *st = status(&s);
+    assert_false(json_is_true(at(st, "shm.enabled")));
+    assert_string_equal(str(st, "shm.backend"), "none");
+    assert_true(json_is_null(at(st, "shm.name")));
+    assert_true(json_is_null(at(st, "shm.segment_size")));
+    assert_string_equal(str(st, "shm.disabled_reason"), "SHM disabled by configuration");
+    /* No gate ran: nothing was measured. */
+    assert_true(json_is_null(at(st, "shm.dev_shm_free_bytes")));
+    json_t *i = instance(st, "forced");
+    assert_string_equal(str(i, "transport"), "inline");
+    assert_string_equal(str(i, "fallback_reason"), "SHM disabled by configuration");
+    assert_int_equal(num(st, "gauges.shm_enabled"), 0);
+    json_decref(st);
+    fx_server_stop(&s);
+}
+
+/* JSON strings are UTF-8; a worker's id need not be. */
+static void test_non_utf8_names(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, true);
+    fx_register(&s, "bad\xff\xfe-id \"quoted\"\n", 1, KVP_WIRE_INLINE, "reason \xc3(");
+    json_t *st = status(&s);
+    json_t *i = instance(st, "bad?"
+                             "?-id \"quoted\"\n");
+    assert_non_null(i);
+    assert_string_equal(str(i, "fallback_reason"), "reason ?(");
+    json_decref(st);
+    fx_server_stop(&s);
+}
+
+static void test_clients(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    int sv[2];
+    fx_server_start(&s, true);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    assert_rc(kvp_session_spawn(&s, sv[0]), 0);
+
+    json_t *st = status(&s);
+    assert_int_equal(num(st, "clients.connected"), 1);
+    json_t *c = json_array_get(at(st, "clients.list"), 0);
+    assert_non_null(c);
+    assert_int_equal(num(c, "pid"), getpid());
+    assert_int_equal(num(c, "uid"), getuid());
+    assert_int_equal(num(c, "instances"), 0);
+    assert_true(num(c, "id") > 0);
+    json_decref(st);
+
+    /* The connection ends: the list empties. */
+    close(sv[1]);
+    for (int i = 0; i < 500; i++) {
+        st = status(&s);
+        long long n = num(st, "clients.connected");
+        json_decref(st);
+        if (n == 0)
+            break;
+        usleep(10000);
+    }
+    st = status(&s);
+    assert_int_equal(num(st, "clients.connected"), 0);
+    json_decref(st);
+    fx_server_stop(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fresh_daemon_with_shm),
+        cmocka_unit_test(test_instances_and_transfers),
+        cmocka_unit_test(test_without_shm),
+        cmocka_unit_test(test_non_utf8_names),
+        cmocka_unit_test(test_clients),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
