@@ -111,14 +111,10 @@ int kvp_shm_map_fd(struct kvp_shm_map *m, int fd, uint64_t size,
                  (unsigned long long)size, kvp_strerror(rc));
         return rc;
     }
-    /* The caller closes fd: the mapping alone keeps the segment alive. */
-    if (memcmp(base, KVP_SHM_MAGIC, KVP_SHM_MAGIC_LEN) != 0) {
-        snprintf(reason, reason_size, "segment %s has no kvpool header", label);
-        rc = KVP_ENOSHM;
-        goto out_unmap;
-    }
-    if (memcmp((const uint8_t *)base + KVP_SHM_NONCE_OFFSET, nonce, KVP_NONCE_SIZE) != 0) {
-        snprintf(reason, reason_size, "segment nonce mismatch: not this daemon's pool");
+    /* The caller closes fd: the mapping alone keeps the segment alive. The whole header is
+     * checked (magic, layout version, header size, the size HELLO announced, the nonce): a
+     * namesake of another daemon or another kvpool version is never used. */
+    if (kvp_seg_header_check(base, KVP_SEG_HEADER, size, nonce, label, reason, reason_size)) {
         rc = KVP_ENOSHM;
         goto out_unmap;
     }

@@ -2,10 +2,8 @@
  * shm_map.h - the client's view of the daemon's shared-memory pool.
  *
  * Internal to libkvpool. One mapping per kvp_client, used under the client's mutex (mapping and
- * unmapping) or by any thread holding a slot pointer (copies). The segment's header page layout
- * is the daemon's (src/server/segment.h):
- *   0 char[8] "KVPOOLSG"   8 u32 version   12 u32 header size (4096)   16 u8[16] nonce
- *   32 u64 segment size
+ * unmapping) or by any thread holding a slot pointer (copies). The segment's header page is
+ * defined once, for the daemon and for us, in src/common/seg_header.h.
  */
 #ifndef KVP_CLIENT_SHM_MAP_H
 #define KVP_CLIENT_SHM_MAP_H
@@ -14,11 +12,10 @@
 #include <stdint.h>
 
 #include "common/msg.h"
+#include "common/seg_header.h"
 
-#define KVP_SHM_HEADER_SIZE 4096u
-#define KVP_SHM_MAGIC "KVPOOLSG"
-#define KVP_SHM_MAGIC_LEN 8
-#define KVP_SHM_NONCE_OFFSET 16
+/* The pool starts after the header page: no slot may point into it. */
+#define KVP_SHM_HEADER_SIZE KVP_SEG_HEADER
 
 struct kvp_shm_map {
     uint8_t *base;               /* NULL when not mapped */

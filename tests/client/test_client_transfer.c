@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 
 #include "client/fake_daemon.h"
+#include "common/seg_header.h"
 #include "kvpool.h"
 
 #define CT 16
@@ -30,7 +31,8 @@ struct fixture {
     uint32_t ids[256];
 };
 
-/* Creates a segment as the daemon would: header page with magic and nonce, file_size bytes. */
+/* Creates a segment as the daemon would (its header page announces SEG_SIZE bytes, the size
+ * HELLO announces), file_size bytes long. */
 static void seg_create(struct fixture *x, const uint8_t *nonce, size_t file_size)
 {
     static int counter;
@@ -46,8 +48,10 @@ static void seg_create(struct fixture *x, const uint8_t *nonce, size_t file_size
     assert_true(x->seg != MAP_FAILED);
     close(fd);
     x->seg_size = file_size;
-    memcpy(x->seg, "KVPOOLSG", 8);
-    memcpy(x->seg + 16, nonce, KVP_NONCE_SIZE);
+    if (file_size >= KVP_SEG_HEADER)
+        kvp_seg_header_write(x->seg, nonce, SEG_SIZE, (uint32_t)getpid());
+    else
+        memcpy(x->seg, KVP_SEG_MAGIC, 8);
 }
 
 static int setup(void **state)

@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "common/seg_header.h"
 #include "harness.h"
 
 #define C 16
@@ -36,8 +37,9 @@ static int setup(void **state)
 enum { WORKER_OK = 0, WORKER_NO_NS = 77, WORKER_FAIL = 1 };
 
 /*
- * Worker in a private /dev/shm. With fake_segment, a namesake segment with a wrong header is
- * planted there first. Registers with transport, checks the outcome, round-trips data.
+ * Worker in a private /dev/shm. With fake_segment, a namesake segment is planted there first: a
+ * valid header of the right size, as another daemon would write it, but with another nonce.
+ * Registers with transport, checks the outcome, round-trips data.
  */
 static int worker(const char *id, bool fake_segment, uint32_t transport, int want_rc,
                   const char *want_reason)
@@ -49,9 +51,13 @@ static int worker(const char *id, bool fake_segment, uint32_t transport, int wan
         char path[128];
         snprintf(path, sizeof(path), "/%s", daemon_.shm_name);
         int fd = shm_open(path, O_RDWR | O_CREAT, 0600);
-        if (fd < 0 || ftruncate(fd, (16 << 20) + 4096) != 0)
+        const uint64_t size = (16 << 20) + KVP_SEG_HEADER;
+        static uint8_t page[KVP_SEG_HEADER];
+        const uint8_t other_nonce[KVP_SEG_NONCE_SIZE] = {0x6b, 0x76, 0x70};
+        if (fd < 0 || ftruncate(fd, (off_t)size) != 0)
             return WORKER_FAIL;
-        if (write(fd, "KVPOOLSG", 8) != 8)
+        kvp_seg_header_write(page, other_nonce, size, 1);
+        if (write(fd, page, sizeof(page)) != (ssize_t)sizeof(page))
             return WORKER_FAIL;
         close(fd);
     }
