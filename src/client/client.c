@@ -64,11 +64,11 @@ static int say_hello(kvp_client *c)
         return rc;
     if (kvp_decode_hello_reply(conn->body, conn->body_len, h) < 0)
         return kvp_conn_fail(conn, KVP_EPROTO, "malformed HELLO reply");
-    if (h->major != KVP_VERSION_MAJOR)
+    /* The protocol's version, not the library's ABI version: they change for different reasons. */
+    if (h->major != KVP_PROTO_VERSION)
         return kvp_conn_fail(conn, KVP_EVERSION,
-                             "kvpoold speaks version %u.%u, this library "
-                             "%u.%u",
-                             h->major, h->minor, KVP_VERSION_MAJOR, KVP_VERSION_MINOR);
+                             "kvpoold speaks protocol %u.%u, this library speaks protocol %u.%u",
+                             h->major, h->minor, KVP_PROTO_VERSION, KVP_PROTO_MINOR);
     if (h->chunk_tokens == 0)
         return kvp_conn_fail(conn, KVP_EPROTO, "kvpoold announced a chunk size of 0 tokens");
     return 0;
@@ -115,6 +115,15 @@ KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
         return -rc;
     }
 
+    for (size_t i = 0; opts && i < sizeof(opts->reserved_) / sizeof(opts->reserved_[0]); i++) {
+        if (opts->reserved_[i]) {
+            rc = kvp_conn_error(&c->conn, -EINVAL,
+                                "kvp_opts.reserved_[%zu] is not zero: "
+                                "zero-initialise kvp_opts",
+                                i);
+            goto out_free;
+        }
+    }
     if (opts && opts->trust_uid)
         c->conn.trust_uid = opts->trust_uid;
     rc = resolve_path(opts, c->socket_path, sizeof(c->socket_path));

@@ -354,6 +354,15 @@ KVP_EXPORT int kvp_register(kvp_client *c, const kvp_register_opts *o, kvp_insta
         (rc = check_name(&c->conn, o->model_name, "model_name")) < 0 ||
         (rc = check_name(&c->conn, o->dtype, "dtype")) < 0)
         goto out_unlock;
+    for (size_t i = 0; i < sizeof(o->reserved_) / sizeof(o->reserved_[0]); i++) {
+        if (o->reserved_[i]) {
+            rc = kvp_conn_error(&c->conn, -EINVAL,
+                                "kvp_register_opts.reserved_[%zu] is not zero: "
+                                "zero-initialise kvp_register_opts",
+                                i);
+            goto out_unlock;
+        }
+    }
     if (o->transport > KVP_TRANSPORT_INLINE) {
         rc = kvp_conn_error(&c->conn, -EINVAL,
                             "transport must be 0 (auto), 1 (shm) or "

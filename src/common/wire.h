@@ -13,7 +13,8 @@
 #include <stdint.h>
 
 #define KVP_MAGIC 0x3150564bu /* "KVP1" read as little-endian bytes */
-#define KVP_PROTO_VERSION 1
+#define KVP_PROTO_VERSION 1   /* frame header version and HELLO major: must match */
+#define KVP_PROTO_MINOR 0     /* HELLO minor: additions an older peer may ignore */
 #define KVP_HEADER_SIZE 32
 #define KVP_REPLY_FLAG 0x8000u
 

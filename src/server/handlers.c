@@ -62,7 +62,7 @@ static int handle_hello(struct kvp_session *c, const struct kvp_header *h)
     struct kvp_server *s = c->srv;
     struct kvp_hello_reply m = {
         .major = KVP_PROTO_VERSION,
-        .minor = 0,
+        .minor = KVP_PROTO_MINOR,
         .pid = (uint32_t)getpid(),
         .chunk_tokens = s->cfg.chunk_tokens,
         .shm_backend = !s->seg.shared ? KVP_WIRE_BACKEND_NONE

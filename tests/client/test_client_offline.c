@@ -166,6 +166,10 @@ static void test_null_args(void **state)
     assert_rc(kvp_client_open(&o, &c), -ENOENT);
     assert_null(c);
     assert_non_null(strstr(kvp_last_error(NULL), "/nonexistent-kvpool-dir/s.sock"));
+    /* Reserved option fields must be zero: a later version's field is never misread. */
+    o.reserved_[3] = 1;
+    assert_rc(kvp_client_open(&o, &c), -EINVAL);
+    assert_non_null(strstr(kvp_last_error(NULL), "kvp_opts.reserved_[3] is not zero"));
     assert_null(kvp_instance_get_info(NULL));
     assert_rc(kvp_client_open(NULL, NULL), -EINVAL);
     assert_rc(kvp_ping(NULL), -EINVAL);
@@ -197,11 +201,14 @@ static void test_hello_wrong_major(void **state)
     struct kvp_hello_reply h = fake_hello_msg(NULL, 0, NULL, "");
     kvp_client *c = NULL;
 
-    h.major = KVP_VERSION_MAJOR + 1;
+    /* HELLO's major is the protocol's, not the library's ABI major. */
+    h.major = KVP_PROTO_VERSION + 1;
     fake_add_hello_msg(f, &h);
     fake_start(f);
     assert_rc(open_fake(f, 2000, &c), KVP_EVERSION);
     assert_null(c);
+    assert_non_null(
+        strstr(kvp_last_error(NULL), "speaks protocol 2.0, this library speaks protocol 1.0"));
     fake_join(f);
     assert_rc(f->nreqs, 1);
     assert_int_equal(f->reqs[0].h.opcode, KVP_OP_HELLO);

@@ -139,6 +139,11 @@ static void test_other_model_refused(void **state)
     o2.use_mla = 1;
     assert_int_equal(kvp_register(c2, &o2, &b), -EEXIST);
     assert_non_null(strstr(kvp_last_error(c2), "use_mla 0, not 1"));
+    /* A reserved field that is not zero is refused by the library, before the daemon. */
+    o2 = mistral("rank0");
+    o2.reserved_[7] = 5;
+    assert_int_equal(kvp_register(c2, &o2, &b), -EINVAL);
+    assert_non_null(strstr(kvp_last_error(c2), "kvp_register_opts.reserved_[7] is not zero"));
     /* The refused connection stays usable. */
     assert_int_equal(kvp_ping(c2), 0);
 
