@@ -249,15 +249,24 @@ typedef struct kvp_tokens {
 /* Number of leading full chunks of the sequence that are cached, or a negative error. */
 KVP_EXPORT int kvp_lookup(kvp_instance *inst, const kvp_tokens *seq);
 
+/*
+ * Number of full chunks in tokens [start, end) of a sequence of ntokens tokens, by the rule every
+ * ranged call applies (and the daemon too): start is a multiple of chunk_tokens, start <= end <=
+ * ntokens, end is rounded down to a chunk boundary, at most 4096 chunks. For sizing buffers
+ * before kvp_retrieve() or kvp_store(); no round trip to the daemon. Returns the count (0 is
+ * fine), -EINVAL or -E2BIG; kvp_last_error() then names the rule and the values.
+ */
+KVP_EXPORT int kvp_chunk_count(kvp_instance *inst, uint32_t start, uint32_t end, uint32_t ntokens);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Two-phase store and retrieve (zero copy on the shm transport)                            */
 
 typedef struct kvp_slot {
     uint32_t chunk_index; /* chunk of the request range, 0 = the chunk at token `start` */
     uint32_t reserved_;   /* the library's (the connection the plan belongs to): do not change */
-    uint64_t offset; /* byte offset in the shared segment (shm) */
-    uint64_t length; /* equals chunk_bytes */
-    void *data;      /* shm: pointer into the mapped pool; inline: NULL */
+    uint64_t offset;      /* byte offset in the shared segment (shm) */
+    uint64_t length;      /* equals chunk_bytes */
+    void *data;           /* shm: pointer into the mapped pool; inline: NULL */
 } kvp_slot;
 
 /* Outcome of a prepare-store, filled by kvp_prepare_store(). */

@@ -170,6 +170,7 @@ _PROTOTYPES: Dict[str, Tuple[Optional[type], List[type]]] = {
     "kvp_unregister": (c_int, [c_void_p]),
     "kvp_instance_get_info": (_P(kvp_instance_info), [c_void_p]),
     "kvp_lookup": (c_int, [c_void_p, _P(kvp_tokens)]),
+    "kvp_chunk_count": (c_int, [c_void_p, c_u32, c_u32, c_u32]),
     "kvp_prepare_store": (c_int, [c_void_p, _P(kvp_tokens), c_u32, c_u32, _P(kvp_store_plan)]),
     "kvp_commit_store": (c_int, [c_void_p, _P(kvp_store_plan)]),
     "kvp_abort_store": (c_int, [c_void_p, _P(kvp_store_plan)]),

@@ -227,22 +227,15 @@ class Context:
                     self._load_info()
 
     def _range(self, key: _Key, start: int, end: Optional[int]) -> Tuple[int, int, int]:
-        """Validates [start, end) and returns (start, end, nchunks) with end rounded down."""
+        """Returns (start, end, nchunks) with end rounded down to a chunk boundary. The rule
+        is the library's (kvp_chunk_count, shared with the daemon): a bad range raises its
+        error (InvalidArgument, or TooBig beyond 4096 chunks) with its message."""
         as_uint(start, "start")
         if end is None:
             end = key.count
         as_uint(end, "end")
-        c = self.chunk_size
-        if start % c:
-            raise InvalidArgument("start (%d) is not a multiple of the chunk size (%d tokens)"
-                                  % (start, c))
-        if end > key.count:
-            raise InvalidArgument("end (%d) is beyond the sequence's %d tokens"
-                                  % (end, key.count))
-        if end < start:
-            raise InvalidArgument("end (%d) is before start (%d)" % (end, start))
-        end -= end % c
-        return start, end, (end - start) // c
+        nchunks = self._call("range", self.client._lib.kvp_chunk_count, start, end, key.count)
+        return start, start + nchunks * self.chunk_size, nchunks
 
     def _check_plan(self, plan: object, cls: Type[_PlanBase], op: str) -> None:
         if not isinstance(plan, cls):

@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/layout.h"
+
 /*
  * The generation as kept in kvp_slot.reserved_: 32 bits, so a plan could only be mistaken for
  * a current one after 2^32 reconnects of its client.
@@ -101,34 +103,40 @@ static int do_check_seq(kvp_client *c, const kvp_tokens *seq)
     return 0;
 }
 
-/*
- * Checks the token range [start, end) of seq (the rules of docs/PROTOCOL.md) and returns the
- * number of full chunks in it, or a negative error. Caller holds the lock.
- */
-static int do_check_range(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end)
+/* The chunk-range rule (src/common/layout.c, shared with the daemon): the number of full chunks
+ * in [start, end), or a negative error with errmsg set. Caller holds the lock. */
+static int do_range(kvp_instance *inst, uint32_t start, uint32_t end, uint32_t ntokens)
 {
-    struct kvp_conn *conn = &inst->client->conn;
-    uint32_t ct = inst->info.chunk_tokens;
-    int rc = do_check_seq(inst->client, seq);
+    char why[KVP_ERRMSG_SIZE];
+    uint32_t first, n;
+    int rc = kvp_chunk_range(start, end, ntokens, inst->info.chunk_tokens, KVP_MAX_CHUNKS, &first,
+                             &n, why, sizeof(why));
 
     if (rc < 0)
-        return rc;
-    if (start % ct)
-        return kvp_conn_error(conn, -EINVAL,
-                              "start (%u) is not a multiple of the chunk size "
-                              "(%u tokens)",
-                              start, ct);
-    if (end > seq->count)
-        return kvp_conn_error(conn, -EINVAL, "end (%u) is beyond the sequence's %u tokens", end,
-                              seq->count);
-    if (end < start)
-        return kvp_conn_error(conn, -EINVAL, "end (%u) is before start (%u)", end, start);
-    /* start is aligned and <= end, so the rounded-down end is >= start. */
-    uint32_t n = (end - end % ct - start) / ct;
-    if (n > KVP_MAX_CHUNKS)
-        return kvp_conn_error(conn, -E2BIG, "range of %u chunks exceeds the limit of %u", n,
-                              KVP_MAX_CHUNKS);
+        return kvp_conn_error(&inst->client->conn, rc, "%s", why);
     return (int)n;
+}
+
+/* The sequence's own limits, then the range rule. Caller holds the lock. */
+static int do_check_range(kvp_instance *inst, const kvp_tokens *seq, uint32_t start, uint32_t end)
+{
+    int rc = do_check_seq(inst->client, seq);
+
+    return rc < 0 ? rc : do_range(inst, start, end, seq->count);
+}
+
+/* No round trip: the rule is the library's own, and the daemon applies the same one. */
+KVP_EXPORT int kvp_chunk_count(kvp_instance *inst, uint32_t start, uint32_t end, uint32_t ntokens)
+{
+    int rc;
+
+    if (!inst)
+        return -EINVAL;
+    pthread_mutex_lock(&inst->client->lock);
+    inst->client->conn.errmsg[0] = '\0';
+    rc = do_range(inst, start, end, ntokens);
+    pthread_mutex_unlock(&inst->client->lock);
+    return rc;
 }
 
 /* Checks that bufs[0..n) are all set. Caller holds the lock. */
