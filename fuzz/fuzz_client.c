@@ -19,7 +19,7 @@
  * What must hold, beyond "no crash, no leak, no hang": every call returns 0, a count or a
  * negative error; a count is within what was asked (lookup <= chunks of the sequence, store and
  * retrieve <= chunks of the range); the instance stays on the inline transport and keeps its
- * chunk layout; no call takes as long as the 10 s timeout (nobody is left waiting for a reply).
+ * chunk layout; no call takes as long as the 5 s timeout (nobody is left waiting for a reply).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -145,7 +145,7 @@ static void check_rc(kvp_client *c, int rc, int max)
     FUZZ_CHECK(rc <= max);
     if (rc < 0)
         FUZZ_CHECK(kvp_strerror(rc) != NULL && kvp_last_error(c) != NULL);
-    FUZZ_CHECK(now_ms() - call_start < 5000);
+    FUZZ_CHECK(now_ms() - call_start < 4500);
     call_start = now_ms();
 }
 
@@ -187,7 +187,7 @@ static void run_transfers(kvp_client *c, kvp_instance *inst)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct daemon d = {.data = data, .size = size};
-    kvp_opts o = {.socket_path = socket_path, .timeout_ms = 10000};
+    kvp_opts o = {.socket_path = socket_path, .timeout_ms = 5000};
     kvp_client *c = NULL;
     pthread_t tid;
     int stop[2];
