@@ -1,6 +1,9 @@
 /*
- * log.h - the daemon's leveled logger. One line per message on stderr:
- *   2026-12-02T12:00:00.123Z INFO  message
+ * log.h - the daemon's leveled logger. One line per message on stderr, in one of two formats:
+ *   text (default):  2026-12-02T12:00:00.123Z INFO  message
+ *   json (--log-format json, for log shippers): one object per line,
+ *     {"ts":"2026-12-02T12:00:00.123Z","level":"info","msg":"message","pid":4863,...}
+ *     with the fields the call site passes (kvp_log_fields) after pid.
  * The level is checked before the arguments are formatted.
  *
  * Rate-limited variants (log_warn_rl, log_error_rl) are for messages a client can cause once per
@@ -15,22 +18,56 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum kvp_log_level { KVP_LOG_DEBUG, KVP_LOG_INFO, KVP_LOG_WARN, KVP_LOG_ERROR };
+
+enum kvp_log_format { KVP_LOG_TEXT, KVP_LOG_JSON };
 
 extern enum kvp_log_level kvp_log_threshold;
 
 /* Parses "debug", "info", "warn" or "error". Returns 0 or -EINVAL. */
 int kvp_log_parse_level(const char *s, enum kvp_log_level *out);
 
+/* Parses "text" or "json". Returns 0 or -EINVAL. */
+int kvp_log_parse_format(const char *s, enum kvp_log_format *out);
+
+/* Selects the output format. Call before the daemon starts threads; text until then. */
+void kvp_log_set_format(enum kvp_log_format format);
+
+/*
+ * A structured field of one log line: in json output "key": value after "pid", in text output
+ * nothing (the message already says it). str != NULL makes it a string, else num a number.
+ */
+struct kvp_log_field {
+    const char *key;
+    const char *str;
+    int64_t num;
+};
+
+#define KVP_LOG_STR(k, v) ((struct kvp_log_field){.key = (k), .str = (v)})
+#define KVP_LOG_NUM(k, v) ((struct kvp_log_field){.key = (k), .num = (int64_t)(v)})
+
 void kvp_log_write(enum kvp_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* kvp_log_write() with n structured fields (may be 0). */
+void kvp_log_write_fields(enum kvp_log_level level, const struct kvp_log_field *fields, size_t n,
+                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 #define kvp_log(level, ...)                      \
     do {                                         \
         if ((level) >= kvp_log_threshold)        \
             kvp_log_write((level), __VA_ARGS__); \
+    } while (0)
+
+/* kvp_log() with an array of struct kvp_log_field (its element count is taken here). */
+#define kvp_log_fields(level, fields, ...)                                                \
+    do {                                                                                  \
+        if ((level) >= kvp_log_threshold)                                                 \
+            kvp_log_write_fields((level), (fields), sizeof(fields) / sizeof((fields)[0]), \
+                                 __VA_ARGS__);                                            \
     } while (0)
 
 #define log_debug(...) kvp_log(KVP_LOG_DEBUG, __VA_ARGS__)

@@ -1,11 +1,13 @@
 /*
- * test_log.c - the daemon's logger (src/server/log.h): line format and the per-call-site rate
- * limit of log_warn_rl() and friends.
+ * test_log.c - the daemon's logger (src/server/log.h): line format (text, and json decoded with
+ * jansson) and the per-call-site rate limit of log_warn_rl() and friends.
  *
  * Log lines go to stderr with one write(2) each; every case redirects stderr into a pipe
  * (dup2) for the time of the calls, then reads back what was written and counts lines.
  */
+#include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -80,6 +82,124 @@ static void test_line_format(void **state)
     assert_non_null(strstr(c.text, "Z INFO  hello 42\n"));
     assert_non_null(strstr(c.text, "Z WARN  careful\n"));
     assert_null(strstr(c.text, "not shown"));
+}
+
+/* The next line of text (advancing *p), decoded as a JSON object; fails the test otherwise. */
+static json_t *next_json(const char **p)
+{
+    json_error_t e;
+    const char *nl = strchr(*p, '\n');
+    assert_non_null(nl);
+    json_t *o = json_loadb(*p, (size_t)(nl - *p), 0, &e);
+    if (!o || !json_is_object(o))
+        fail_msg("not a JSON object (%s): %.*s", e.text, (int)(nl - *p), *p);
+    *p = nl + 1;
+    return o;
+}
+
+static const char *str_of(json_t *o, const char *key)
+{
+    const char *v = json_string_value(json_object_get(o, key));
+    if (!v)
+        fail_msg("no string \"%s\" in the object", key);
+    return v;
+}
+
+/* ts is ISO 8601 in UTC with milliseconds, the text lines' stamp. */
+static void assert_ts(const char *ts)
+{
+    int y, mo, d, h, mi, s, ms;
+    char z;
+    assert_rc(strlen(ts), 24);
+    assert_rc(sscanf(ts, "%4d-%2d-%2dT%2d:%2d:%2d.%3d%c", &y, &mo, &d, &h, &mi, &s, &ms, &z), 8);
+    assert_true(z == 'Z' && y >= 2024 && mo >= 1 && mo <= 12 && ms >= 0 && ms <= 999);
+}
+
+static void test_json_format(void **state)
+{
+    (void)state;
+    struct capture c;
+    const struct kvp_log_field f[] = {KVP_LOG_STR("socket", "/tmp/\"q\".sock"),
+                                      KVP_LOG_NUM("pool_bytes", 1ull << 40)};
+    char big[3000];
+
+    memset(big, 'y', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    kvp_log_threshold = KVP_LOG_INFO;
+    kvp_log_set_format(KVP_LOG_JSON);
+    capture_begin(&c);
+    log_info("hello %d", 42);
+    log_debug("not shown");
+    /* Everything JSON must escape, and a byte that is not UTF-8. */
+    log_warn("quote \" backslash \\ tab \t newline \n bell \a bad \xff end");
+    kvp_log_fields(KVP_LOG_ERROR, f, "with %s", "fields");
+    log_info("%s", big);
+    capture_end(&c);
+    kvp_log_set_format(KVP_LOG_TEXT);
+
+    assert_rc(lines(c.text), 4);
+    const char *p = c.text;
+    json_t *o = next_json(&p);
+    assert_ts(str_of(o, "ts"));
+    assert_string_equal(str_of(o, "level"), "info");
+    assert_string_equal(str_of(o, "msg"), "hello 42");
+    assert_rc(json_integer_value(json_object_get(o, "pid")), getpid());
+    /* The order a reader sees first: ts, level, msg. */
+    assert_true(strncmp(c.text, "{\"ts\":", 6) == 0);
+    json_decref(o);
+
+    o = next_json(&p);
+    assert_string_equal(str_of(o, "level"), "warn");
+    assert_string_equal(str_of(o, "msg"), "quote \" backslash \\ tab \t newline \n bell \a bad "
+                                          "\xef\xbf\xbd end");
+    json_decref(o);
+
+    o = next_json(&p);
+    assert_string_equal(str_of(o, "level"), "error");
+    assert_string_equal(str_of(o, "msg"), "with fields");
+    assert_string_equal(str_of(o, "socket"), "/tmp/\"q\".sock");
+    assert_rc(json_integer_value(json_object_get(o, "pool_bytes")), 1ll << 40);
+    json_decref(o);
+
+    /* A message too long for a line is cut like a text one, and still valid JSON. */
+    o = next_json(&p);
+    assert_rc(strlen(str_of(o, "msg")), 2047);
+    json_decref(o);
+}
+
+/* The rate limiter's report carries its count and kind as fields. */
+static void test_json_report(void **state)
+{
+    (void)state;
+    static struct kvp_log_rl rl = KVP_LOG_RL_INIT(KVP_LOG_WARN, "stalled %d");
+    struct capture c;
+
+    for (int i = 0; i < KVP_LOG_RL_BURST + 2; i++)
+        kvp_log_rl_admit(&rl, 9000);
+    kvp_log_set_format(KVP_LOG_JSON);
+    capture_begin(&c);
+    assert_rc(kvp_log_rl_flush(9000 + KVP_LOG_RL_WINDOW_MS), 1);
+    capture_end(&c);
+    kvp_log_set_format(KVP_LOG_TEXT);
+    const char *p = c.text;
+    json_t *o = next_json(&p);
+    assert_string_equal(str_of(o, "msg"), "suppressed 2 similar messages: \"stalled %d\"");
+    assert_rc(json_integer_value(json_object_get(o, "suppressed")), 2);
+    assert_string_equal(str_of(o, "kind"), "stalled %d");
+    json_decref(o);
+}
+
+static void test_parse_format(void **state)
+{
+    (void)state;
+    enum kvp_log_format f = KVP_LOG_JSON;
+    assert_rc(kvp_log_parse_format("text", &f), 0);
+    assert_int_equal(f, KVP_LOG_TEXT);
+    assert_rc(kvp_log_parse_format("json", &f), 0);
+    assert_int_equal(f, KVP_LOG_JSON);
+    assert_rc(kvp_log_parse_format("Json", &f), -EINVAL);
+    assert_rc(kvp_log_parse_format("", &f), -EINVAL);
+    assert_int_equal(f, KVP_LOG_JSON);
 }
 
 /* Explicit clock: a burst within one window, then the next window. */
@@ -215,6 +335,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_line_format),
+        cmocka_unit_test(test_json_format),
+        cmocka_unit_test(test_json_report),
+        cmocka_unit_test(test_parse_format),
         cmocka_unit_test(test_burst_then_report),
         cmocka_unit_test(test_flush_reports_silent_site),
         cmocka_unit_test(test_macro_per_call_site),
