@@ -1,14 +1,18 @@
 /*
  * config.c - option parsing for kvpoold.
  *
- * Every option has a default, a long command-line form and a KVPOOL_<NAME> environment
- * variable; the command line wins over the environment, which wins over the defaults. The option
- * table below is the single source for getopt, the environment and --help, so the three cannot
- * drift apart. Values are validated here, once, with a message that names the option.
+ * Every option has a default, a long command-line form, a KVPOOL_<NAME> environment variable
+ * and a key of the same name in the --config file; the command line wins over the environment,
+ * which wins over the file, which wins over the defaults. The option table below is the single
+ * source for getopt, the environment, the file's keys and --help, so they cannot drift apart.
+ * Values are validated here, once (apply()), with a message that names the option and where the
+ * value came from (command line, variable, FILE:LINE).
  *
  * "The command line wins" holds for errors too: the command line is scanned first for the
- * options it sets, and a variable whose option it sets is not applied at all, so a bad value
- * there is only noted, never fatal. A bad variable the command line does not override is.
+ * options it sets (and its --config), and a value of a lower layer (file, environment) whose
+ * option a higher one sets is not applied at all, so a bad value there is only noted, never
+ * fatal. A bad value nothing overrides is. Errors in the file's structure (an unknown key, a
+ * line without '=') are always fatal: they are not values that anything overrides.
  */
 #include "config.h"
 
@@ -23,6 +27,7 @@
 
 #include "common/shm_name.h"
 #include "common/socket_path.h"
+#include "config_file.h"
 
 #define MIN_L1 (1ull << 20)
 #define MAX_L1 (1ull << 50) /* 1 PiB: far beyond any host, and rounding cannot overflow */
@@ -42,6 +47,8 @@ enum opt_id {
     OPT_SHM_MODE,
     OPT_ALLOW_UID,
     OPT_ALLOW_GID,
+    OPT_CONFIG,
+    OPT_LOG_FORMAT,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -55,6 +62,11 @@ struct opt_desc {
 };
 
 static const struct opt_desc opts[] = {
+    {"config", "KVPOOL_CONFIG", "FILE",
+     "Read options from FILE: one 'name = value' per line, the names of the long options\n"
+     "here (l1-size = 4GiB); '#' starts a comment; a value may be quoted (shm-name = \"\").\n"
+     "The command line wins over the environment, which wins over the file. Default: none",
+     OPT_CONFIG},
     {"socket", "KVPOOL_SOCKET", "PATH",
      "Unix socket to listen on.\n"
      "Default: $XDG_RUNTIME_DIR/kvpool/kvpool.sock, else /tmp/kvpool-<uid>/kvpool.sock\n"
@@ -88,6 +100,10 @@ static const struct opt_desc opts[] = {
      OPT_ALLOW_GID},
     {"log-level", "KVPOOL_LOG_LEVEL", "LEVEL", "debug, info, warn or error. Default: info",
      OPT_LOG_LEVEL},
+    {"log-format", "KVPOOL_LOG_FORMAT", "FORMAT",
+     "text: one line per event (default). json: one JSON object per line with ts, level,\n"
+     "msg, pid and the event's fields, for log shippers.",
+     OPT_LOG_FORMAT},
     {"max-clients", "KVPOOL_MAX_CLIENTS", "N",
      "Maximum simultaneous connections (1..4096). Default: 256", OPT_MAX_CLIENTS},
     {"reserve-timeout", "KVPOOL_RESERVE_TIMEOUT", "SECONDS",
@@ -109,6 +125,7 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .chunk_tokens = 256,
         .shm_enabled = true,
         .log_level = KVP_LOG_INFO,
+        .log_format = KVP_LOG_TEXT,
         .max_clients = 256,
         .reserve_timeout_s = 600,
         .io_timeout_ms = 30000,
@@ -251,6 +268,10 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
         rc = kvp_log_parse_level(val, &cfg->log_level);
         want = "debug, info, warn or error";
         break;
+    case OPT_LOG_FORMAT:
+        rc = kvp_log_parse_format(val, &cfg->log_format);
+        want = "text or json";
+        break;
     case OPT_MAX_CLIENTS:
         rc = parse_u32(val, 1, 4096, 10, &cfg->max_clients);
         want = "a number from 1 to 4096";
@@ -298,14 +319,66 @@ static void usage(FILE *out)
             fprintf(out, "      Environment: %s\n", opts[i].env);
         fputc('\n', out);
     }
-    fprintf(out, "Signals: SIGINT, SIGTERM and SIGHUP stop the daemon cleanly and remove the\n"
+    fprintf(out, "Precedence: the command line, then the environment, then the --config file,\n"
+                 "then the defaults.\n"
+                 "Signals: SIGINT, SIGTERM and SIGHUP stop the daemon cleanly and remove the\n"
                  "segment and the socket file.\n");
+}
+
+/* What the file reader's callback needs to know. */
+struct file_layer {
+    struct kvp_config *cfg;
+    const bool *on_command_line; /* by option id */
+    const char *path;
+    FILE *err;
+};
+
+/* One entry of the --config file: a key of the option table, applied unless overridden. */
+static int file_entry(void *arg, const char *key, const char *value, unsigned line)
+{
+    const struct file_layer *f = arg;
+    const struct opt_desc *o = NULL;
+    char src[4200];
+
+    snprintf(src, sizeof(src), "%s:%u", f->path, line);
+    for (size_t i = 0; i < NOPTS && !o; i++)
+        if (strcmp(opts[i].name, key) == 0)
+            o = &opts[i];
+    if (!o) {
+        fprintf(f->err,
+                "kvpoold: %s: unknown key '%s' (the keys are the long option names of "
+                "'kvpoold --help')\n",
+                src, key);
+        return -EINVAL;
+    }
+    if (!o->arg || o->id == OPT_CONFIG) {
+        fprintf(f->err, "kvpoold: %s: '%s' cannot be set in a configuration file\n", src, key);
+        return -EINVAL;
+    }
+    /* Overridden by a higher layer: the value is never used, so a bad one is only noted. */
+    const char *env = o->env ? getenv(o->env) : NULL;
+    if (f->on_command_line[o->id] || env) {
+        struct kvp_config scratch = *f->cfg;
+        if (apply(&scratch, o->id, value, src, NULL)) {
+            if (f->on_command_line[o->id])
+                fprintf(f->err,
+                        "kvpoold: ignoring invalid %s '%s' at %s: --%s on the command line "
+                        "overrides it\n",
+                        key, value, src, key);
+            else
+                fprintf(f->err, "kvpoold: ignoring invalid %s '%s' at %s: %s overrides it\n", key,
+                        value, src, o->env);
+        }
+        return 0;
+    }
+    return apply(f->cfg, o->id, value, src, f->err);
 }
 
 int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err)
 {
     struct option lopts[NOPTS + 1];
     bool on_command_line[OPT_VERSION + 1] = {false};
+    const char *config_path = NULL;
 
     for (size_t i = 0; i < NOPTS; i++)
         lopts[i] = (struct option){opts[i].name, opts[i].arg ? required_argument : no_argument,
@@ -315,13 +388,25 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
     /* First pass: which options the command line sets. Its errors are reported below. */
     optind = 0;
     opterr = 0;
-    for (int c; (c = getopt_long(argc, argv, "h", lopts, NULL)) != -1;)
+    for (int c; (c = getopt_long(argc, argv, "h", lopts, NULL)) != -1;) {
         if (c > 0 && c <= OPT_VERSION)
             on_command_line[c] = true;
+        if (c == OPT_CONFIG)
+            config_path = optarg;
+    }
     bool info_only = on_command_line[OPT_HELP] || on_command_line[OPT_VERSION];
 
+    /* The file, the lowest layer: --config, else KVPOOL_CONFIG; "" means none. */
+    if (!info_only && !on_command_line[OPT_CONFIG])
+        config_path = getenv("KVPOOL_CONFIG");
+    if (!info_only && config_path && config_path[0]) {
+        struct file_layer f = {cfg, on_command_line, config_path, err};
+        if (kvp_conf_file_read(config_path, file_entry, &f, err))
+            return -EINVAL;
+    }
+
     for (size_t i = 0; i < NOPTS && !info_only; i++) {
-        if (!opts[i].env)
+        if (!opts[i].env || opts[i].id == OPT_CONFIG)
             continue;
         const char *v = getenv(opts[i].env);
         if (!v)
@@ -360,6 +445,8 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
                     argv[optind - 1]);
             return -EINVAL;
         }
+        if (c == OPT_CONFIG)
+            continue; /* read above */
         if (apply(cfg, c, optarg, "command line", err))
             return -EINVAL;
     }

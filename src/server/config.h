@@ -1,5 +1,6 @@
 /*
- * config.h - the daemon's configuration: defaults, command line, KVPOOL_* environment.
+ * config.h - the daemon's configuration: defaults, --config file, KVPOOL_* environment, command
+ * line.
  */
 #ifndef KVP_CONFIG_H
 #define KVP_CONFIG_H
@@ -26,6 +27,7 @@ struct kvp_config {
     bool shm_enabled;   /* false: --shm-name "" or --shm-backend none */
     char shm_name[128]; /* normalised, without '/' */
     enum kvp_log_level log_level;
+    enum kvp_log_format log_format;
     uint32_t max_clients;
     uint32_t reserve_timeout_s;
     uint32_t io_timeout_ms; /* bound on receiving the rest of a started frame */
@@ -41,8 +43,10 @@ struct kvp_config {
 void kvp_config_defaults(struct kvp_config *cfg);
 
 /*
- * Applies KVPOOL_* environment variables, then the command line. Returns 0 to run, 1 when
- * --help or --version was printed to out (exit 0), or -EINVAL after printing an error to err.
+ * Applies the configuration file (--config, else $KVPOOL_CONFIG), then the KVPOOL_* environment
+ * variables, then the command line. Returns 0 to run, 1 when --help or --version was printed to
+ * out (exit 0), or -EINVAL after printing an error to err (a file error names FILE:LINE). Notes
+ * about ignored values (a bad value that a higher layer overrides) also go to err.
  */
 int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err);
 

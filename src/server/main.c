@@ -9,7 +9,8 @@
  * disappears mid-reply is an EPIPE on its own connection, not the daemon's death.
  *
  * Exit status: 0 after a stop, 1 when start-up or serving failed (the failing step logged one
- * ERROR line saying why), 2 for a usage error (printed by the option parser).
+ * ERROR line saying why), 2 for a usage error (printed by the option parser), including an error
+ * in the --config file.
  */
 #include <errno.h>
 #include <signal.h>
@@ -41,6 +42,7 @@ int main(int argc, char **argv)
     if (rc)
         return rc > 0 ? EXIT_SUCCESS : 2;
     kvp_log_threshold = cfg.log_level;
+    kvp_log_set_format(cfg.log_format);
 
     if (kvp_server_init(&server, &cfg) != 0)
         return EXIT_FAILURE;

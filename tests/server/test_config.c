@@ -20,7 +20,7 @@ static const char *const env_vars[] = {
     "KVPOOL_SOCKET",     "KVPOOL_SOCKET_MODE", "KVPOOL_L1_SIZE",     "KVPOOL_CHUNK_SIZE",
     "KVPOOL_SHM_NAME",   "KVPOOL_LOG_LEVEL",   "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT",
     "KVPOOL_IO_TIMEOUT", "KVPOOL_SHM_BACKEND", "KVPOOL_SHM_MODE",    "KVPOOL_ALLOW_UID",
-    "KVPOOL_ALLOW_GID",  "XDG_RUNTIME_DIR",
+    "KVPOOL_ALLOW_GID",  "KVPOOL_LOG_FORMAT",  "KVPOOL_CONFIG",      "XDG_RUNTIME_DIR",
 };
 
 static int clean_env(void **state)
@@ -540,6 +540,38 @@ static void test_bad_values_name_the_option(void **state)
     run_free(&r);
 }
 
+/* --log-format: text (the default) or json, also from KVPOOL_LOG_FORMAT. */
+static void test_log_format(void **state)
+{
+    (void)state;
+    struct run r;
+
+    parse(&r, NULL);
+    expect_ok(&r);
+    assert_int_equal(r.cfg.log_format, KVP_LOG_TEXT);
+    run_free(&r);
+
+    parse(&r, "--log-format", "json", NULL);
+    expect_ok(&r);
+    assert_int_equal(r.cfg.log_format, KVP_LOG_JSON);
+    run_free(&r);
+
+    setenv("KVPOOL_LOG_FORMAT", "json", 1);
+    parse(&r, NULL);
+    expect_ok(&r);
+    assert_int_equal(r.cfg.log_format, KVP_LOG_JSON);
+    run_free(&r);
+
+    parse(&r, "--log-format=text", NULL);
+    expect_ok(&r);
+    assert_int_equal(r.cfg.log_format, KVP_LOG_TEXT);
+    run_free(&r);
+
+    parse(&r, "--log-format", "JSON", NULL);
+    expect_einval(&r, "log-format", "'JSON'", "text or json", NULL);
+    run_free(&r);
+}
+
 static void test_long_socket_path(void **state)
 {
     (void)state;
@@ -583,6 +615,7 @@ int main(void)
         T(test_unknown_option),
         T(test_bad_values_name_the_option),
         T(test_long_socket_path),
+        T(test_log_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
