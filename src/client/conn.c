@@ -288,10 +288,11 @@ int kvp_conn_begin(struct kvp_conn *c)
 }
 
 /*
- * Sends every byte of iov[0..n) (the array is consumed: bases and lengths are advanced). At most
- * IOV_MAX entries go to one sendmsg(); short writes resume where they stopped.
+ * Sends (or receives) every byte of iov[0..n); the array is consumed: bases and lengths are
+ * advanced. At most IOV_MAX entries go to one call; short transfers resume where they stopped.
+ * Receiving, EOF is -ECONNRESET.
  */
-static int send_all(int fd, struct iovec *iov, size_t n)
+static int xfer_all(int fd, struct iovec *iov, size_t n, bool send)
 {
     size_t i = kvp_iov_advance(iov, n, 0, 0);
 
@@ -300,38 +301,27 @@ static int send_all(int fd, struct iovec *iov, size_t n)
             .msg_iov = iov + i,
             .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX,
         };
-        ssize_t r = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        ssize_t r = send ? sendmsg(fd, &msg, MSG_NOSIGNAL) : recvmsg(fd, &msg, MSG_WAITALL);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
             return io_errno(errno);
         }
+        if (r == 0 && !send)
+            return -ECONNRESET;
         i = kvp_iov_advance(iov, n, i, (size_t)r);
     }
     return 0;
 }
 
-/* Receives exactly the bytes of iov[0..n) (consumed like send_all). EOF is -ECONNRESET. */
+static int send_all(int fd, struct iovec *iov, size_t n)
+{
+    return xfer_all(fd, iov, n, true);
+}
+
 static int recv_all(int fd, struct iovec *iov, size_t n)
 {
-    size_t i = kvp_iov_advance(iov, n, 0, 0);
-
-    while (i < n) {
-        struct msghdr msg = {
-            .msg_iov = iov + i,
-            .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX,
-        };
-        ssize_t r = recvmsg(fd, &msg, MSG_WAITALL);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return io_errno(errno);
-        }
-        if (r == 0)
-            return -ECONNRESET;
-        i = kvp_iov_advance(iov, n, i, (size_t)r);
-    }
-    return 0;
+    return xfer_all(fd, iov, n, false);
 }
 
 static int recv_buf(int fd, void *p, size_t len)
