@@ -10,7 +10,7 @@ set -eu
 
 group=${1:-build}
 
-build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev libjansson-dev util-linux python3 python3-numpy"
+build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev libjansson-dev libsystemd-dev util-linux python3 python3-numpy"
 # The L2 tier links hiredis and xxhash; its tests run redis-server and redis-cli.
 build_pkgs="$build_pkgs libhiredis-dev libxxhash-dev redis-server redis-tools"
 bench_pkgs="redis-server libhiredis-dev gnuplot-nox"

@@ -11,6 +11,9 @@
  * Exit status: 0 after a stop, 1 when start-up or serving failed (the failing step logged one
  * ERROR line saying why), 2 for a usage error (printed by the option parser), including an error
  * in the --config file.
+ *
+ * Under a service manager (systemd Type=notify, notify.c): READY=1 once the daemon serves
+ * (server.c, with the "ready" line), STOPPING=1 as soon as a stop begins.
  */
 #include <errno.h>
 #include <signal.h>
@@ -20,6 +23,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "notify.h"
 #include "server.h"
 
 static struct kvp_server server;
@@ -54,6 +58,7 @@ int main(int argc, char **argv)
 
     rc = kvp_server_start(&server);
     if (rc == -ECANCELED) {
+        kvp_notify_stopping();
         log_info("kvpoold stopped during start-up");
         kvp_server_destroy(&server);
         return EXIT_SUCCESS;
@@ -63,6 +68,7 @@ int main(int argc, char **argv)
         return EXIT_FAILURE;
     }
     rc = kvp_server_run(&server);
+    kvp_notify_stopping();
     log_info("kvpoold stopping");
     kvp_server_destroy(&server);
     if (rc)

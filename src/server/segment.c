@@ -14,8 +14,9 @@
  *      (ENOSPC because /dev/shm was filled after the capacity gate) unlinks the segment and the
  *      daemon goes inline. The pages are mapped and touched, so the first worker request does
  *      not pay the first-touch cost. Steps make the reservation of a large pool observable (an
- *      INFO progress line every few seconds: bytes done, GB/s, time left) and interruptible (a
- *      stop request between steps ends it with -ECANCELED).
+ *      INFO progress line every few seconds: bytes done, GB/s, time left; the same text goes to
+ *      a service manager as STATUS= with a start-up timeout extension, notify.c) and
+ *      interruptible (a stop request between steps ends it with -ECANCELED).
  *   4. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
  *      it mapped this daemon's segment and not a namesake in another IPC namespace. The magic
  *      is written last, after the lock: a segment with a valid header whose lock is free was
@@ -55,6 +56,7 @@
 #include "common/errors.h"
 #include "common/shm_name.h"
 #include "log.h"
+#include "notify.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
@@ -127,9 +129,12 @@ static int reserve_steps(uint8_t *base, int fd, uint64_t size, const char *what,
     struct timespec t0;
     double last = 0;
     bool reported = false;
+    char status[320];
 
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    log_info("Reserving %" PRIu64 " bytes for the pool (%s)", size, what);
+    snprintf(status, sizeof(status), "Reserving %" PRIu64 " bytes for the pool (%s)", size, what);
+    log_info("%s", status);
+    kvp_notify_progress(status);
     for (uint64_t off = 0; off < size;) {
         uint64_t n = size - off < KVP_RESERVE_STEP ? size - off : KVP_RESERVE_STEP;
         if (reserve_cancel && atomic_load(reserve_cancel)) {
@@ -155,10 +160,14 @@ static int reserve_steps(uint8_t *base, int fd, uint64_t size, const char *what,
         double t = seconds_since(&t0);
         if (off < size && (t - last) * 1000 >= progress_interval_ms) {
             double rate = t > 0 ? (double)off / t : 0;
-            log_info("Reserving the pool: %" PRIu64 " of %" PRIu64 " bytes (%d%%), %.2f GB/s, "
+            snprintf(status, sizeof(status),
+                     "Reserving the pool: %" PRIu64 " of %" PRIu64 " bytes (%d%%), %.2f GB/s, "
                      "about %.0f s left",
                      off, size, (int)(off * 100 / size), rate / 1e9,
                      rate > 0 ? (double)(size - off) / rate : 0.0);
+            log_info("%s", status);
+            /* Also what keeps a service manager's start-up timeout from killing us. */
+            kvp_notify_progress(status);
             last = t;
             reported = true;
         }

@@ -22,7 +22,7 @@
  *      gate or the reservation said no; a segment held by a live daemon is fatal. The reservation
  * logs its progress and stops early on SIGINT/SIGTERM/SIGHUP;
  *   5. store and registry over that memory;
- *   6. listen, the expiry thread, the "ready" line.
+ *   6. listen, the expiry thread, the "ready" line and READY=1 to a service manager (notify.c).
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
  * Threads: the main thread accepts and checks credentials; each connection has a detached thread
@@ -57,6 +57,7 @@
 #include "common/msg.h"
 #include "common/socket_path.h"
 #include "log.h"
+#include "notify.h"
 #include "session.h"
 #include "shm_gate.h"
 #include "stats.h"
@@ -342,24 +343,40 @@ static void *expiry_main(void *arg)
     return NULL;
 }
 
-/* The one INFO line an operator reads first: pool size, SHM state and why, socket, chunk size. */
+/*
+ * The one INFO line an operator reads first: pool size, SHM state and why, socket, chunk size.
+ * The same text is the service manager's STATUS= with READY=1: the socket listens by now.
+ */
 static void log_startup(const struct kvp_server *s)
 {
     const struct kvp_config *cfg = &s->cfg;
-    if (s->seg.memfd)
-        log_info("kvpoold %s ready: pool %" PRIu64 " bytes, SHM enabled (memfd), socket %s, "
-                 "chunk size %" PRIu32 " tokens",
-                 KVP_DAEMON_VERSION, cfg->l1_size, cfg->socket_path, cfg->chunk_tokens);
-    else if (s->seg.shared)
-        log_info("kvpoold %s ready: pool %" PRIu64 " bytes, SHM enabled (shm_name=%s), "
-                 "socket %s, chunk size %" PRIu32 " tokens",
-                 KVP_DAEMON_VERSION, cfg->l1_size, s->seg.name, cfg->socket_path,
-                 cfg->chunk_tokens);
-    else
-        log_info("kvpoold %s ready: pool %" PRIu64 " bytes, %s, socket %s, "
-                 "chunk size %" PRIu32 " tokens",
-                 KVP_DAEMON_VERSION, cfg->l1_size, s->shm_reason, cfg->socket_path,
-                 cfg->chunk_tokens);
+    char shm[sizeof(s->seg.name) + sizeof(s->shm_reason) + 32], line[sizeof(shm) + 256];
+    const char *shm_name = "";
+
+    if (s->seg.memfd) {
+        snprintf(shm, sizeof(shm), "SHM enabled (memfd)");
+        shm_name = "memfd";
+    } else if (s->seg.shared) {
+        snprintf(shm, sizeof(shm), "SHM enabled (shm_name=%s)", s->seg.name);
+        shm_name = s->seg.name;
+    } else {
+        snprintf(shm, sizeof(shm), "%s", s->shm_reason);
+    }
+    snprintf(line, sizeof(line),
+             "kvpoold %s ready: pool %" PRIu64 " bytes, %s, socket %s, chunk size %" PRIu32
+             " tokens",
+             KVP_DAEMON_VERSION, cfg->l1_size, shm, cfg->socket_path, cfg->chunk_tokens);
+    const struct kvp_log_field f[] = {
+        KVP_LOG_STR("version", KVP_DAEMON_VERSION),
+        KVP_LOG_NUM("pool_bytes", cfg->l1_size),
+        KVP_LOG_STR("transport", s->seg.shared ? "shm" : "inline"),
+        KVP_LOG_STR("shm_name", shm_name),
+        KVP_LOG_STR("shm_reason", s->shm_reason),
+        KVP_LOG_STR("socket", cfg->socket_path),
+        KVP_LOG_NUM("chunk_tokens", cfg->chunk_tokens),
+    };
+    kvp_log_fields(KVP_LOG_INFO, f, "%s", line);
+    kvp_notify_ready(line);
 }
 
 int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
