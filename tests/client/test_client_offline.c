@@ -5,9 +5,18 @@
  * the scripted fake daemon: a lost connection is replaced at the next call, a confused peer's
  * is not.
  */
+#include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "client/fake_daemon.h"
+#include "common/kvp_assert.h"
 #include "kvpool.h"
 
 static int setup_fake(void **state)

@@ -7,10 +7,16 @@
  * Layout used throughout: 16 tokens per chunk (the fake's HELLO), float16, 1 layer, hidden 4,
  * so a chunk is 2 * 1 * 16 * 4 * 2 = 256 bytes.
  */
+#include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "client/fake_daemon.h"
+#include "common/kvp_assert.h"
 #include "common/seg_header.h"
 #include "kvpool.h"
 
