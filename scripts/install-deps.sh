@@ -5,7 +5,8 @@
 # only when something is missing. Usage: scripts/install-deps.sh [build|bench|check|all]
 # check: what `make test` adds to build: clang and its libFuzzer runtime (`make fuzz`; Debian 12's
 # clang is 14), cppcheck, flake8 and mypy (`make lint`; the Python linters run on Debian's
-# /usr/bin/python3), clang-format (`make format`).
+# /usr/bin/python3), clang-format (`make format`), systemd (its systemd-analyze verifies
+# contrib/kvpoold.service).
 set -eu
 
 group=${1:-build}
@@ -14,7 +15,7 @@ build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev libjans
 # The L2 tier links hiredis and xxhash; its tests run redis-server and redis-cli.
 build_pkgs="$build_pkgs libhiredis-dev libxxhash-dev redis-server redis-tools"
 bench_pkgs="redis-server libhiredis-dev gnuplot-nox"
-check_pkgs="clang libclang-rt-14-dev cppcheck flake8 mypy clang-format"
+check_pkgs="clang libclang-rt-14-dev cppcheck flake8 mypy clang-format systemd"
 case "$group" in
 build) want="$build_pkgs" ;;
 bench) want="$build_pkgs $bench_pkgs" ;;
