@@ -280,20 +280,33 @@ uint32_t kvp_store_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
     return r;
 }
 
-/* Pins stack: an object shared by several retrieves stays pinned until the last release. */
-uint32_t kvp_store_pin(struct kvp_store *s, const uint8_t *keys, uint32_t n, struct kvp_obj **objs)
+/*
+ * The leading run of committed keys, each refreshed in the LRU; with objs, each is also pinned
+ * and stored there. Pins stack: an object shared by several retrieves stays pinned until the
+ * last release. Caller holds the lock.
+ */
+static uint32_t do_leading_run(struct kvp_store *s, const uint8_t *keys, uint32_t n,
+                               struct kvp_obj **objs)
 {
     uint32_t k = 0;
-    pthread_mutex_lock(&s->lock);
     for (; k < n; k++) {
         struct kvp_obj *o = do_find(s, keys + (size_t)k * KVP_KEY_SIZE);
         if (!o || o->state != KVP_OBJ_COMMITTED)
             break;
-        if (o->pins++ == 0)
-            s->npinned++;
+        if (objs) {
+            if (o->pins++ == 0)
+                s->npinned++;
+            objs[k] = o;
+        }
         do_touch(s, o);
-        objs[k] = o;
     }
+    return k;
+}
+
+uint32_t kvp_store_pin(struct kvp_store *s, const uint8_t *keys, uint32_t n, struct kvp_obj **objs)
+{
+    pthread_mutex_lock(&s->lock);
+    uint32_t k = do_leading_run(s, keys, n, objs);
     pthread_mutex_unlock(&s->lock);
     return k;
 }
@@ -310,14 +323,8 @@ void kvp_store_unpin(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
 /* A lookup announces a retrieve soon: refreshing recency keeps the prefix from eviction. */
 uint32_t kvp_store_lookup(struct kvp_store *s, const uint8_t *keys, uint32_t n)
 {
-    uint32_t k = 0;
     pthread_mutex_lock(&s->lock);
-    for (; k < n; k++) {
-        struct kvp_obj *o = do_find(s, keys + (size_t)k * KVP_KEY_SIZE);
-        if (!o || o->state != KVP_OBJ_COMMITTED)
-            break;
-        do_touch(s, o);
-    }
+    uint32_t k = do_leading_run(s, keys, n, NULL);
     pthread_mutex_unlock(&s->lock);
     return k;
 }
