@@ -394,6 +394,64 @@ bool kvpt_check(const void *buf, size_t len, uint32_t seed, uint32_t chunk)
     return same;
 }
 
+kvp_register_opts kvpt_layout_big(const char *instance_id, uint32_t transport)
+{
+    kvp_register_opts o = kvpt_layout(instance_id, transport);
+    o.model_name = "big-model";
+    o.num_layers = 8;
+    o.hidden_dim = 1024;
+    o.dtype = "float32";
+    return o;
+}
+
+void kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n)
+{
+    const kvp_instance_info *info = kvp_instance_get_info(inst);
+    size_t bytes = info->chunk_bytes;
+    uint32_t ct = info->chunk_tokens;
+    uint32_t *tok = kvpt_tokens(seq, n * ct);
+    kvp_tokens t = {.ids = tok, .count = n * ct};
+    void **bufs = calloc(n, sizeof(*bufs));
+    kvp_store_result r;
+    assert_non_null(bufs);
+    for (uint32_t i = 0; i < n; i++) {
+        bufs[i] = malloc(bytes);
+        assert_non_null(bufs[i]);
+        kvpt_fill(bufs[i], bytes, seq, i);
+    }
+    int rc = kvp_store(inst, &t, 0, n * ct, (const void *const *)bufs, &r);
+    assert_true(rc >= 0);
+    assert_int_equal(r.stored + r.cached, n);
+    for (uint32_t i = 0; i < n; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(tok);
+}
+
+void kvpt_assert_seq(kvp_instance *inst, uint32_t seq, uint32_t n, uint32_t total)
+{
+    const kvp_instance_info *info = kvp_instance_get_info(inst);
+    size_t bytes = info->chunk_bytes;
+    uint32_t ct = info->chunk_tokens;
+    uint32_t *tok = kvpt_tokens(seq, total * ct);
+    kvp_tokens t = {.ids = tok, .count = total * ct};
+    void **bufs = calloc(total, sizeof(*bufs));
+    assert_non_null(bufs);
+    assert_int_equal(kvp_lookup(inst, &t), (int)n);
+    for (uint32_t i = 0; i < total; i++) {
+        bufs[i] = calloc(1, bytes);
+        assert_non_null(bufs[i]);
+    }
+    assert_int_equal(kvp_retrieve(inst, &t, 0, total * ct, bufs), (int)n);
+    for (uint32_t i = 0; i < total; i++) {
+        if (i < n && !kvpt_check(bufs[i], bytes, seq, i))
+            fail_msg("chunk %u of sequence %u is not what was stored", i, seq);
+        free(bufs[i]);
+    }
+    free(bufs);
+    free(tok);
+}
+
 void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args)
 {
     const char *argv[64];

@@ -105,6 +105,17 @@ void kvpt_fill(void *buf, size_t len, uint32_t seed, uint32_t chunk);
 /* True if buf holds exactly what kvpt_fill(seed, chunk) writes. */
 bool kvpt_check(const void *buf, size_t len, uint32_t seed, uint32_t chunk);
 
+/* Registration options for large chunks: kvpt_layout() with 8 layers, hidden 1024 and float32,
+ * 1 MiB per chunk at --chunk-size 16, so that a few chunks make a large transfer. */
+kvp_register_opts kvpt_layout_big(const char *instance_id, uint32_t transport);
+
+/* Stores chunks [0, n) of sequence seq (kvpt_tokens(seq, ...), in inst's chunk size) with the
+ * content kvpt_fill(seq, i); some may be cached already, but all n must end up in the pool. */
+void kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n);
+
+/* Asserts that exactly the first n of the total chunks of seq are cached, byte-exact. */
+void kvpt_assert_seq(kvp_instance *inst, uint32_t seq, uint32_t n, uint32_t total);
+
 /*
  * Starts kvpoold again after d's daemon has exited (d->pid == 0): same directory, socket path
  * and segment name, plus the extra args; the new daemon's log is appended to d->log. Waits
