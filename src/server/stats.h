@@ -80,6 +80,24 @@
     XX(retrieve_bytes_inline, "retrieve_bytes", "transport", "inline",                         \
        "chunk bytes sent through the socket")                                                  \
     XX(evictions, "evictions", "", "", "committed chunks evicted to make room")                \
+    XX(l2_write_queued, "l2_write_queued", "", "", "chunks queued for a copy to L2")           \
+    XX(l2_written_chunks, "l2_written_chunks", "", "", "chunks copied to L2 (write-behind)")   \
+    XX(l2_written_bytes, "l2_written_bytes", "", "", "bytes written to L2, headers included")  \
+    XX(l2_write_dropped, "l2_write_dropped", "", "",                                           \
+       "queued copies dropped, oldest first, because the queue was full (--l2-queue)")         \
+    XX(l2_write_evicted, "l2_write_evicted", "", "",                                           \
+       "queued copies skipped: the chunk left L1 before it could be sent")                     \
+    XX(l2_write_failed, "l2_write_failed", "", "", "copies to L2 that failed")                 \
+    XX(l2_lookup_hit_chunks, "l2_lookup_hit_chunks", "", "",                                   \
+       "chunks that lookups found in L2 after the chunks found in L1")                         \
+    XX(l2_hits, "l2_hits", "", "", "chunks loaded from L2 into L1")                            \
+    XX(l2_misses, "l2_misses", "", "", "loads that found no value in L2")                      \
+    XX(l2_read_bytes, "l2_read_bytes", "", "", "bytes read from L2, headers included")         \
+    XX(l2_corrupt, "l2_corrupt_values", "", "",                                                \
+       "values in L2 that failed a check (discarded, never served)")                           \
+    XX(l2_errors, "l2_errors", "", "", "failed L2 operations (timeouts, error replies)")       \
+    XX(l2_outages, "l2_outages", "", "", "times the L2 tier became unreachable")               \
+    XX(l2_redirects, "l2_redirects", "", "", "Redis Cluster MOVED and ASK redirections")       \
     XX(inline_bytes_in, "inline_received_bytes", "", "",                                       \
        "payload bytes received inline (committed or not)")                                     \
     XX(inline_bytes_out, "inline_sent_bytes", "", "", "payload bytes sent inline")
