@@ -10,7 +10,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,21 +84,26 @@ static void run_free(struct run *r)
     r->out = r->err = NULL;
 }
 
+/*
+ * parse(r, "--option", "value", ..., NULL) and expect_einval(r, "fragment", ..., NULL) take
+ * NULL-terminated lists; the macros pass them as arrays, since a NULL passed through "..." is
+ * not portably a null pointer.
+ */
+#define parse(r, ...) parse_args(r, (const char *const[]){__VA_ARGS__})
+#define expect_einval(r, ...) expect_einval_all(r, (const char *const[]){__VA_ARGS__})
+
 /* Parses the NULL-terminated argument list (argv[0] is added) over fresh defaults. */
-static void parse(struct run *r, ...)
+static void parse_args(struct run *r, const char *const *args)
 {
     char *argv[32];
     int argc = 0;
-    va_list ap;
     size_t out_len = 0, err_len = 0;
 
     argv[argc++] = (char *)"kvpoold";
-    va_start(ap, r);
-    for (char *a = va_arg(ap, char *); a; a = va_arg(ap, char *)) {
+    for (; *args; args++) {
         assert_true(argc < 31);
-        argv[argc++] = a;
+        argv[argc++] = (char *)*args;
     }
-    va_end(ap);
     argv[argc] = NULL;
 
     FILE *out = open_memstream(&r->out, &out_len);
@@ -119,20 +123,18 @@ static void expect_ok(const struct run *r)
     assert_string_equal(r->err, "");
 }
 
-/* rc is -EINVAL and the error text is exactly one line that contains every fragment. */
-static void expect_einval(const struct run *r, ...)
+/* rc is -EINVAL and the error text is exactly one line that contains every fragment of the
+ * NULL-terminated list. */
+static void expect_einval_all(const struct run *r, const char *const *fragments)
 {
-    va_list ap;
     assert_rc(r->rc, -EINVAL);
     assert_string_equal(r->out, "");
     const char *nl = strchr(r->err, '\n');
     if (!nl || nl[1] != '\0')
         fail_msg("expected one line of error text, got \"%s\"", r->err);
-    va_start(ap, r);
-    for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *))
-        if (!strstr(r->err, s))
-            fail_msg("error text \"%s\" does not contain \"%s\"", r->err, s);
-    va_end(ap);
+    for (; *fragments; fragments++)
+        if (!strstr(r->err, *fragments))
+            fail_msg("error text \"%s\" does not contain \"%s\"", r->err, *fragments);
 }
 
 /* "PATH:LINE", for messages. */
