@@ -109,8 +109,9 @@ fuzz: deps-check $(FUZZ_BUILD)/CMakeCache.txt
 fuzz-corpus: build
 	$(BUILD)/bin/fuzz_gen_corpus fuzz/corpus
 
-# Static analysis of the daemon, the library and the fuzz drivers. A false positive is
-# suppressed where it is reported, with the reason: /* cppcheck-suppress <id> ; why */.
+# Static analysis of the daemon, the library, the fuzz drivers, the tests and the benchmarks. A
+# false positive is suppressed where it is reported, with the reason:
+# /* cppcheck-suppress <id> ; why */.
 CPPCHECK_FLAGS = --enable=warning,performance,portability --library=posix --std=c11 \
 	--inline-suppr --error-exitcode=1 --quiet -D_GNU_SOURCE -D__linux__ \
 	-DKVP_DAEMON_VERSION=\"0\" -Iinclude -Isrc -Isrc/common -Isrc/server -Isrc/client
@@ -126,7 +127,7 @@ FORMAT_FILES = $(shell find src tests bench fuzz include -name '*.[ch]' 2>/dev/n
 .PHONY: lint format format-check
 
 lint: deps-check
-	cppcheck $(CPPCHECK_FLAGS) src fuzz
+	cppcheck $(CPPCHECK_FLAGS) src fuzz tests bench
 	cd python && $(LINT_PYTHON) -m flake8 kvpool tests ../examples
 	cd python && $(LINT_PYTHON) -m mypy
 
