@@ -30,7 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -44,19 +43,6 @@ static const char *const daemon_args[] = {"--l1-size", "64MiB", "--chunk-size", 
 static const char *const memfd_args[] = {"--l1-size", "64MiB",         "--chunk-size",
                                          "16",        "--shm-backend", "memfd",
                                          NULL};
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* The worker's client: short timeouts, so that no waiting can hide in a passing test. */
 static kvp_client *open_worker(const struct kvpt_daemon *d)
@@ -186,12 +172,12 @@ static void restart_under_worker(int sig, const char *const *args)
     kvpt_daemon_restart(&d, args);
 
     /* The worker's next calls just work, with the handles it holds. */
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvpt_now_ms();
     store_seq(w, shm, 3);
     check_seq(w, shm, 3);
     store_seq(w, inl, 4);
     check_seq(w, inl, 4);
-    assert_true(now_ms() - t0 < 2000);
+    assert_true(kvpt_now_ms() - t0 < 2000);
     assert_ptr_equal(kvp_instance_get_info(shm), si);
     assert_int_equal(si->transport, KVP_TRANSPORT_SHM);
     assert_string_equal(si->shm_name, memfd ? "" : d.shm_name);
@@ -273,11 +259,11 @@ static void test_daemon_down(void **state)
     /* SIGTERM removes the socket file: -ENOENT, naming the socket, at once, every call. */
     assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
     for (int i = 0; i < 3; i++) {
-        uint64_t t0 = now_ms();
+        uint64_t t0 = kvpt_now_ms();
         assert_int_equal(lookup_seq(shm, 10), -ENOENT);
         assert_error_mentions(w, d.socket);
         assert_error_mentions(w, "reconnect");
-        assert_true(now_ms() - t0 < 1000);
+        assert_true(kvpt_now_ms() - t0 < 1000);
     }
     assert_int_equal(try_store(inl, 11, NULL), -ENOENT);
     assert_int_equal(kvp_ping(w), -ENOENT);
@@ -302,8 +288,8 @@ static void test_daemon_down(void **state)
     assert_int_equal(kill(d.pid, SIGSTOP), 0);
     assert_int_equal(pthread_create(&tid, NULL, store_in_flight, &f), 0);
     while (!atomic_load(&f.started))
-        sleep_ms(1);
-    sleep_ms(300); /* the request is in the stopped daemon's socket by now */
+        kvpt_sleep_ms(1);
+    kvpt_sleep_ms(300); /* the request is in the stopped daemon's socket by now */
     assert_int_equal(kvpt_daemon_signal_wait(&d, SIGKILL), 128 + SIGKILL);
     assert_int_equal(pthread_join(tid, NULL), 0);
     if (f.rc != -ECONNRESET && f.rc != -EPIPE)
