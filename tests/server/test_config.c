@@ -2,9 +2,9 @@
  * test_config.c - kvpoold's configuration (src/server/config.h): size parsing, defaults, the
  * command line, KVPOOL_* environment variables and the messages printed for bad values.
  *
- * kvp_config_parse() writes help and errors to the FILE*s it is given; each case captures them
- * with open_memstream() and checks the text. Every case starts from an environment without any
- * KVPOOL_* variable, so the machine running the tests cannot change the outcome.
+ * Each case parses through config_fixture.c, which captures what kvp_config_parse() prints, and
+ * starts from an environment without any KVPOOL_* variable, so the machine running the tests
+ * cannot change the outcome.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -15,87 +15,7 @@
 
 #include "common/kvp_assert.h"
 #include "config.h"
-
-static const char *const env_vars[] = {
-    "KVPOOL_SOCKET",     "KVPOOL_SOCKET_MODE", "KVPOOL_L1_SIZE",     "KVPOOL_CHUNK_SIZE",
-    "KVPOOL_SHM_NAME",   "KVPOOL_LOG_LEVEL",   "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT",
-    "KVPOOL_IO_TIMEOUT", "KVPOOL_SHM_BACKEND", "KVPOOL_SHM_MODE",    "KVPOOL_ALLOW_UID",
-    "KVPOOL_ALLOW_GID",  "KVPOOL_LOG_FORMAT",  "KVPOOL_CONFIG",      "XDG_RUNTIME_DIR",
-};
-
-static int clean_env(void **state)
-{
-    (void)state;
-    for (size_t i = 0; i < sizeof(env_vars) / sizeof(env_vars[0]); i++)
-        unsetenv(env_vars[i]);
-    return 0;
-}
-
-/* Output of one kvp_config_parse() call. */
-struct run {
-    int rc;
-    struct kvp_config cfg;
-    char *out; /* what went to out, NUL-terminated */
-    char *err;
-};
-
-static void run_free(struct run *r)
-{
-    free(r->out);
-    free(r->err);
-    r->out = r->err = NULL;
-}
-
-/*
- * parse(r, "--option", "value", ..., NULL) and expect_einval(r, "fragment", ..., NULL) take
- * NULL-terminated lists; the macros pass them as arrays, since a NULL passed through "..." is
- * not portably a null pointer.
- */
-#define parse(r, ...) parse_args(r, (const char *const[]){__VA_ARGS__})
-#define expect_einval(r, ...) expect_einval_all(r, (const char *const[]){__VA_ARGS__})
-
-/* Parses the NULL-terminated argument list (argv[0] is added) over fresh defaults. */
-static void parse_args(struct run *r, const char *const *args)
-{
-    char *argv[32];
-    int argc = 0;
-    size_t out_len = 0, err_len = 0;
-
-    argv[argc++] = (char *)"kvpoold";
-    for (; *args; args++) {
-        assert_true(argc < 31);
-        argv[argc++] = (char *)*args;
-    }
-    argv[argc] = NULL;
-
-    FILE *out = open_memstream(&r->out, &out_len);
-    FILE *err = open_memstream(&r->err, &err_len);
-    assert_non_null(out);
-    assert_non_null(err);
-    kvp_config_defaults(&r->cfg);
-    r->rc = kvp_config_parse(&r->cfg, argc, argv, out, err);
-    fclose(out);
-    fclose(err);
-}
-
-static void expect_ok(const struct run *r)
-{
-    if (r->rc != 0)
-        fail_msg("kvp_config_parse = %d, expected 0; stderr: %s", r->rc, r->err);
-    assert_string_equal(r->err, "");
-    assert_string_equal(r->out, "");
-}
-
-/* The call failed with -EINVAL and the error text contains every fragment of the
- * NULL-terminated list. */
-static void expect_einval_all(const struct run *r, const char *const *fragments)
-{
-    assert_rc(r->rc, -EINVAL);
-    assert_string_equal(r->out, "");
-    for (; *fragments; fragments++)
-        if (!strstr(r->err, *fragments))
-            fail_msg("error text \"%s\" does not contain \"%s\"", r->err, *fragments);
-}
+#include "config_fixture.h"
 
 /* ---- kvp_parse_size ---- */
 

@@ -5,8 +5,8 @@
  * file > defaults, also for errors (a bad value that a higher layer overrides is only noted).
  *
  * Every case writes its file into a fresh temporary directory and parses through
- * kvp_config_parse(), capturing what it prints; the environment starts without any KVPOOL_*
- * variable.
+ * config_fixture.c, which captures what kvp_config_parse() prints; the environment starts
+ * without any KVPOOL_* variable.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,21 +20,13 @@
 #include "common/kvp_assert.h"
 #include "config.h"
 #include "config_file.h"
-
-static const char *const env_vars[] = {
-    "KVPOOL_SOCKET",     "KVPOOL_SOCKET_MODE", "KVPOOL_L1_SIZE",         "KVPOOL_CHUNK_SIZE",
-    "KVPOOL_SHM_NAME",   "KVPOOL_LOG_LEVEL",   "KVPOOL_LOG_FORMAT",      "KVPOOL_MAX_CLIENTS",
-    "KVPOOL_IO_TIMEOUT", "KVPOOL_SHM_BACKEND", "KVPOOL_RESERVE_TIMEOUT", "KVPOOL_SHM_MODE",
-    "KVPOOL_ALLOW_UID",  "KVPOOL_ALLOW_GID",   "KVPOOL_CONFIG",          "XDG_RUNTIME_DIR",
-};
+#include "config_fixture.h"
 
 static char dir[64];
 
 static int setup(void **state)
 {
-    (void)state;
-    for (size_t i = 0; i < sizeof(env_vars) / sizeof(env_vars[0]); i++)
-        unsetenv(env_vars[i]);
+    clean_env(state);
     snprintf(dir, sizeof(dir), "/tmp/kvpt-conf-XXXXXX");
     assert_non_null(mkdtemp(dir));
     return 0;
@@ -45,8 +37,7 @@ static int teardown(void **state)
     char cmd[128];
     (void)state;
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    for (size_t i = 0; i < sizeof(env_vars) / sizeof(env_vars[0]); i++)
-        unsetenv(env_vars[i]);
+    clean_env(state);
     return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -69,73 +60,14 @@ static const char *write_file(const char *name, const char *text)
     return write_file_n(name, text, strlen(text));
 }
 
-/* Output of one kvp_config_parse() call. */
-struct run {
-    int rc;
-    struct kvp_config cfg;
-    char *out;
-    char *err;
-};
-
-static void run_free(struct run *r)
-{
-    free(r->out);
-    free(r->err);
-    r->out = r->err = NULL;
-}
-
-/*
- * parse(r, "--option", "value", ..., NULL) and expect_einval(r, "fragment", ..., NULL) take
- * NULL-terminated lists; the macros pass them as arrays, since a NULL passed through "..." is
- * not portably a null pointer.
- */
-#define parse(r, ...) parse_args(r, (const char *const[]){__VA_ARGS__})
-#define expect_einval(r, ...) expect_einval_all(r, (const char *const[]){__VA_ARGS__})
-
-/* Parses the NULL-terminated argument list (argv[0] is added) over fresh defaults. */
-static void parse_args(struct run *r, const char *const *args)
-{
-    char *argv[32];
-    int argc = 0;
-    size_t out_len = 0, err_len = 0;
-
-    argv[argc++] = (char *)"kvpoold";
-    for (; *args; args++) {
-        assert_true(argc < 31);
-        argv[argc++] = (char *)*args;
-    }
-    argv[argc] = NULL;
-
-    FILE *out = open_memstream(&r->out, &out_len);
-    FILE *err = open_memstream(&r->err, &err_len);
-    assert_non_null(out);
-    assert_non_null(err);
-    kvp_config_defaults(&r->cfg);
-    r->rc = kvp_config_parse(&r->cfg, argc, argv, out, err);
-    fclose(out);
-    fclose(err);
-}
-
-static void expect_ok(const struct run *r)
-{
-    if (r->rc != 0)
-        fail_msg("kvp_config_parse = %d, expected 0; stderr: %s", r->rc, r->err);
-    assert_string_equal(r->err, "");
-}
-
-/* rc is -EINVAL and the error text is exactly one line that contains every fragment of the
- * NULL-terminated list. */
-static void expect_einval_all(const struct run *r, const char *const *fragments)
-{
-    assert_rc(r->rc, -EINVAL);
-    assert_string_equal(r->out, "");
-    const char *nl = strchr(r->err, '\n');
-    if (!nl || nl[1] != '\0')
-        fail_msg("expected one line of error text, got \"%s\"", r->err);
-    for (; *fragments; fragments++)
-        if (!strstr(r->err, *fragments))
-            fail_msg("error text \"%s\" does not contain \"%s\"", r->err, *fragments);
-}
+/* expect_einval(), and the error text is exactly one line. */
+#define expect_error_line(r, ...)                                              \
+    do {                                                                       \
+        expect_einval(r, __VA_ARGS__);                                         \
+        const char *nl_ = strchr((r)->err, '\n');                              \
+        if (!nl_ || nl_[1] != '\0')                                            \
+            fail_msg("expected one line of error text, got \"%s\"", (r)->err); \
+    } while (0)
 
 /* "PATH:LINE", for messages. */
 static const char *at(const char *path, unsigned line)
@@ -241,19 +173,19 @@ static void test_unknown_key_names_line(void **state)
                                             "l1-size = 64MiB\n"
                                             "l1_size = 64MiB\n");
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, at(path, 3), "unknown key 'l1_size'", "kvpoold --help", NULL);
+    expect_error_line(&r, at(path, 3), "unknown key 'l1_size'", "kvpoold --help", NULL);
     run_free(&r);
 
     /* Keys are case-sensitive, like the options. */
     path = write_file("k2.conf", "L1-SIZE = 64MiB\n");
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, at(path, 1), "unknown key 'L1-SIZE'", NULL);
+    expect_error_line(&r, at(path, 1), "unknown key 'L1-SIZE'", NULL);
     run_free(&r);
 
     /* Options without a value are not keys. */
     path = write_file("k3.conf", "\nhelp = yes\n");
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, at(path, 2), "'help' cannot be set in a configuration file", NULL);
+    expect_error_line(&r, at(path, 2), "'help' cannot be set in a configuration file", NULL);
     run_free(&r);
 }
 
@@ -265,18 +197,18 @@ static void test_bad_value_names_line(void **state)
                                             "\n"
                                             "chunk-size = lots\n");
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, "invalid chunk-size 'lots'", at(path, 3), "expected a token count", NULL);
+    expect_error_line(&r, "invalid chunk-size 'lots'", at(path, 3), "expected a token count", NULL);
     run_free(&r);
 
     path = write_file("v2.conf", "log-format = xml\n");
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, "invalid log-format 'xml'", at(path, 1), "text or json", NULL);
+    expect_error_line(&r, "invalid log-format 'xml'", at(path, 1), "text or json", NULL);
     run_free(&r);
 
     /* A value of blanks is empty: not a valid size. */
     path = write_file("v3.conf", "l1-size =   \n");
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, "invalid l1-size ''", at(path, 1), NULL);
+    expect_error_line(&r, "invalid l1-size ''", at(path, 1), NULL);
     run_free(&r);
 }
 
@@ -300,7 +232,7 @@ static void test_syntax_errors_name_line(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const char *path = write_file("s.conf", cases[i].text);
         parse(&r, "--config", path, NULL);
-        expect_einval(&r, at(path, cases[i].line), cases[i].what, NULL);
+        expect_error_line(&r, at(path, cases[i].line), cases[i].what, NULL);
         run_free(&r);
     }
 }
@@ -315,11 +247,12 @@ static void test_unreadable_file(void **state)
 
     snprintf(path, sizeof(path), "%s/missing.conf", dir);
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, "cannot read configuration file", path, "No such file or directory", NULL);
+    expect_error_line(&r, "cannot read configuration file", path, "No such file or directory",
+                      NULL);
     run_free(&r);
 
     parse(&r, "--config", dir, NULL);
-    expect_einval(&r, "cannot read configuration file", dir, "directory", NULL);
+    expect_error_line(&r, "cannot read configuration file", dir, "directory", NULL);
     run_free(&r);
 
     /* A mode that the reader lacks (root reads anything: only checked for others). */
@@ -327,7 +260,7 @@ static void test_unreadable_file(void **state)
     assert_rc(chmod(locked, 0), 0);
     if (geteuid() != 0) {
         parse(&r, "--config", locked, NULL);
-        expect_einval(&r, "cannot read configuration file", locked, "Permission denied", NULL);
+        expect_error_line(&r, "cannot read configuration file", locked, "Permission denied", NULL);
         run_free(&r);
     }
 }
@@ -355,7 +288,7 @@ static void test_line_and_file_limits(void **state)
     text[17 + KVP_CONF_MAX_LINE] = '\n';
     path = write_file_n("toolong.conf", text, 18 + KVP_CONF_MAX_LINE);
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, at(path, 2), "line of 4097 bytes, more than the limit of 4096", NULL);
+    expect_error_line(&r, at(path, 2), "line of 4097 bytes, more than the limit of 4096", NULL);
     run_free(&r);
 
     /* The whole file: exactly the limit is read, one byte more is refused. */
@@ -369,14 +302,14 @@ static void test_line_and_file_limits(void **state)
 
     path = write_file_n("huge.conf", text, KVP_CONF_MAX_SIZE + 1);
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, "cannot read configuration file", path, "1048577 bytes",
-                  "more than the limit of 1048576", NULL);
+    expect_error_line(&r, "cannot read configuration file", path, "1048577 bytes",
+                      "more than the limit of 1048576", NULL);
     run_free(&r);
 
     /* A binary file is not a configuration file. */
     path = write_file_n("nul.conf", "chunk-size = 64\nl1-size\0 = 1\n", 29);
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, at(path, 2), "NUL byte", NULL);
+    expect_error_line(&r, at(path, 2), "NUL byte", NULL);
     run_free(&r);
 }
 
@@ -473,7 +406,7 @@ static void test_config_from_environment(void **state)
 
     /* A missing file named by the variable is an error like any other. */
     parse(&r, NULL);
-    expect_einval(&r, "cannot read configuration file /nonexistent/kvpoold.conf", NULL);
+    expect_error_line(&r, "cannot read configuration file /nonexistent/kvpoold.conf", NULL);
     run_free(&r);
 }
 
@@ -505,20 +438,20 @@ static void test_overridden_bad_value_is_noted(void **state)
 
     /* Not overridden: fatal, with the file's line. */
     parse(&r, "--config", path, "--chunk-size", "8", NULL);
-    expect_einval(&r, "invalid l1-size '1KiB'", at(path, 1), NULL);
+    expect_error_line(&r, "invalid l1-size '1KiB'", at(path, 1), NULL);
     run_free(&r);
 
     /* A bad variable over a good file value is fatal too: the environment is not overridden. */
     path = write_file("good.conf", "chunk-size = 64\n");
     setenv("KVPOOL_CHUNK_SIZE", "lots", 1);
     parse(&r, "--config", path, NULL);
-    expect_einval(&r, "invalid chunk-size 'lots'", "KVPOOL_CHUNK_SIZE", NULL);
+    expect_error_line(&r, "invalid chunk-size 'lots'", "KVPOOL_CHUNK_SIZE", NULL);
     run_free(&r);
 
     /* Structure errors are never overridden: they are not values. */
     path = write_file("typo.conf", "chunk-size 64\n");
     parse(&r, "--config", path, "--chunk-size", "8", NULL);
-    expect_einval(&r, at(path, 1), "expected 'key = value'", NULL);
+    expect_error_line(&r, at(path, 1), "expected 'key = value'", NULL);
     run_free(&r);
 }
 
