@@ -28,6 +28,7 @@
 #include "common/shm_name.h"
 #include "common/socket_path.h"
 #include "config_file.h"
+#include "l2_url.h"
 
 #define MIN_L1 (1ull << 20)
 #define MAX_L1 (1ull << 50) /* 1 PiB: far beyond any host, and rounding cannot overflow */
@@ -49,6 +50,12 @@ enum opt_id {
     OPT_ALLOW_GID,
     OPT_CONFIG,
     OPT_LOG_FORMAT,
+    OPT_L2,
+    OPT_L2_PASSWORD_FILE,
+    OPT_L2_TTL,
+    OPT_L2_CONNECTIONS,
+    OPT_L2_QUEUE,
+    OPT_L2_TIMEOUT,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -111,6 +118,31 @@ static const struct opt_desc opts[] = {
     {"io-timeout", "KVPOOL_IO_TIMEOUT", "MS",
      "Drop a client that stalls in the middle of a frame for this long. Default: 30000",
      OPT_IO_TIMEOUT},
+    {"l2", "KVPOOL_L2", "URL",
+     "A second tier on Redis, shared by every daemon that names it (README: Sharing\n"
+     "across hosts): redis://[user:password@]HOST:PORT[/DB], unix:///PATH[?db=N] or\n"
+     "redis-cluster://HOST:PORT[,HOST:PORT...] (seed nodes). Credentials are never\n"
+     "logged. Set maxmemory-policy allkeys-lru on the Redis side. Default: off",
+     OPT_L2},
+    {"l2-password-file", "KVPOOL_L2_PASSWORD_FILE", "FILE",
+     "Read the L2 password from FILE (one line, read once at start-up; a warning if\n"
+     "group or others can read it). It replaces a password in the URL. Default: none",
+     OPT_L2_PASSWORD_FILE},
+    {"l2-ttl", "KVPOOL_L2_TTL", "SECONDS",
+     "Expire chunks in L2 after this many seconds; 0: never (Redis' maxmemory policy\n"
+     "evicts them). Default: 0",
+     OPT_L2_TTL},
+    {"l2-connections", "KVPOOL_L2_CONNECTIONS", "N",
+     "Background threads copying to and loading from L2, each with its own connection,\n"
+     "and as many connections for workers' lookups and retrieves (1..64). Default: 2",
+     OPT_L2_CONNECTIONS},
+    {"l2-queue", "KVPOOL_L2_QUEUE", "SIZE",
+     "Bytes of chunks waiting for a copy to L2; when full, the oldest are dropped\n"
+     "(counted), never a worker slowed. Default: 256MiB",
+     OPT_L2_QUEUE},
+    {"l2-timeout", "KVPOOL_L2_TIMEOUT", "MS",
+     "Bound of every L2 connect, command and wait for a load (10..600000). Default: 1000",
+     OPT_L2_TIMEOUT},
     {"help", NULL, NULL, "Show this help and exit", OPT_HELP},
     {"version", NULL, NULL, "Show the version and exit", OPT_VERSION},
 };
@@ -131,6 +163,9 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .io_timeout_ms = 30000,
         .shm_backend = KVP_SHM_POSIX,
         .shm_mode = 0600,
+        .l2_connections = 2,
+        .l2_queue_bytes = 256ull << 20,
+        .l2_timeout_ms = 1000,
     };
     /* The clients' rule. A path too long for a socket stays "" and is reported at bind. */
     kvp_socket_path_default(cfg->socket_path, sizeof(cfg->socket_path));
@@ -283,6 +318,44 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
     case OPT_IO_TIMEOUT:
         rc = parse_u32(val, 10, 3600000, 10, &cfg->io_timeout_ms);
         want = "milliseconds from 10 to 3600000";
+        break;
+    case OPT_L2: {
+        struct kvp_l2_target t;
+        char why[256];
+        bool off = val[0] == '\0' || strcmp(val, "off") == 0;
+        /* The URL may hold a password: the message names the problem, never the value. */
+        rc = off ? 0 : kvp_l2_url_parse(val, &t, why, sizeof(why));
+        explicit_bzero(&t, sizeof(t));
+        if (rc) {
+            if (err)
+                fprintf(err, "kvpoold: invalid l2 URL (from %s): %s\n", src, why);
+            return -EINVAL;
+        }
+        snprintf(cfg->l2_url, sizeof(cfg->l2_url), "%s", off ? "" : val);
+        break;
+    }
+    case OPT_L2_PASSWORD_FILE:
+        if (strlen(val) >= sizeof(cfg->l2_password_file))
+            rc = -EINVAL;
+        else
+            snprintf(cfg->l2_password_file, sizeof(cfg->l2_password_file), "%s", val);
+        want = "a path of at most 1023 bytes";
+        break;
+    case OPT_L2_TTL:
+        rc = parse_u32(val, 0, 315360000, 10, &cfg->l2_ttl_s);
+        want = "seconds from 0 (no expiry) to 315360000";
+        break;
+    case OPT_L2_CONNECTIONS:
+        rc = parse_u32(val, 1, 64, 10, &cfg->l2_connections);
+        want = "a number from 1 to 64";
+        break;
+    case OPT_L2_QUEUE:
+        rc = kvp_parse_size(val, &cfg->l2_queue_bytes);
+        want = "a size such as 256MiB or 1GiB";
+        break;
+    case OPT_L2_TIMEOUT:
+        rc = parse_u32(val, 10, 600000, 10, &cfg->l2_timeout_ms);
+        want = "milliseconds from 10 to 600000";
         break;
     default:
         rc = -EINVAL;

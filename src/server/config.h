@@ -37,6 +37,12 @@ struct kvp_config {
     uint32_t n_allow_uids;
     uint32_t allow_gids[KVP_MAX_ALLOW];
     uint32_t n_allow_gids;
+    char l2_url[2049];           /* --l2: "" when the L2 tier is off (holds credentials) */
+    char l2_password_file[1024]; /* --l2-password-file, "" for none */
+    uint32_t l2_ttl_s;           /* expiry of L2 values, 0 for none */
+    uint32_t l2_connections;     /* background threads, and foreground connections */
+    uint64_t l2_queue_bytes;     /* bound of the write-behind backlog */
+    uint32_t l2_timeout_ms;      /* bound of every L2 network operation and wait */
 };
 
 /* Fills the defaults (socket path per kvp_default_socket_path rule, shm name with our pid). */

@@ -24,6 +24,7 @@
 #include "common/layout.h"
 #include "common/msg.h"
 #include "handlers.h"
+#include "l2.h"
 #include "log.h"
 #include "server.h"
 #include "session.h"
@@ -221,6 +222,62 @@ static int keyed_prepare(struct kvp_session *c, const struct kvp_header *h, stru
     return 0;
 }
 
+/* ---- the L2 tier (l2.h): a handler calls these only when it is on ---- */
+
+/*
+ * The chunks after the L1 run that L2 has (they start loading into L1). The run ended in the
+ * window of keys c->keys holds: chunks [win, win + k->n) of the sequence.
+ */
+static uint32_t lookup_l2(struct kvp_session *c, const struct keyed *k, uint32_t win,
+                          uint32_t cached)
+{
+    struct kvp_l2_layout lay;
+    if (!c->srv->l2 || cached < win || cached >= win + k->n)
+        return 0;
+    kvp_l2_layout_of(&k->inst, &lay);
+    return kvp_l2_lookup(c->srv->l2, c->keys + (size_t)(cached - win) * KVP_KEY_SIZE,
+                         win + k->n - cached, &lay);
+}
+
+/*
+ * The chunks after the first n (the run pinned from L1) that L2 has: loaded into L1 (or waited
+ * for) by kvp_l2_fetch(), then pinned into c->objs after the others, so that they are served
+ * as if they had been in L1. Returns how many were added.
+ */
+static uint32_t retrieve_l2(struct kvp_session *c, const struct keyed *k, uint32_t n)
+{
+    struct kvp_server *s = c->srv;
+    struct kvp_l2_layout lay;
+    if (!s->l2 || n >= k->n)
+        return 0;
+    kvp_l2_layout_of(&k->inst, &lay);
+    const uint8_t *keys = c->keys + (size_t)n * KVP_KEY_SIZE;
+    uint32_t got = kvp_l2_fetch(s->l2, keys, k->n - n, &lay);
+    return got ? kvp_store_pin(&s->store, keys, got, c->objs + n) : 0;
+}
+
+/* Before a commit: the keys of the hold's chunks, copied into c->keys for the copies to L2
+ * (once committed, the objects may be evicted at any moment). Returns how many. */
+static uint32_t l2_keys_of(struct kvp_session *c, const struct kvp_hold *hold)
+{
+    if (!c->srv->l2)
+        return 0;
+    for (uint32_t i = 0; i < hold->n; i++)
+        memcpy(c->keys + (size_t)i * KVP_KEY_SIZE, hold->objs[i]->key, KVP_KEY_SIZE);
+    return hold->n;
+}
+
+/* After a commit: the n chunks whose keys l2_keys_of() saved are queued for L2. */
+static void l2_stored(struct kvp_session *c, uint32_t handle, uint32_t n)
+{
+    struct kvp_registration inst;
+    struct kvp_l2_layout lay;
+    if (!n || kvp_registry_get_owned(&c->srv->registry, handle, c->id, &inst))
+        return;
+    kvp_l2_layout_of(&inst, &lay);
+    kvp_l2_stored(c->srv->l2, c->keys, n, &lay);
+}
+
 static int handle_lookup(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
@@ -231,15 +288,17 @@ static int handle_lookup(struct kvp_session *c, const struct kvp_header *h)
 
     uint32_t C = s->cfg.chunk_tokens;
     uint32_t total = k.req.ntokens / C;
-    uint32_t cached = kvp_store_lookup(&s->store, c->keys, k.n);
+    uint32_t cached = kvp_store_lookup(&s->store, c->keys, k.n), win = 0;
     /* Sequences longer than one window: continue the chain while every chunk hits. */
     for (uint32_t done = k.n; cached == done && done < total; done += k.n) {
         uint8_t seed[KVP_KEY_SIZE];
         memcpy(seed, c->keys + (size_t)(k.n - 1) * KVP_KEY_SIZE, KVP_KEY_SIZE);
         k.n = total - done < KVP_MAX_CHUNKS ? total - done : KVP_MAX_CHUNKS;
         kvp_key_chain(seed, k.req.tokens + (size_t)done * C * 4, C, k.n, c->keys);
+        win = done;
         cached += kvp_store_lookup(&s->store, c->keys, k.n);
     }
+    cached += lookup_l2(c, &k, win, cached);
     KVP_COUNT(lookups, 1);
     KVP_COUNT(lookup_hit_chunks, cached);
     struct kvp_lookup_reply m = {.nchunks = total, .cached = cached};
@@ -319,6 +378,7 @@ static int commit_hold(struct kvp_session *c, const struct kvp_header *h, struct
 {
     uint64_t id = hold->id, chunk_bytes = hold->chunk_bytes;
     uint32_t handle = hold->handle;
+    uint32_t nkeys = l2_keys_of(c, hold);
     int rc = kvp_store_commit(&c->srv->store, hold->objs, hold->n);
     kvp_holds_drop(&c->holds, hold);
     if (rc < 0)
@@ -333,6 +393,7 @@ static int commit_hold(struct kvp_session *c, const struct kvp_header *h, struct
         KVP_COUNT(store_bytes_shm, bytes);
     }
     kvp_registry_count_io(&c->srv->registry, handle, true, (uint64_t)rc, bytes);
+    l2_stored(c, handle, nkeys);
     kvp_encode_count_reply(&c->out, (uint32_t)rc);
     return ok(c, h);
 }
@@ -422,6 +483,7 @@ static int handle_prepare_retrieve(struct kvp_session *c, const struct kvp_heade
                     "(max %d)",
                     KVP_MAX_HOLDS);
     uint32_t n = kvp_store_pin(&s->store, c->keys, k.n, c->objs);
+    n += retrieve_l2(c, &k, n);
     if (n) {
         struct kvp_hold *hold = kvp_holds_add(&c->holds, k.inst.handle, true, c->objs, n,
                                               k.inst.layout.bytes);
@@ -465,6 +527,7 @@ static int handle_retrieve_inline(struct kvp_session *c, const struct kvp_header
     if (rc)
         return rc < 0 ? rc : 0;
     uint32_t n = kvp_store_pin(&s->store, c->keys, k.n, c->objs);
+    n += retrieve_l2(c, &k, n);
     struct iovec *iov = n ? malloc(sizeof(*iov) * n) : NULL;
     if (n && !iov) {
         kvp_store_unpin(&s->store, c->objs, n);

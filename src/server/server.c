@@ -56,6 +56,7 @@
 #include "common/errors.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
+#include "l2.h"
 #include "log.h"
 #include "notify.h"
 #include "session.h"
@@ -439,6 +440,10 @@ int kvp_server_start(struct kvp_server *s)
         return rc;
     }
     s->store_ready = true;
+    /* Its threads connect by themselves: an unreachable L2 never delays the start-up. */
+    rc = kvp_l2_start(cfg, &s->store, s->seg.base, &s->l2);
+    if (rc)
+        return rc;
 
     struct kvp_offer offer = {
         .shm_enabled = s->seg.shared,
@@ -623,6 +628,9 @@ void kvp_server_destroy(struct kvp_server *s)
         pthread_mutex_unlock(&s->expiry_lock);
         pthread_join(s->expiry_thread, NULL);
     }
+    /* Nobody calls into the tier any more (connections, reports); its threads use the store. */
+    kvp_l2_stop(s->l2);
+    s->l2 = NULL;
     if (s->registry_ready)
         kvp_registry_destroy(&s->registry);
     if (s->store_ready)

@@ -19,6 +19,7 @@
 
 struct kvp_session;
 struct kvp_http;
+struct kvp_l2;
 
 struct kvp_server {
     struct kvp_config cfg;
@@ -34,6 +35,7 @@ struct kvp_server {
      * store, registry and segment may be read by the reporting threads (acquire). */
     atomic_bool serving;
     struct kvp_http *http; /* the HTTP endpoint (http.c), NULL with --http off */
+    struct kvp_l2 *l2;     /* the L2 tier (l2.h), NULL with --l2 off */
 
     int lock_fd; /* <socket>.lock, flocked for our lifetime */
     int listen_fd;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "l2.h"
 #include "server.h"
 #include "session.h"
 
@@ -69,7 +70,7 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     pthread_mutex_unlock(&s->conns_lock);
 
     /* Every gauge of KVP_GAUGE_MAP gets its value here: a new one must be added below. */
-    _Static_assert(KVP_NGAUGES == 15, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
+    _Static_assert(KVP_NGAUGES == 18, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
     uint64_t *v = snap->gauges;
     v[KVP_GAUGE_pool_size] = g.pool_size;
     v[KVP_GAUGE_pool_used] = g.pool_used;
@@ -86,6 +87,11 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     v[KVP_GAUGE_shm_enabled] = s->seg.shared;
     v[KVP_GAUGE_chunk_tokens] = s->cfg.chunk_tokens;
     v[KVP_GAUGE_uptime_seconds] = (kvp_mono_ms() - s->started_mono_ms) / 1000;
+    struct kvp_l2_gauges l2;
+    kvp_l2_get_gauges(s->l2, &l2);
+    v[KVP_GAUGE_l2_up] = l2.up;
+    v[KVP_GAUGE_l2_backlog_chunks] = l2.backlog_chunks;
+    v[KVP_GAUGE_l2_backlog_bytes] = l2.backlog_bytes;
     return 0;
 }
 

@@ -117,6 +117,9 @@
        "registered instances, by the transport they use")                                     \
     XX(instances_inline, "instances", "transport", "inline",                                  \
        "registered instances on the inline transport")                                        \
+    XX(l2_up, "l2_up", "", "", "1 when the L2 tier answers, 0 when it is unreachable or off") \
+    XX(l2_backlog_chunks, "l2_backlog_chunks", "", "", "chunks waiting for a copy to L2")     \
+    XX(l2_backlog_bytes, "l2_backlog_bytes", "", "", "bytes waiting for a copy to L2")        \
     XX(connections, "connected_clients", "", "", "client connections being served")           \
     XX(max_clients, "max_clients", "", "", "connections allowed at once (--max-clients)")     \
     XX(shm_enabled, "shm_enabled", "", "",                                                    \
