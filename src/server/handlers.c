@@ -90,6 +90,7 @@ static int handle_stats(struct kvp_session *c, const struct kvp_header *h)
 
     if (h->body_len != 0)
         return malformed(c, h);
+    memset(e, 0, sizeof(e)); /* names are copied whole onto the wire */
     if (kvp_snapshot_take(c->srv, 0, &snap))
         return fail(c, h, -ENOMEM, "out of memory while collecting statistics");
     for (uint32_t i = 0; i < KVP_NCOUNTERS; i++, n++) {
