@@ -416,6 +416,8 @@ static int run_key(struct kvp_l2_conn *c, const char *key, int argc, const char 
     return rc;
 }
 
+static int redis_ping(struct kvp_l2_conn *c, char *why, size_t why_size);
+
 static int redis_open(const struct kvp_l2_target *target, uint32_t timeout_ms,
                       struct kvp_l2_conn **out, char *why, size_t why_size)
 {
@@ -432,8 +434,9 @@ static int redis_open(const struct kvp_l2_target *target, uint32_t timeout_ms,
                       target->nodes[i].port);
     if (target->scheme == KVP_L2_REDIS_UNIX)
         c->nnodes = 1;
-    redisContext *ctx;
-    int rc = c->cluster ? cluster_refresh(c, why, why_size) : node_ctx(c, 0, &ctx, why, why_size);
+    /* A server that accepts connections but does not answer (stopped, overloaded) is not up:
+     * a cluster answers CLUSTER SLOTS, a single node PING. */
+    int rc = c->cluster ? cluster_refresh(c, why, why_size) : redis_ping(c, why, why_size);
     if (rc) {
         kvp_l2_redis_backend.close(c);
         return rc;
