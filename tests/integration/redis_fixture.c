@@ -45,17 +45,62 @@ void kvpt_redis_require(void)
     }
 }
 
-/* A free loopback port: bound once, released, then handed to redis-server. */
-static uint16_t free_port(void)
+/* True if port can be bound on the loopback address now. */
+static bool port_free(uint16_t port)
 {
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                            .sin_port = htons(port)};
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
     close(fd);
-    return ntohs(a.sin_port);
+    return ok;
+}
+
+/*
+ * A free loopback port for redis-server, below the usual ephemeral range (so that no client
+ * socket takes it meanwhile) and with port + 10000 free too: a cluster node also listens there
+ * (its cluster bus).
+ */
+static uint16_t free_port(void)
+{
+    static unsigned next;
+    if (!next)
+        next = 20000 + (unsigned)(getpid() * 37 % 9000);
+    for (int tries = 0; tries < 9000; tries++) {
+        uint16_t p = (uint16_t)(20000 + (next++ - 20000) % 9000);
+        if (port_free(p) && port_free((uint16_t)(p + 10000)))
+            return p;
+    }
+    fail_msg("no free loopback port pair in 20000..38999");
+    return 0;
+}
+
+/* Every server started, so that an exit (a failed assertion included) removes them all. */
+static struct kvpt_redis *started[8];
+
+static void cleanup_all(void)
+{
+    for (size_t i = 0; i < sizeof(started) / sizeof(started[0]); i++)
+        if (started[i])
+            kvpt_redis_stop(started[i]);
+}
+
+static void remember(struct kvpt_redis *r)
+{
+    static bool registered;
+    if (!registered)
+        atexit(cleanup_all);
+    registered = true;
+    for (size_t i = 0; i < sizeof(started) / sizeof(started[0]); i++) {
+        if (started[i] == r)
+            return;
+        if (!started[i]) {
+            started[i] = r;
+            return;
+        }
+    }
 }
 
 /* fork + exec of argv with stdout and stderr appended to log; the child dies with us. */
@@ -144,6 +189,9 @@ static void launch(struct kvpt_redis *r)
         int status;
         if (waitpid(r->pid, &status, WNOHANG) == r->pid) {
             r->pid = 0;
+            char cmd[200];
+            snprintf(cmd, sizeof(cmd), "tail -n 5 %s >&2", log);
+            (void)!system(cmd);
             fail_msg("redis-server exited at start-up (log: %s)", log);
         }
         kvpt_sleep_ms(10);
@@ -155,6 +203,7 @@ void kvpt_redis_start(struct kvpt_redis *r, bool tcp)
 {
     snprintf(r->dir, sizeof(r->dir), "/tmp/kvpt-redis-XXXXXX");
     assert_non_null(mkdtemp(r->dir));
+    remember(r);
     snprintf(r->sock, sizeof(r->sock), "%s/redis.sock", r->dir);
     r->port = tcp ? free_port() : 0;
     if (tcp)
@@ -258,6 +307,7 @@ void kvpt_cluster_start(struct kvpt_cluster *cl)
         struct kvpt_redis *r = &cl->node[i];
         snprintf(r->dir, sizeof(r->dir), "/tmp/kvpt-redis-XXXXXX");
         assert_non_null(mkdtemp(r->dir));
+        remember(r);
         snprintf(r->sock, sizeof(r->sock), "%s/redis.sock", r->dir);
         snprintf(conf[i], sizeof(conf[i]), "%s/nodes.conf", r->dir);
         r->port = free_port();
