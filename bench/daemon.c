@@ -168,8 +168,8 @@ int kvpb_kvpoold_start(struct kvpb_child *ch, const char *binary, const char *di
     snprintf(tokens, sizeof(tokens), "%u", chunk_tokens);
     snprintf(shm, sizeof(shm), "bench_%d", (int)getpid());
     char *const argv[] = {
-        (char *)binary, "--socket",   socket, "--l1-size",   l1,     "--chunk-size",
-        tokens,         "--shm-name", shm,    "--log-level", "warn", NULL,
+        (char *)binary, "--socket", socket,        "--l1-size", l1,       "--chunk-size", tokens,
+        "--shm-name",   shm,        "--log-level", "warn",      "--http", "off",          NULL,
     };
     int rc = kvpb_child_spawn(ch, "kvpoold", argv, log);
     if (rc < 0)

@@ -264,8 +264,8 @@ int main(int argc, char **argv)
     snprintf(socket, sizeof(socket), "%s/kvpoold.sock", dir);
     snprintf(l1, sizeof(l1), "%" PRIu64, pool);
     snprintf(shm, sizeof(shm), "demo_%d", (int)getpid());
-    char *const args[] = {exe,          "--socket", socket,        "--l1-size", l1,
-                          "--shm-name", shm,        "--log-level", "info",      NULL};
+    char *const args[] = {exe, "--socket",    socket, "--l1-size", l1,    "--shm-name",
+                          shm, "--log-level", "info", "--http",    "off", NULL};
     if (kvpb_child_spawn(&daemon, "kvpoold", args, log) < 0 ||
         kvpb_wait_kvpoold(socket, &daemon, 120000) < 0) {
         kvpb_child_stop(&daemon, 5000);

@@ -108,7 +108,8 @@ def spawn_daemon(binary, show_log):
     sock = os.path.join(tmp, "s.sock")
     out = None if show_log else subprocess.DEVNULL
     proc = subprocess.Popen([binary, "--socket", sock, "--l1-size", "64MiB", "--chunk-size",
-                             "16", "--shm-name", "kvpool_l1_pool_sim_%d" % os.getpid()],
+                             "16", "--shm-name", "kvpool_l1_pool_sim_%d" % os.getpid(),
+                             "--http", "off"],
                             stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     deadline = time.monotonic() + 10
     while True:

@@ -16,6 +16,12 @@ build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev libjans
 build_pkgs="$build_pkgs libhiredis-dev libxxhash-dev redis-server redis-tools"
 bench_pkgs="redis-server libhiredis-dev gnuplot-nox"
 check_pkgs="clang libclang-rt-14-dev cppcheck flake8 mypy clang-format systemd"
+# The daemon's HTTP endpoint links libmicrohttpd (and jansson, above). Its tests check /metrics
+# with promtool, which Debian ships in the prometheus package (where systemd runs, installing it
+# also starts a Prometheus server on port 9090), and load the status page in a headless
+# chromium; curl is for the README's examples.
+build_pkgs="$build_pkgs libmicrohttpd-dev"
+check_pkgs="$check_pkgs curl prometheus chromium"
 case "$group" in
 build) want="$build_pkgs" ;;
 bench) want="$build_pkgs $bench_pkgs" ;;

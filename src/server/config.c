@@ -28,6 +28,7 @@
 #include "common/shm_name.h"
 #include "common/socket_path.h"
 #include "config_file.h"
+#include "http.h"
 #include "l2_url.h"
 
 #define MIN_L1 (1ull << 20)
@@ -44,6 +45,7 @@ enum opt_id {
     OPT_MAX_CLIENTS,
     OPT_RESERVE_TIMEOUT,
     OPT_IO_TIMEOUT,
+    OPT_HTTP,
     OPT_SHM_BACKEND,
     OPT_SHM_MODE,
     OPT_ALLOW_UID,
@@ -118,6 +120,12 @@ static const struct opt_desc opts[] = {
     {"io-timeout", "KVPOOL_IO_TIMEOUT", "MS",
      "Drop a client that stalls in the middle of a frame for this long. Default: 30000",
      OPT_IO_TIMEOUT},
+    {"http", "KVPOOL_HTTP", "ADDR:PORT",
+     "Serve the status page, /api/healthcheck, /api/status and /metrics over HTTP there\n"
+     "(read-only, unauthenticated: see docs/SECURITY.md before using a non-loopback\n"
+     "address). ADDR is an IPv4 address, localhost or [IPv6]; a bare PORT means\n"
+     "127.0.0.1:PORT; port 0 picks a free one (logged). off: no HTTP. Default: " KVP_HTTP_DEFAULT,
+     OPT_HTTP},
     {"l2", "KVPOOL_L2", "URL",
      "A second tier on Redis, shared by every daemon that names it (README: Sharing\n"
      "across hosts): redis://[user:password@]HOST:PORT[/DB], unix:///PATH[?db=N] or\n"
@@ -161,6 +169,7 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .max_clients = 256,
         .reserve_timeout_s = 600,
         .io_timeout_ms = 30000,
+        .http = KVP_HTTP_DEFAULT,
         .shm_backend = KVP_SHM_POSIX,
         .shm_mode = 0600,
         .l2_connections = 2,
@@ -318,6 +327,13 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
     case OPT_IO_TIMEOUT:
         rc = parse_u32(val, 10, 3600000, 10, &cfg->io_timeout_ms);
         want = "milliseconds from 10 to 3600000";
+        break;
+    case OPT_HTTP:
+        if (strlen(val) >= sizeof(cfg->http) || kvp_http_parse_listen(val, NULL))
+            rc = -EINVAL;
+        else
+            snprintf(cfg->http, sizeof(cfg->http), "%s", val);
+        want = "ADDR:PORT (127.0.0.1:9190, [::1]:9190, localhost:0), a port, or off";
         break;
     case OPT_L2: {
         struct kvp_l2_target t;

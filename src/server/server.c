@@ -15,6 +15,9 @@
  *      socket is bound (not yet listening: a client gets ECONNREFUSED until step 6, never a
  *      hang) with --socket-mode (umask is tightened around bind so it is never more open than
  *      that, even briefly), and its inode is recorded;
+ *   2b. the HTTP endpoint (http.c, --http): bound, and answering in a thread of its own (503
+ *      "starting" from /api/healthcheck until the end of step 6), so that a port in use fails
+ *      the start-up at once and a probe can watch a long reservation;
  *   3. crash leftovers: segments of dead daemons in /dev/shm are removed (segment.c), so the
  *      gate counts the space they held;
  *   4. the transport decision (transport.c): capacity gate (shm_gate.c) on the segment size
@@ -56,6 +59,7 @@
 #include "common/errors.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
+#include "http.h"
 #include "l2.h"
 #include "log.h"
 #include "notify.h"
@@ -426,6 +430,9 @@ int kvp_server_start(struct kvp_server *s)
     rc = check_fd_limit(cfg);
     if (rc)
         return rc;
+    rc = kvp_http_start(s);
+    if (rc)
+        return rc;
     if (atomic_load(&s->stopping))
         return -ECANCELED;
 
@@ -628,6 +635,8 @@ void kvp_server_destroy(struct kvp_server *s)
         pthread_mutex_unlock(&s->expiry_lock);
         pthread_join(s->expiry_thread, NULL);
     }
+    /* Until here a health probe saw 503 "stopping"; its answers read the store and registry. */
+    kvp_http_stop(s);
     /* Nobody calls into the tier any more (connections, reports); its threads use the store. */
     kvp_l2_stop(s->l2);
     s->l2 = NULL;

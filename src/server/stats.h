@@ -100,7 +100,9 @@
     XX(l2_redirects, "l2_redirects", "", "", "Redis Cluster MOVED and ASK redirections")       \
     XX(inline_bytes_in, "inline_received_bytes", "", "",                                       \
        "payload bytes received inline (committed or not)")                                     \
-    XX(inline_bytes_out, "inline_sent_bytes", "", "", "payload bytes sent inline")
+    XX(inline_bytes_out, "inline_sent_bytes", "", "", "payload bytes sent inline")             \
+    XX(http_requests, "http_requests", "", "", "HTTP requests answered (http.c)")              \
+    XX(http_errors, "http_errors", "", "", "HTTP requests answered with a 4xx or 5xx status")
 
 #define KVP_GAUGE_MAP(XX)                                                                     \
     XX(pool_size, "pool_capacity_bytes", "", "", "bytes of the L1 pool")                      \

@@ -214,11 +214,33 @@ static json_t *requests_object(struct doc *d, const struct kvp_snapshot *snap)
     return o;
 }
 
+/* Before start-up has finished there is no store to report on: who is starting, since when. */
+static char *starting_json(struct kvp_server *s)
+{
+    struct doc d = {.bad = false};
+    json_t *root = json_object();
+    put(&d, root, "version", json_string(KVP_DAEMON_VERSION));
+    put(&d, root, "state", json_string(atomic_load(&s->stopping) ? "stopping" : "starting"));
+    put(&d, root, "reason", json_string("start-up has not finished (the pool is being reserved)"));
+    put(&d, root, "pid", json_integer((json_int_t)getpid()));
+    put(&d, root, "started_at", jtime(s->started_wall_ms));
+    put(&d, root, "uptime_s", jint((kvp_mono_ms() - s->started_mono_ms) / 1000));
+    put(&d, root, "chunk_tokens", jint(s->cfg.chunk_tokens));
+    put(&d, root, "socket", jstr(s->cfg.socket_path));
+    char *text = d.bad ? NULL : json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return text;
+}
+
 char *kvp_status_json(struct kvp_server *s)
 {
     struct kvp_snapshot snap;
     struct doc d = {.bad = false};
 
+    /* Acquire: pairs with the release in kvp_server_start(), after which the store, the
+     * registry and the segment may be read. */
+    if (!atomic_load_explicit(&s->serving, memory_order_acquire))
+        return starting_json(s);
     if (kvp_snapshot_take(s, KVP_SNAP_LISTS, &snap))
         return NULL;
     json_t *root = json_object();

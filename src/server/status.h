@@ -8,11 +8,12 @@
 struct kvp_server;
 
 /*
- * Renders the status of s, which must have started (kvp_server_start() returned 0): version,
- * uptime, pool, the SHM decision, every instance with its transport, the clients, every counter
- * and gauge (stats.h) and the request latencies. No lock is held while the text is formatted
- * (snapshot.h). Returns a malloc'd NUL-terminated JSON document, indented for people; the caller
- * frees it with free(). NULL when out of memory.
+ * Renders the status of s: version, uptime, pool, the SHM decision, every instance with its
+ * transport, the clients, every counter and gauge (stats.h) and the request latencies. No lock
+ * is held while the text is formatted (snapshot.h). While kvp_server_start() has not finished,
+ * a short document with "state": "starting" and no pool (any thread may call it from
+ * kvp_server_init() on). Returns a malloc'd NUL-terminated JSON document, indented for people;
+ * the caller frees it with free(). NULL when out of memory.
  */
 char *kvp_status_json(struct kvp_server *s);
 

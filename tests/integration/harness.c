@@ -132,7 +132,7 @@ static void launch(struct kvpt_daemon *d, const char *socket, const char *const 
     static unsigned counter;
     const char *argv[64];
     int argc = 0;
-    bool has_shm_name = false;
+    bool has_shm_name = false, has_http = false;
 
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/kvpt-XXXXXX");
@@ -154,11 +154,18 @@ static void launch(struct kvpt_daemon *d, const char *socket, const char *const 
             has_shm_name = true;
             snprintf(d->shm_name, sizeof(d->shm_name), "%s", args[i + 1]);
         }
+        has_http |= strcmp(args[i], "--http") == 0;
         argv[argc++] = args[i];
     }
     if (!has_shm_name) {
         argv[argc++] = "--shm-name";
         argv[argc++] = d->shm_name;
+    }
+    /* No HTTP endpoint unless the test asks for one (--http 127.0.0.1:0): the daemons of
+     * concurrent tests would all want its default port. */
+    if (!has_http) {
+        argv[argc++] = "--http";
+        argv[argc++] = "off";
     }
     argv[argc] = NULL;
 
@@ -467,6 +474,8 @@ void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args)
     argv[argc++] = "debug";
     argv[argc++] = "--shm-name";
     argv[argc++] = d->shm_name;
+    argv[argc++] = "--http"; /* a later --http in args wins */
+    argv[argc++] = "off";
     for (int i = 0; args && args[i] && argc < 63; i++)
         argv[argc++] = args[i];
     argv[argc] = NULL;

@@ -14,26 +14,37 @@
 
 static char fx_dir[64];
 
-void fx_server_start(struct kvp_server *s, bool shm)
+void fx_config(struct kvp_config *cfg, bool shm, const char *http)
 {
     static unsigned counter;
-    struct kvp_config cfg;
 
     kvp_log_threshold = KVP_LOG_ERROR;
-    kvp_config_defaults(&cfg);
+    kvp_config_defaults(cfg);
     snprintf(fx_dir, sizeof(fx_dir), "/tmp/kvpfx-XXXXXX");
     assert_non_null(mkdtemp(fx_dir));
-    snprintf(cfg.socket_path, sizeof(cfg.socket_path), "%s/kvpool.sock", fx_dir);
-    cfg.l1_size = FX_POOL;
-    cfg.chunk_tokens = FX_CHUNK_TOKENS;
-    cfg.shm_enabled = shm;
+    snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s/kvpool.sock", fx_dir);
+    cfg->l1_size = FX_POOL;
+    cfg->chunk_tokens = FX_CHUNK_TOKENS;
+    cfg->shm_enabled = shm;
     if (shm)
-        snprintf(cfg.shm_name, sizeof(cfg.shm_name), "kvpool_l1_pool_fx_%d_%u", (int)getpid(),
+        snprintf(cfg->shm_name, sizeof(cfg->shm_name), "kvpool_l1_pool_fx_%d_%u", (int)getpid(),
                  counter++);
     else
-        cfg.shm_name[0] = '\0';
+        cfg->shm_name[0] = '\0';
+    snprintf(cfg->http, sizeof(cfg->http), "%s", http);
+}
+
+void fx_server_start_http(struct kvp_server *s, bool shm, const char *http)
+{
+    struct kvp_config cfg;
+    fx_config(&cfg, shm, http);
     assert_rc(kvp_server_init(s, &cfg), 0);
     assert_rc(kvp_server_start(s), 0);
+}
+
+void fx_server_start(struct kvp_server *s, bool shm)
+{
+    fx_server_start_http(s, shm, "off");
 }
 
 void fx_server_stop(struct kvp_server *s)

@@ -19,6 +19,14 @@
  * it does not start. Logs only errors. */
 void fx_server_start(struct kvp_server *s, bool shm);
 
+/* Fills the configuration fx_server_start() uses: its socket in a fresh temporary directory,
+ * the small pool, shm or not, and --http http. */
+void fx_config(struct kvp_config *cfg, bool shm, const char *http);
+
+/* Like fx_server_start(), with --http http ("127.0.0.1:0" for a port of the kernel's choice;
+ * kvp_http_port() says which). */
+void fx_server_start_http(struct kvp_server *s, bool shm, const char *http);
+
 /* Stops and destroys s, removes its directory. */
 void fx_server_stop(struct kvp_server *s);
 
