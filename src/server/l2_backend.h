@@ -1,13 +1,12 @@
 /*
  * l2_backend.h - the narrow interface between the L2 tier (l2_tier.c) and the store behind it.
  *
- * A backend stores opaque values under short string keys: put, get, a batch of exists, delete
- * and ping, over a connection that one thread uses at a time. That is all the tier needs, so
+ * A backend stores opaque values under short string keys: put, batches of read and exists,
+ * delete and ping, over a connection that one thread uses at a time. That is all the tier needs, so
  * another backend (a local directory, Valkey, S3) fits behind the same table. The Redis backend
  * (l2_redis.c) serves redis://, unix:// and redis-cluster:// targets.
  *
  * Errors. Every call returns 0 or a negative errno:
- *   -ENOENT     get: no such key (not an error of the backend);
  *   -EREMOTEIO  the server answered with an error (out of memory, a refused command): the
  *               connection is still usable;
  *   anything else (-ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EIO, -EPROTO, -ENOMEM): the
@@ -25,13 +24,6 @@
 #include "l2_url.h"
 
 struct kvp_l2_conn;
-
-/* A value read by get: len bytes at data, owned by the backend until value_free(). */
-struct kvp_l2_value {
-    const uint8_t *data;
-    size_t len;
-    void *priv;
-};
 
 struct kvp_l2_backend {
     const char *name;
@@ -52,12 +44,17 @@ struct kvp_l2_backend {
     int (*put)(struct kvp_l2_conn *c, const char *key, const struct iovec *parts, int nparts,
                uint32_t ttl_s, char *why, size_t why_size);
 
-    /* Reads the value of key, at most max_len bytes of it (a longer value comes back cut at
-     * max_len, so that a foreign value never costs more memory than the caller allows).
-     * -ENOENT when there is none. Free *v with value_free(). */
-    int (*get)(struct kvp_l2_conn *c, const char *key, size_t max_len, struct kvp_l2_value *v,
-               char *why, size_t why_size);
-    void (*value_free)(struct kvp_l2_value *v);
+    /*
+     * Reads the values of keys[0..n) straight into the caller's buffers, in as few round trips
+     * as the backend can (Redis: one pipelined round per node): value i goes to hdr[i] (its
+     * first hdr_len bytes), then to data[i] (the next data_len bytes); len[i] is its whole
+     * length, 0 when there is none. At most hdr_len + data_len + 1 bytes of a value are read,
+     * so a foreign value costs no memory and a longer one is seen as such. Returns 0,
+     * -EREMOTEIO when the server refused some (the others are read), or an error.
+     */
+    int (*read)(struct kvp_l2_conn *c, const char *const *keys, uint32_t n, uint8_t *const *hdr,
+                size_t hdr_len, uint8_t *const *data, size_t data_len, uint64_t *len, char *why,
+                size_t why_size);
 
     /* found[i] = 1 if keys[i] exists, else 0, for i < n, in as few round trips as the backend
      * can (Redis: one pipelined round per node). */

@@ -331,19 +331,20 @@ static int route(struct kvp_l2_conn *c, const char *key, uint32_t *node, char *w
 }
 
 /*
- * A -MOVED or -ASK reply: the node it names (added to the table) in *node; for MOVED the slot
- * map is updated and marked stale. Returns 1 for MOVED, 2 for ASK, 0 for another reply.
+ * A -MOVED or -ASK error (its text, without '-'): the node it names (added to the table) in *node;
+ * for MOVED the slot map is updated and marked stale. Returns 1 for MOVED, 2 for ASK, 0 for another
+ * reply.
  */
-static int redirect(struct kvp_l2_conn *c, const redisReply *r, uint32_t from, uint32_t *node)
+static int redirect_msg(struct kvp_l2_conn *c, const char *msg, uint32_t from, uint32_t *node)
 {
-    if (!c->cluster || r->type != REDIS_REPLY_ERROR)
+    if (!c->cluster)
         return 0;
-    int kind = strncmp(r->str, "MOVED ", 6) == 0 ? 1 : strncmp(r->str, "ASK ", 4) == 0 ? 2 : 0;
+    int kind = strncmp(msg, "MOVED ", 6) == 0 ? 1 : strncmp(msg, "ASK ", 4) == 0 ? 2 : 0;
     if (!kind)
         return 0;
     /* "MOVED <slot> <host>:<port>"; the host may be empty (":7001"): the node asked. */
     char *end;
-    const char *p = r->str + (kind == 1 ? 6 : 4);
+    const char *p = msg + (kind == 1 ? 6 : 4);
     unsigned long slot = strtoul(p, &end, 10);
     if (end == p || *end != ' ' || slot >= KVP_L2_CLUSTER_SLOTS)
         return 0;
@@ -365,6 +366,11 @@ static int redirect(struct kvp_l2_conn *c, const redisReply *r, uint32_t from, u
         c->stale = true;
     }
     return kind;
+}
+
+static int redirect(struct kvp_l2_conn *c, const redisReply *r, uint32_t from, uint32_t *node)
+{
+    return r->type == REDIS_REPLY_ERROR ? redirect_msg(c, r->str, from, node) : 0;
 }
 
 /* ---- commands ---- */
@@ -567,66 +573,40 @@ static int redis_put(struct kvp_l2_conn *c, const char *key, const struct iovec 
     return rc;
 }
 
-static int redis_get(struct kvp_l2_conn *c, const char *key, size_t max_len, struct kvp_l2_value *v,
-                     char *why, size_t why_size)
+/*
+ * Reads the replies of node's pipelined commands (keys with where[i] == node, in order) into
+ * out[]. A redirected key gets no reply here (out[i] stays NULL): it is asked again, alone.
+ */
+static int pipeline_collect(struct kvp_l2_conn *c, uint32_t node, const uint8_t *where, uint32_t n,
+                            redisReply **out, char *why, size_t why_size)
 {
-    char end[24];
-    snprintf(end, sizeof(end), "%zu", max_len ? max_len - 1 : 0);
-    const char *argv[4] = {"GETRANGE", key, "0", end};
-    size_t lens[4] = {8, strlen(key), 1, strlen(end)};
-    redisReply *r = NULL;
-    int rc = run_key(c, key, 4, argv, lens, &r, why, why_size);
-    if (rc)
-        return rc;
-    if (r->type == REDIS_REPLY_ERROR)
-        return reply_error(r, "GETRANGE", why, why_size);
-    /* GETRANGE of a missing key is "": no kvpool value is empty, so both are a miss. */
-    if (r->type != REDIS_REPLY_STRING || r->len == 0) {
-        freeReplyObject(r);
-        return -ENOENT;
-    }
-    *v = (struct kvp_l2_value){.data = (const uint8_t *)r->str, .len = r->len, .priv = r};
-    return 0;
-}
-
-static void redis_value_free(struct kvp_l2_value *v)
-{
-    if (v->priv)
-        freeReplyObject(v->priv);
-    *v = (struct kvp_l2_value){0};
-}
-
-/* Reads the replies of node's pipelined EXISTS (keys with where[i] == node, in order). A
- * redirected key is marked 2 in found and asked again later, alone. */
-static int exists_collect(struct kvp_l2_conn *c, uint32_t node, const uint8_t *where, uint32_t n,
-                          uint8_t *found, char *why, size_t why_size)
-{
-    int rc = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (where[i] != node)
             continue;
         redisReply *r = NULL;
         if (redisGetReply(c->nodes[node].ctx, (void **)&r) != REDIS_OK || !r) {
-            rc = ctx_error(c->nodes[node].ctx, "EXISTS", why, why_size);
+            int rc = ctx_error(c->nodes[node].ctx, "reply", why, why_size);
             node_drop(&c->nodes[node]);
             return rc;
         }
         uint32_t to;
-        if (r->type == REDIS_REPLY_INTEGER)
-            found[i] = r->integer > 0;
-        else if (redirect(c, r, node, &to))
-            found[i] = 2;
-        else if (r->type == REDIS_REPLY_ERROR && rc == 0) {
-            snprintf(why, why_size, "EXISTS: %.*s", (int)r->len, r->str);
-            rc = -EREMOTEIO;
-        }
-        freeReplyObject(r);
+        if (redirect(c, r, node, &to))
+            freeReplyObject(r);
+        else
+            out[i] = r;
     }
-    return rc;
+    return 0;
 }
 
-static int redis_exists(struct kvp_l2_conn *c, const char *const *keys, uint32_t n, uint8_t *found,
-                        char *why, size_t why_size)
+/*
+ * One command per key, argv[1] being the key (argv[0] and argv[2..argc) the same for all):
+ * every node gets all its commands before any reply is read, so the batch costs one round trip
+ * per node, not per key, and the server works while earlier replies are being read. out[i] is
+ * the final reply for keys[i] (redirections followed, one key at a time); on an error nothing
+ * is left in out[].
+ */
+static int pipeline(struct kvp_l2_conn *c, const char *const *keys, uint32_t n, int argc,
+                    const char **argv, size_t *lens, redisReply **out, char *why, size_t why_size)
 {
     uint8_t *where = malloc(n ? n : 1);
     bool used[KVP_MAX_NODES] = {false};
@@ -636,6 +616,7 @@ static int redis_exists(struct kvp_l2_conn *c, const char *const *keys, uint32_t
         snprintf(why, why_size, "out of memory");
         return -ENOMEM;
     }
+    memset(out, 0, sizeof(*out) * n);
     /* Route every key first: a stale map is fetched once, not per key. */
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         uint32_t node;
@@ -645,14 +626,15 @@ static int redis_exists(struct kvp_l2_conn *c, const char *const *keys, uint32_t
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         redisContext *ctx;
         rc = node_ctx(c, where[i], &ctx, why, why_size);
-        if (rc == 0 && redisAppendCommand(ctx, "EXISTS %b", keys[i], strlen(keys[i])) != REDIS_OK)
+        argv[1] = keys[i];
+        lens[1] = strlen(keys[i]);
+        if (rc == 0 && redisAppendCommandArgv(ctx, argc, argv, lens) != REDIS_OK)
             rc = -ENOMEM;
         used[where[i]] = true;
     }
-    /* Every node got its commands before any reply is read: one round trip per node. */
     for (uint32_t node = 0; node < c->nnodes && rc == 0; node++)
         if (used[node])
-            rc = exists_collect(c, node, where, n, found, why, why_size);
+            rc = pipeline_collect(c, node, where, n, out, why, why_size);
     if (rc) {
         /* Replies may be left unread in some pipelines: those contexts are out of step. */
         for (uint32_t node = 0; node < c->nnodes; node++)
@@ -660,22 +642,332 @@ static int redis_exists(struct kvp_l2_conn *c, const char *const *keys, uint32_t
                 node_drop(&c->nodes[node]);
     }
     for (uint32_t i = 0; i < n && rc == 0; i++) {
-        if (found[i] != 2)
+        if (out[i])
             continue;
-        const char *argv[2] = {"EXISTS", keys[i]};
-        size_t lens[2] = {6, strlen(keys[i])};
-        redisReply *r = NULL;
-        rc = run_key(c, keys[i], 2, argv, lens, &r, why, why_size);
-        if (rc)
-            break;
-        if (r->type != REDIS_REPLY_INTEGER) {
-            rc = reply_error(r, "EXISTS", why, why_size);
-            break;
-        }
-        found[i] = r->integer > 0;
-        freeReplyObject(r);
+        argv[1] = keys[i];
+        lens[1] = strlen(keys[i]);
+        rc = run_key(c, keys[i], argc, argv, lens, &out[i], why, why_size);
+    }
+    if (rc) {
+        for (uint32_t i = 0; i < n; i++)
+            if (out[i])
+                freeReplyObject(out[i]);
+        memset(out, 0, sizeof(*out) * n);
     }
     free(where);
+    return rc;
+}
+
+/* ---- values read straight into the caller's buffers ---- */
+
+/*
+ * A reader of one node's reply stream that bypasses hiredis' reader: a small buffer for reply
+ * lines and short values, and recv() straight into the destination for the bulk of a value, so
+ * a chunk read from Redis lands in its pool slot without an intermediate copy. It is used only
+ * right after the commands were written and while hiredis' own reader holds nothing, so the two
+ * never see the same bytes.
+ */
+struct rd {
+    int fd;
+    size_t pos, len;
+    char buf[16384];
+};
+
+static int rd_fill(struct rd *r)
+{
+    if (r->pos == r->len)
+        r->pos = r->len = 0;
+    if (r->len == sizeof(r->buf)) {
+        memmove(r->buf, r->buf + r->pos, r->len - r->pos);
+        r->len -= r->pos;
+        r->pos = 0;
+    }
+    for (;;) {
+        ssize_t n = recv(r->fd, r->buf + r->len, sizeof(r->buf) - r->len, 0);
+        if (n > 0) {
+            r->len += (size_t)n;
+            return 0;
+        }
+        if (n == 0)
+            return -ECONNRESET;
+        if (errno != EINTR)
+            return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+    }
+}
+
+/* One reply line without its CRLF, at most size - 1 bytes. */
+static int rd_line(struct rd *r, char *line, size_t size)
+{
+    for (;;) {
+        char *lf = memchr(r->buf + r->pos, '\n', r->len - r->pos);
+        if (lf) {
+            size_t n = (size_t)(lf - (r->buf + r->pos));
+            if (n == 0 || r->buf[r->pos + n - 1] != '\r' || n > size)
+                return -EPROTO;
+            memcpy(line, r->buf + r->pos, n - 1);
+            line[n - 1] = '\0';
+            r->pos += n + 1;
+            return 0;
+        }
+        if (r->len - r->pos >= size)
+            return -EPROTO;
+        int rc = rd_fill(r);
+        if (rc)
+            return rc;
+    }
+}
+
+/* Exactly n bytes into dst (NULL: discarded): what the buffer holds, then straight from the
+ * socket. */
+static int rd_exact(struct rd *r, void *dst, size_t n)
+{
+    uint8_t *d = dst;
+    size_t have = r->len - r->pos < n ? r->len - r->pos : n;
+    if (d)
+        memcpy(d, r->buf + r->pos, have);
+    r->pos += have;
+    n -= have;
+    if (d)
+        d += have;
+    while (n) {
+        if (!d || n < 4096) {
+            int rc = rd_fill(r);
+            if (rc)
+                return rc;
+            have = r->len - r->pos < n ? r->len - r->pos : n;
+            if (d) {
+                memcpy(d, r->buf + r->pos, have);
+                d += have;
+            }
+            r->pos += have;
+            n -= have;
+            continue;
+        }
+        ssize_t got = recv(r->fd, d, n, 0);
+        if (got > 0) {
+            d += got;
+            n -= (size_t)got;
+        } else if (got == 0) {
+            return -ECONNRESET;
+        } else if (errno != EINTR) {
+            return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+        }
+    }
+    return 0;
+}
+
+/* Where the values of a read go (see kvp_l2_backend.read). */
+struct read_req {
+    const char *const *keys;
+    uint8_t *const *hdr;
+    size_t hdr_len;
+    uint8_t *const *data;
+    size_t data_len;
+    uint64_t *len;
+    char end[24]; /* GETRANGE's last offset */
+};
+
+/*
+ * Reads one GETRANGE reply for value i. Returns 0 (len[i] set), 1 when the reply redirects
+ * (*to, *ask), -EREMOTEIO for another error reply (the stream stays in step), or a stream error.
+ */
+static int read_value(struct kvp_l2_conn *c, struct rd *r, uint32_t node, const struct read_req *q,
+                      uint32_t i, uint32_t *to, bool *ask, char *why, size_t why_size)
+{
+    char line[512];
+    int rc = rd_line(r, line, sizeof(line));
+    if (rc)
+        return rc;
+    if (line[0] == '-') {
+        int kind = redirect_msg(c, line + 1, node, to);
+        if (kind) {
+            *ask = kind == 2;
+            return 1;
+        }
+        snprintf(why, why_size, "GETRANGE: %.200s", line + 1);
+        return -EREMOTEIO;
+    }
+    char *end;
+    long long n = strtoll(line + 1, &end, 10);
+    if (line[0] != '$' || *end || n < -1 || (uint64_t)n > q->hdr_len + q->data_len + 1)
+        return -EPROTO;
+    q->len[i] = n < 0 ? 0 : (uint64_t)n;
+    if (n <= 0)
+        return n == 0 ? rd_exact(r, NULL, 2) : 0;
+    size_t h = (size_t)n < q->hdr_len ? (size_t)n : q->hdr_len;
+    size_t d = (size_t)n - h < q->data_len ? (size_t)n - h : q->data_len;
+    char crlf[2];
+    if ((rc = rd_exact(r, q->hdr[i], h)) || (rc = rd_exact(r, q->data[i], d)) ||
+        (rc = rd_exact(r, NULL, (size_t)n - h - d)) || (rc = rd_exact(r, crlf, 2)))
+        return rc;
+    return crlf[0] == '\r' && crlf[1] == '\n' ? 0 : -EPROTO;
+}
+
+/*
+ * One round on one node: GETRANGE of the values idx[0..k) (each preceded by ASKING with ask),
+ * written at once, then their replies read in order. Redirected values are put in redo[] (their
+ * number in *nredo) with where they go. Returns 0, -EREMOTEIO (after reading every reply), or a
+ * stream error (the node is dropped).
+ */
+static int read_round(struct kvp_l2_conn *c, uint32_t node, bool ask, const uint32_t *idx,
+                      uint32_t k, const struct read_req *q, uint32_t *redo, uint32_t *redo_node,
+                      bool *redo_ask, uint32_t *nredo, char *why, size_t why_size)
+{
+    redisContext *ctx;
+    int rc = node_ctx(c, node, &ctx, why, why_size), done = 0;
+    if (rc)
+        return rc;
+    for (uint32_t j = 0; j < k; j++) {
+        const char *argv[4] = {"GETRANGE", q->keys[idx[j]], "0", q->end};
+        size_t lens[4] = {8, strlen(q->keys[idx[j]]), 1, strlen(q->end)};
+        if ((ask && redisAppendCommand(ctx, "ASKING") != REDIS_OK) ||
+            redisAppendCommandArgv(ctx, 4, argv, lens) != REDIS_OK) {
+            node_drop(&c->nodes[node]);
+            snprintf(why, why_size, "out of memory");
+            return -ENOMEM;
+        }
+    }
+    while (!done)
+        if (redisBufferWrite(ctx, &done) != REDIS_OK) {
+            rc = ctx_error(ctx, "GETRANGE", why, why_size);
+            node_drop(&c->nodes[node]);
+            return rc;
+        }
+    /* hiredis has read nothing it did not hand out: every earlier reply was consumed. */
+    if (ctx->reader->pos != ctx->reader->len) {
+        node_drop(&c->nodes[node]);
+        snprintf(why, why_size, "unexpected bytes from the server");
+        return -EPROTO;
+    }
+    struct rd *r = malloc(sizeof(*r));
+    if (!r) {
+        node_drop(&c->nodes[node]);
+        snprintf(why, why_size, "out of memory");
+        return -ENOMEM;
+    }
+    r->fd = ctx->fd;
+    r->pos = r->len = 0;
+    int status = 0;
+    for (uint32_t j = 0; j < k && rc >= 0; j++) {
+        char line[512];
+        if (ask && (rc = rd_line(r, line, sizeof(line))) == 0 && line[0] != '+')
+            rc = -EPROTO; /* ASKING answers +OK */
+        if (rc)
+            break;
+        uint32_t to = node;
+        bool to_ask = false;
+        rc = read_value(c, r, node, q, idx[j], &to, &to_ask, why, why_size);
+        if (rc == 1) {
+            redo[*nredo] = idx[j];
+            redo_node[*nredo] = to;
+            redo_ask[(*nredo)++] = to_ask;
+            rc = 0;
+        } else if (rc == -EREMOTEIO) {
+            status = rc;
+            rc = 0;
+        }
+    }
+    /* A reply we did not expect, or bytes after the last one: the stream is out of step. */
+    if (rc == 0 && r->pos != r->len)
+        rc = -EPROTO;
+    free(r);
+    if (rc < 0) {
+        if (rc == -EPROTO)
+            snprintf(why, why_size, "malformed reply to GETRANGE");
+        else if (rc == -ETIMEDOUT || rc == -ECONNRESET)
+            snprintf(why, why_size, "GETRANGE: %s",
+                     rc == -ETIMEDOUT ? "timed out" : "connection lost");
+        else
+            snprintf(why, why_size, "GETRANGE: %s", strerror(-rc));
+        node_drop(&c->nodes[node]);
+        return rc;
+    }
+    return status;
+}
+
+static int redis_read(struct kvp_l2_conn *c, const char *const *keys, uint32_t n,
+                      uint8_t *const *hdr, size_t hdr_len, uint8_t *const *data, size_t data_len,
+                      uint64_t *len, char *why, size_t why_size)
+{
+    struct read_req q = {.keys = keys,
+                         .hdr = hdr,
+                         .hdr_len = hdr_len,
+                         .data = data,
+                         .data_len = data_len,
+                         .len = len};
+    uint32_t *idx = malloc(sizeof(*idx) * 4 * (n ? n : 1)), *redo = idx + n, *rnode = redo + n;
+    bool *rask = malloc(n ? n : 1);
+    int rc = 0, status = 0;
+
+    if (!idx || !rask) {
+        free(idx);
+        free(rask);
+        snprintf(why, why_size, "out of memory");
+        return -ENOMEM;
+    }
+    snprintf(q.end, sizeof(q.end), "%zu", hdr_len + data_len);
+    uint32_t nredo = 0, *where = rnode + n;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        len[i] = 0;
+        rc = route(c, keys[i], &where[i], why, why_size);
+    }
+    /* One round per node, in node order; then the redirected values, one at a time. */
+    for (uint32_t node = 0; node < c->nnodes && rc >= 0; node++) {
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (where[i] == node)
+                idx[k++] = i;
+        if (k)
+            rc = read_round(c, node, false, idx, k, &q, redo, rnode, rask, &nredo, why, why_size);
+        if (rc == -EREMOTEIO) {
+            status = rc;
+            rc = 0;
+        }
+    }
+    for (uint32_t j = 0; j < nredo && rc >= 0; j++) {
+        for (int hop = 0; hop < KVP_REDIRECTS && rc >= 0; hop++) {
+            uint32_t more = 0, i = redo[j];
+            uint32_t mnode;
+            bool mask;
+            rc = read_round(c, rnode[j], rask[j], &i, 1, &q, &i, &mnode, &mask, &more, why,
+                            why_size);
+            if (rc == -EREMOTEIO) {
+                status = rc;
+                rc = 0;
+            }
+            if (!more)
+                break;
+            rnode[j] = mnode;
+            rask[j] = mask;
+        }
+    }
+    free(idx);
+    free(rask);
+    return rc ? rc : status;
+}
+
+static int redis_exists(struct kvp_l2_conn *c, const char *const *keys, uint32_t n, uint8_t *found,
+                        char *why, size_t why_size)
+{
+    const char *argv[2] = {"EXISTS", NULL};
+    size_t lens[2] = {6, 0};
+    redisReply **r = malloc(sizeof(*r) * (n ? n : 1));
+    if (!r) {
+        snprintf(why, why_size, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = pipeline(c, keys, n, 2, argv, lens, r, why, why_size);
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        if (r[i]->type != REDIS_REPLY_INTEGER) {
+            snprintf(why, why_size, "EXISTS: unexpected reply of type %d", r[i]->type);
+            rc = -EREMOTEIO;
+        }
+        found[i] = rc == 0 && r[i]->integer > 0;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (r[i])
+            freeReplyObject(r[i]);
+    free(r);
     return rc;
 }
 
@@ -699,8 +991,7 @@ const struct kvp_l2_backend kvp_l2_redis_backend = {
     .close = redis_close,
     .ping = redis_ping,
     .put = redis_put,
-    .get = redis_get,
-    .value_free = redis_value_free,
+    .read = redis_read,
     .exists = redis_exists,
     .del = redis_del,
 };

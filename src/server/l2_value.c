@@ -107,34 +107,41 @@ void kvp_l2_header_encode(uint8_t out[KVP_L2_HEADER_SIZE], const uint8_t key[KVP
     put64(out + OFF_CHECKSUM, checksum(out, data, lay->bytes));
 }
 
-enum kvp_l2_verdict kvp_l2_value_check(const uint8_t *value, size_t len,
-                                       const uint8_t key[KVP_KEY_SIZE],
-                                       const struct kvp_l2_layout *lay)
+enum kvp_l2_verdict kvp_l2_value_check_parts(const uint8_t *hdr, const uint8_t *data, size_t len,
+                                             const uint8_t key[KVP_KEY_SIZE],
+                                             const struct kvp_l2_layout *lay)
 {
     uint8_t want[KVP_L2_HEADER_SIZE];
 
     if (len < KVP_L2_HEADER_SIZE)
         return KVP_L2_VALUE_SHORT;
-    if (memcmp(value + OFF_MAGIC, magic, sizeof(magic)) != 0)
+    if (memcmp(hdr + OFF_MAGIC, magic, sizeof(magic)) != 0)
         return KVP_L2_VALUE_MAGIC;
-    if (get16(value + OFF_VERSION) != KVP_L2_FORMAT ||
-        get16(value + OFF_HSIZE) != KVP_L2_HEADER_SIZE)
+    if (get16(hdr + OFF_VERSION) != KVP_L2_FORMAT || get16(hdr + OFF_HSIZE) != KVP_L2_HEADER_SIZE)
         return KVP_L2_VALUE_VERSION;
-    uint64_t length = get64(value + OFF_LENGTH);
+    uint64_t length = get64(hdr + OFF_LENGTH);
     /* The length is checked against the bytes present before anything trusts it. */
     if (len - KVP_L2_HEADER_SIZE < length)
         return KVP_L2_VALUE_SHORT;
     if (len - KVP_L2_HEADER_SIZE > length)
         return KVP_L2_VALUE_LONG;
     encode_fields(want, key, lay);
-    if (memcmp(value + OFF_KEY, want + OFF_KEY, KVP_KEY_SIZE) != 0)
+    if (memcmp(hdr + OFF_KEY, want + OFF_KEY, KVP_KEY_SIZE) != 0)
         return KVP_L2_VALUE_KEY;
-    if (memcmp(value, want, OFF_CHECKSUM) != 0 ||
-        memcmp(value + OFF_RESERVED, want + OFF_RESERVED, KVP_L2_HEADER_SIZE - OFF_RESERVED))
+    /* With the layout's length equal to the header's, data holds all `length` bytes. */
+    if (memcmp(hdr, want, OFF_CHECKSUM) != 0 ||
+        memcmp(hdr + OFF_RESERVED, want + OFF_RESERVED, KVP_L2_HEADER_SIZE - OFF_RESERVED))
         return KVP_L2_VALUE_LAYOUT;
-    if (get64(value + OFF_CHECKSUM) != checksum(value, value + KVP_L2_HEADER_SIZE, length))
+    if (get64(hdr + OFF_CHECKSUM) != checksum(hdr, data, length))
         return KVP_L2_VALUE_CHECKSUM;
     return KVP_L2_VALUE_OK;
+}
+
+enum kvp_l2_verdict kvp_l2_value_check(const uint8_t *value, size_t len,
+                                       const uint8_t key[KVP_KEY_SIZE],
+                                       const struct kvp_l2_layout *lay)
+{
+    return kvp_l2_value_check_parts(value, value + KVP_L2_HEADER_SIZE, len, key, lay);
 }
 
 const char *kvp_l2_verdict_name(enum kvp_l2_verdict v)

@@ -73,6 +73,13 @@ enum kvp_l2_verdict kvp_l2_value_check(const uint8_t *value, size_t len,
                                        const uint8_t key[KVP_KEY_SIZE],
                                        const struct kvp_l2_layout *lay);
 
+/* The same check for a value read in two parts (l2_backend.h, read): its first
+ * KVP_L2_HEADER_SIZE bytes at hdr (all of it when it is shorter), the rest at data, len bytes in
+ * all; data holds at least min(len - KVP_L2_HEADER_SIZE, lay->bytes) bytes. */
+enum kvp_l2_verdict kvp_l2_value_check_parts(const uint8_t *hdr, const uint8_t *data, size_t len,
+                                             const uint8_t key[KVP_KEY_SIZE],
+                                             const struct kvp_l2_layout *lay);
+
 /* A short lower-case phrase for a verdict ("checksum mismatch"), for logs. */
 const char *kvp_l2_verdict_name(enum kvp_l2_verdict v);
 
