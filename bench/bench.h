@@ -8,6 +8,7 @@
  *   ops.c        the measured loops (kvpool, memcpy, raw Unix socket, Redis, paged, pressure)
  *   daemon.c     starting and stopping kvpoold and redis-server as child processes
  *   redis_cmp.c  the Redis comparator over hiredis (stubs when built without hiredis)
+ *   l2.c         the L2 tier's rows: write-behind and loads through Redis, L1 hits with L2
  *   stats.c      medians, percentiles, growable sample arrays
  *   report.c     the table on stdout, CSV, JSON and the gnuplot chart
  *
@@ -116,6 +117,7 @@ struct kvpb_config {
     uint64_t pressure_chunk;
     uint32_t pressure_reps;
     bool do_sweep, do_rtt, do_paged, do_pressure, do_redis;
+    bool do_l2;                     /* the L2 tier's rows (l2.c); they need the Redis comparator */
     bool do_shm, do_inline, do_uds; /* sweep transports (memcpy always runs) */
     bool quick;
     const char *csv, *json, *png;
@@ -265,6 +267,12 @@ int kvpb_redis_start(struct kvpb_child *ch, const char *binary, const char *dir,
 /* Connects; returns NULL with a message in err. */
 kvpb_redis *kvpb_redis_connect(const char *socket, char *err, size_t err_size);
 void kvpb_redis_close(kvpb_redis *r);
+
+/* l2.c: starts daemons with and without --l2 on redis_socket (kvpoold is their binary, dir
+ * holds their sockets and logs), measures the L2 rows and prints their table. Exits the
+ * program on a failed operation. */
+void kvpb_l2_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
+                   const char *redis_socket);
 
 /* SET keys[0] (n == 1) or MSET keys[0..n) to values of len bytes. Returns 0 or a negative
  * error (message in err). */

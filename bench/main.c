@@ -21,6 +21,8 @@
  *   5. Paged gather/scatter against memcpy of the same bytes (one worker).
  *   6. Pressure: get-or-put of random keys out of a working set several times the pool.
  *   7. Table on stdout, CSV, JSON, chart; stop everything, remove the temporary directory.
+ *   8. The L2 tier (l2.c), with daemons of its own on the same redis-server: write-behind and
+ *      loads against raw hiredis SET/GET, L1 hits with L2 on and off; a table of its own.
  *
  * Cells accumulate into struct acc (per-repetition rates in run order, every latency sample),
  * which become report rows at the end. Any failed operation aborts the run with the worker's
@@ -703,6 +705,12 @@ int main(int argc, char **argv)
     size_t n = make_rows(&x, rows);
     kvpb_rows_sort(rows, n);
     kvpb_report_table(&x.cfg, &info, rows, n);
+    /* The L2 rows start daemons of their own: after the table, against the same Redis. */
+    char kvpoold_exe[512];
+    if (x.cfg.do_l2 && !x.redis)
+        printf("\nL2 tier: skipped (it needs the Redis comparator: %s)\n", info.redis);
+    else if (x.cfg.do_l2 && kvpb_find_exe(x.cfg.kvpoold, kvpoold_exe, sizeof(kvpoold_exe)))
+        kvpb_l2_phase(&x.cfg, kvpoold_exe, g_run.dir, redis_socket);
     rc = 0;
     if (x.cfg.csv && kvpb_report_csv(x.cfg.csv, rows, n) < 0)
         rc = 1;
