@@ -1,0 +1,44 @@
+#!/bin/sh
+# docs/HTTP.md describes every counter and gauge of src/server/stats.h: its Prometheus metric
+# (kvpool_<family>, with _total for a counter) and its STATS name, each in backquotes. A row
+# added to a map without its line in the documentation fails here, naming what is missing.
+#
+# Usage: test_http_doc.sh STATS_H HTTP_MD
+set -eu
+
+[ $# -eq 2 ] || { echo "usage: $0 STATS_H HTTP_MD" >&2; exit 2; }
+stats=$1 doc=$2
+
+# "counter name family" or "gauge name family" per row; family is NULL for a STATS-only total.
+rows=$(awk '
+    /^#define KVP_COUNTER_MAP/ { map = "counter" }
+    /^#define KVP_GAUGE_MAP/ { map = "gauge" }
+    map != "" && match($0, /XX\([a-z0-9_]+, *("[a-z0-9_]+"|NULL)/) {
+        row = substr($0, RSTART + 3, RLENGTH - 3)
+        gsub(/[ "]/, "", row)
+        split(row, f, ",")
+        print map, f[1], f[2]
+    }
+    map != "" && !/\\$/ { map = "" }
+' "$stats")
+[ -n "$rows" ] || { echo "FAIL: no rows found in $stats" >&2; exit 1; }
+
+rc=0 n=0
+while read -r kind name family; do
+    n=$((n + 1))
+    if ! grep -q "\`$name\`" "$doc"; then
+        echo "FAIL: $doc does not name the $kind $name (src/server/stats.h)" >&2
+        rc=1
+    fi
+    [ "$family" = NULL ] && continue
+    metric=kvpool_$family
+    [ "$kind" = counter ] && metric=${metric}_total
+    if ! grep -q "\`$metric\`" "$doc"; then
+        echo "FAIL: $doc does not describe the metric $metric (the $kind $name)" >&2
+        rc=1
+    fi
+done <<ROWS
+$rows
+ROWS
+[ "$rc" -ne 0 ] || echo "$doc describes the $n counters and gauges of $stats"
+exit "$rc"
