@@ -72,6 +72,9 @@ uint32_t kvp_l2_lookup(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
 uint32_t kvp_l2_fetch(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
                       const struct kvp_l2_layout *lay);
 
+/* The --l2 URL with its password masked: what logs and reports show. "" for NULL. */
+const char *kvp_l2_name(const struct kvp_l2 *l2);
+
 /* The tier's gauges; all zero for NULL. */
 void kvp_l2_get_gauges(struct kvp_l2 *l2, struct kvp_l2_gauges *g);
 

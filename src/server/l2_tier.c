@@ -671,6 +671,12 @@ uint32_t kvp_l2_fetch(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
     return kvp_store_lookup(l2->store, keys, n);
 }
 
+/* Set once at start-up and never changed: readable without the lock. */
+const char *kvp_l2_name(const struct kvp_l2 *l2)
+{
+    return l2 ? l2->name : "";
+}
+
 void kvp_l2_get_gauges(struct kvp_l2 *l2, struct kvp_l2_gauges *g)
 {
     *g = (struct kvp_l2_gauges){0};

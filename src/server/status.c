@@ -30,6 +30,7 @@
 #include <jansson.h>
 
 #include "common/wire.h"
+#include "l2.h"
 #include "server.h"
 #include "snapshot.h"
 #include "stats.h"
@@ -119,6 +120,23 @@ static json_t *shm_object(struct doc *d, const struct kvp_server *s)
         probed_ok && !g->memory ? jint(g->probe.free_bytes) : json_null());
     put(d, o, "memory_available_bytes",
         probed_ok && g->memory ? jint(g->probe.free_bytes) : json_null());
+    return o;
+}
+
+/* "l2": the L2 tier (l2.h), null with --l2 off. Its URL is the masked one (no password). */
+static json_t *l2_object(struct doc *d, const struct kvp_server *s, const struct kvp_snapshot *snap)
+{
+    if (!s->l2)
+        return json_null();
+    json_t *o = json_object();
+    put(d, o, "url", jstr(kvp_l2_name(s->l2)));
+    put(d, o, "up", json_boolean(snap->gauges[KVP_GAUGE_l2_up] != 0));
+    put(d, o, "backlog_chunks", jint(snap->gauges[KVP_GAUGE_l2_backlog_chunks]));
+    put(d, o, "backlog_bytes", jint(snap->gauges[KVP_GAUGE_l2_backlog_bytes]));
+    put(d, o, "queue_bytes", jint(s->cfg.l2_queue_bytes));
+    put(d, o, "connections", jint(s->cfg.l2_connections));
+    put(d, o, "ttl_s", jint(s->cfg.l2_ttl_s));
+    put(d, o, "timeout_ms", jint(s->cfg.l2_timeout_ms));
     return o;
 }
 
@@ -257,6 +275,7 @@ char *kvp_status_json(struct kvp_server *s)
     put(&d, root, "socket", jstr(s->cfg.socket_path));
     put(&d, root, "pool", pool_object(&d, &snap));
     put(&d, root, "shm", shm_object(&d, s));
+    put(&d, root, "l2", l2_object(&d, s, &snap));
     put(&d, root, "instances", instances);
     put(&d, root, "clients", clients_object(&d, s, &snap));
     put(&d, root, "counters", map_object(&d, kvp_counter_desc, snap.counters, KVP_NCOUNTERS));
