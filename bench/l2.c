@@ -20,6 +20,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -315,6 +316,10 @@ void kvpb_l2_phase(const struct kvpb_config *cfg, const char *kvpoold, const cha
            "paired per repetition)\n",
            kvpb_fmt_size(total, (char[32]){0}, 32), reps);
     fflush(stdout);
+    /* As the workers do (worker.c): hiredis' buffers for large values must not go back to
+     * the kernel after every command, or the raw comparator measures page faults, not Redis. */
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, -1);
     snprintf(url, sizeof(url), "unix://%s", redis_socket);
     /* Room for one repetition and a quarter: the next one evicts it (see run_size()). */
     uint64_t l1 = total + total / 4 + (16u << 20);

@@ -177,7 +177,9 @@ static void launch(struct kvpt_redis *r)
         redisContext *c = redisConnectUnixWithTimeout(r->sock, tv);
         if (c && !c->err) {
             redisReply *rep = redisCommand(c, "PING");
-            bool ok = rep && rep->type == REDIS_REPLY_STATUS;
+            /* A server with --requirepass answers too: with NOAUTH. */
+            bool ok = rep && (rep->type == REDIS_REPLY_STATUS ||
+                              (rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "NOAUTH")));
             if (rep)
                 freeReplyObject(rep);
             redisFree(c);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -185,12 +186,56 @@ static void test_frozen(void **state)
     kvpt_daemon_stop(&a);
 }
 
+/* A password Redis requires: from the URL or a file, never in the daemon's log. */
+static void test_credentials(void **state)
+{
+    (void)state;
+    struct kvpt_redis r = {.extra = {"--requirepass", "s3cretpw", NULL}};
+    struct kvpt_daemon a, b;
+    char url[512], pwfile[300], bad_url[512];
+    kvpt_redis_start(&r, false);
+    snprintf(bad_url, sizeof(bad_url), "unix://:wr0ngpw@%s", r.sock);
+    snprintf(url, sizeof(url), "unix://%s", r.sock);
+    snprintf(pwfile, sizeof(pwfile), "%s/pw", r.dir);
+    FILE *f = fopen(pwfile, "w");
+    assert_non_null(f);
+    fputs("s3cretpw\n", f);
+    fclose(f);
+    chmod(pwfile, 0644);
+
+    /* A wrong password: L2 is down (once), the daemon serves, and says why without it. */
+    const char *a_args[] = {"--chunk-size", "16", "--l2", bad_url, NULL};
+    kvpt_daemon_start(&a, a_args);
+    assert_true(kvpt_log_wait(&a, "unreachable", 5000));
+    assert_true(kvpt_log_wait(&a, "unix://:***@", 0));
+    kvp_client *ca = kvpt_connect(&a);
+    kvpt_store_seq(reg(ca, "denied"), 3300, SEQ);
+    assert_int_equal(kvpt_stat(ca, "l2_up"), 0);
+    kvp_client_close(ca);
+
+    /* The password from a file: a warning about its mode, and the copies go through. */
+    const char *b_args[] = {"--chunk-size", "16", "--l2", url, "--l2-password-file", pwfile, NULL};
+    kvpt_daemon_start(&b, b_args);
+    assert_true(kvpt_log_wait(&b, "can be read by group or others", 0));
+    kvp_client *cb = kvpt_connect(&b);
+    kvpt_store_seq(reg(cb, "allowed"), 3301, SEQ);
+    assert_int_equal(kvpt_stat_poll(cb, "l2_written_chunks", SEQ, 10000), SEQ);
+    kvp_client_close(cb);
+
+    assert_int_equal(kvpt_log_count(&a, "wr0ngpw"), 0);
+    assert_int_equal(kvpt_log_count(&b, "s3cretpw"), 0);
+    kvpt_daemon_stop(&a);
+    kvpt_daemon_stop(&b);
+    kvpt_redis_stop(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_killed_while_storing),
         cmocka_unit_test(test_down_at_start),
         cmocka_unit_test(test_frozen),
+        cmocka_unit_test(test_credentials),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -139,12 +139,34 @@ static void test_foreign(void **state)
     free(v);
 }
 
+/* The two-part form used when a value is received straight into its slot. */
+static void test_parts(void **state)
+{
+    (void)state;
+    uint8_t key[KVP_KEY_SIZE];
+    size_t len;
+    key_of(key, 6);
+    uint8_t *v = make_value(key, &len);
+    uint8_t hdr[KVP_L2_HEADER_SIZE];
+    uint8_t *data = malloc(DATA);
+    assert_non_null(data);
+    memcpy(hdr, v, sizeof(hdr));
+    memcpy(data, v + KVP_L2_HEADER_SIZE, DATA);
+    assert_int_equal(kvp_l2_value_check_parts(hdr, data, len, key, &lay), KVP_L2_VALUE_OK);
+    assert_int_equal(kvp_l2_value_check_parts(hdr, data, len - 10, key, &lay), KVP_L2_VALUE_SHORT);
+    assert_int_equal(kvp_l2_value_check_parts(hdr, data, 50, key, &lay), KVP_L2_VALUE_SHORT);
+    data[DATA - 1] ^= 0x80;
+    assert_int_equal(kvp_l2_value_check_parts(hdr, data, len, key, &lay), KVP_L2_VALUE_CHECKSUM);
+    free(data);
+    free(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_name),  cmocka_unit_test(test_good_value),
         cmocka_unit_test(test_truncated), cmocka_unit_test(test_corrupted),
-        cmocka_unit_test(test_foreign),
+        cmocka_unit_test(test_foreign),   cmocka_unit_test(test_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
