@@ -301,6 +301,7 @@ static int handle_lookup(struct kvp_session *c, const struct kvp_header *h)
     }
     cached += lookup_l2(c, &k, win, cached);
     KVP_COUNT(lookups, 1);
+    KVP_COUNT(lookup_chunks, total);
     KVP_COUNT(lookup_hit_chunks, cached);
     struct kvp_lookup_reply m = {.nchunks = total, .cached = cached};
     kvp_encode_lookup_reply(&c->out, &m);

@@ -42,6 +42,7 @@
     XX(registrations_inline, "registrations", "transport", "inline",                           \
        "instances registered on the inline transport")                                         \
     XX(lookups, "lookups", "", "", "lookup requests")                                          \
+    XX(lookup_chunks, "lookup_chunks", "", "", "full chunks asked about by lookups")           \
     XX(lookup_hit_chunks, "lookup_hit_chunks", "", "", "chunks found cached by lookups")       \
     XX(store_chunks_reserved, "store_chunks_reserved", "", "",                                 \
        "chunk slots reserved by prepare-store")                                                \
