@@ -5,8 +5,10 @@
  * workers did; each instance names its transport, the inline one its reason.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,12 +273,68 @@ static void test_memfd_backend(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/* Readers of /api/status and /metrics while workers come, store, retrieve and go: every answer
+ * is whole and well formed (run under TSan, any race between the reports and the data path
+ * fails the run). */
+struct reader {
+    uint16_t port;
+    int answers, bad;
+    atomic_bool stop;
+};
+
+static void *read_reports(void *arg)
+{
+    struct reader *r = arg;
+    while (!atomic_load(&r->stop)) {
+        int code;
+        json_t *st = kvpt_http_json(r->port, "/api/status", &code);
+        if (code != 200 || !st || !json_is_array(json_object_get(st, "instances")))
+            r->bad++;
+        json_decref(st);
+        struct kvpt_http_reply m;
+        if (kvpt_http_request(r->port, "GET", "/metrics", &m) != 0 || m.status != 200 ||
+            !strstr(m.body, "kvpool_request_duration_seconds_count{op=\"map_segment\"}"))
+            r->bad++;
+        kvpt_http_free(&m);
+        r->answers++;
+    }
+    return NULL;
+}
+
+static void test_reports_while_workers_run(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    struct reader r = {.port = start(&d)};
+    pthread_t tid;
+    assert_int_equal(pthread_create(&tid, NULL, read_reports, &r), 0);
+
+    for (uint32_t round = 0; round < 20 || r.answers < 5; round++) {
+        kvp_client *c = kvpt_connect(&d);
+        char id[32];
+        snprintf(id, sizeof(id), "churn-%u", round);
+        kvp_register_opts o = kvpt_layout(id,
+                                          round % 2 ? KVP_TRANSPORT_INLINE : KVP_TRANSPORT_AUTO);
+        kvp_instance *inst = NULL;
+        assert_rc(kvp_register(c, &o, &inst), 0);
+        store(inst, 100 + round, 3);
+        lookup_and_retrieve(inst, 100 + round, 3);
+        kvp_client_close(c);
+    }
+    atomic_store(&r.stop, true);
+    pthread_join(tid, NULL);
+    assert_int_equal(r.bad, 0);
+    assert_true(r.answers >= 5);
+    kvpt_daemon_stop(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_healthcheck),
         cmocka_unit_test(test_counts_follow_operations),
         cmocka_unit_test(test_memfd_backend),
+        cmocka_unit_test(test_reports_while_workers_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
