@@ -388,6 +388,12 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
     return 0;
 }
 
+/* A value as a note about an ignored one may show it: a --l2 URL may hold a password. */
+static const char *shown(int id, const char *val)
+{
+    return id == OPT_L2 ? "(an L2 URL, not shown)" : val;
+}
+
 static void usage(FILE *out)
 {
     fprintf(out,
@@ -453,10 +459,10 @@ static int file_entry(void *arg, const char *key, const char *value, unsigned li
                 fprintf(f->err,
                         "kvpoold: ignoring invalid %s '%s' at %s: --%s on the command line "
                         "overrides it\n",
-                        key, value, src, key);
+                        key, shown(o->id, value), src, key);
             else
                 fprintf(f->err, "kvpoold: ignoring invalid %s '%s' at %s: %s overrides it\n", key,
-                        value, src, o->env);
+                        shown(o->id, value), src, o->env);
         }
         return 0;
     }
@@ -506,7 +512,7 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
                 fprintf(err,
                         "kvpoold: ignoring invalid %s '%s': --%s on the command line "
                         "overrides it\n",
-                        opts[i].env, v, opts[i].name);
+                        opts[i].env, shown(opts[i].id, v), opts[i].name);
             continue;
         }
         if (apply(cfg, opts[i].id, v, opts[i].env, err))
