@@ -895,7 +895,9 @@ static int redis_read(struct kvp_l2_conn *c, const char *const *keys, uint32_t n
                          .data = data,
                          .data_len = data_len,
                          .len = len};
-    uint32_t *idx = malloc(sizeof(*idx) * 4 * (n ? n : 1)), *redo = idx + n, *rnode = redo + n;
+    /* Four arrays of n: the values of one node's round, the redirected ones, where those go,
+     * and where every value goes first. */
+    uint32_t *idx = malloc(sizeof(*idx) * 4 * (n ? n : 1));
     bool *rask = malloc(n ? n : 1);
     int rc = 0, status = 0;
 
@@ -905,8 +907,8 @@ static int redis_read(struct kvp_l2_conn *c, const char *const *keys, uint32_t n
         snprintf(why, why_size, "out of memory");
         return -ENOMEM;
     }
+    uint32_t *redo = idx + n, *rnode = redo + n, *where = rnode + n, nredo = 0;
     snprintf(q.end, sizeof(q.end), "%zu", hdr_len + data_len);
-    uint32_t nredo = 0, *where = rnode + n;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         len[i] = 0;
         rc = route(c, keys[i], &where[i], why, why_size);
