@@ -415,8 +415,11 @@ static void *bg_main(void *arg)
             if (rc) {
                 KVP_COUNT(l2_errors, 1);
                 do_set_state(l2, L2_DOWN, why);
-                if (!l2->stopping)
-                    wait_until(&l2->work_cv, &l2->lock, mono_ms() + backoff);
+                /* The whole backoff, even when stores wake us: a worker's store must not
+                 * become a connection attempt while L2 is down. */
+                uint64_t retry_at = mono_ms() + backoff;
+                while (!l2->stopping && mono_ms() < retry_at)
+                    wait_until(&l2->work_cv, &l2->lock, retry_at);
                 backoff = backoff * 2 > KVP_L2_BACKOFF_MAX_MS ? KVP_L2_BACKOFF_MAX_MS : backoff * 2;
                 continue;
             }
