@@ -348,6 +348,25 @@ uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout
     return n;
 }
 
+void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
+{
+    *res = (struct kvp_clear_result){0};
+    pthread_mutex_lock(&s->lock);
+    for (struct kvp_obj *o = s->lru.next, *next; o != &s->lru; o = next) {
+        next = o->next; /* o is freed below */
+        if (o->pins) {
+            res->pinned++;
+            continue;
+        }
+        res->dropped++;
+        res->bytes += o->length;
+        do_index_remove(s, o);
+        do_release(s, o);
+        s->ncommitted--;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
 /* A consistent snapshot for STATS; largest_free walks the bitmap, so it is not for hot paths. */
 void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g)
 {

@@ -98,4 +98,19 @@ uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout
 
 void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g);
 
+/* What kvp_store_clear() did. */
+struct kvp_clear_result {
+    uint64_t dropped; /* committed objects freed */
+    uint64_t bytes;   /* their bytes */
+    uint64_t pinned;  /* committed objects kept because a retrieve pins them */
+};
+
+/*
+ * Frees every committed object that nobody pins, as if each were evicted (CLEAR). Reserved
+ * and expired objects belong to stores in progress and are not touched; pinned objects stay
+ * until their last unpin and remain visible. One lock hold: a concurrent store or lookup sees
+ * the store before or after, never in between.
+ */
+void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res);
+
 #endif /* KVP_STORE_H */

@@ -580,6 +580,62 @@ static void test_cached_chunk_not_evicted_by_same_request(void **state)
     kvp_store_destroy(&s);
 }
 
+/* CLEAR frees committed, unpinned objects only: pinned ones stay visible, reservations stay
+ * reserved and can still be committed. */
+static void test_clear_keeps_pinned_and_reserved(void **state)
+{
+    (void)state;
+    struct kvp_store s;
+    init_store(&s, 8);
+    const uint32_t ids[] = {0, 1, 2, 3, 4};
+    uint8_t keys[2 * KVP_KEY_SIZE];
+    struct kvp_obj *pinned[2];
+    struct kvp_clear_result r;
+    store_each(&s, ids, 5, NULL);
+    const uint32_t pin_ids[] = {1, 3};
+    assert_int_equal(kvp_store_pin(&s, keys_of(keys, pin_ids, 1), 1, pinned), 1);
+    assert_int_equal(kvp_store_pin(&s, keys_of(keys, pin_ids + 1, 1), 1, pinned + 1), 1);
+    struct prep p;
+    const uint32_t k7[] = {7};
+    prepare(&s, k7, 1, 0, &p);
+    expect_result(&p, 0, 0, 0, 1);
+
+    kvp_store_clear(&s, &r);
+    assert_int_equal(r.dropped, 3);
+    assert_int_equal(r.bytes, 3 * CHUNK);
+    assert_int_equal(r.pinned, 2);
+    struct kvp_store_gauges g = gauges(&s);
+    assert_int_equal(g.committed, 2);
+    assert_int_equal(g.pinned, 2);
+    assert_int_equal(g.reserved, 1);
+    assert_int_equal(g.pool_used, 3 * CHUNK);
+    assert_false(present(&s, 0));
+    assert_true(present(&s, 1));
+    assert_false(present(&s, 2));
+    assert_true(present(&s, 3));
+    assert_false(present(&s, 4));
+    assert_false(present(&s, 7));
+    assert_rc(kvp_store_commit(&s, p.objs, 1), 1);
+    assert_true(present(&s, 7));
+
+    /* Once unpinned, the survivors go with the next clear; an empty store clears nothing. */
+    kvp_store_unpin(&s, pinned, 2);
+    kvp_store_clear(&s, &r);
+    assert_int_equal(r.dropped, 3);
+    assert_int_equal(r.pinned, 0);
+    kvp_store_clear(&s, &r);
+    assert_int_equal(r.dropped, 0);
+    g = gauges(&s);
+    assert_int_equal(g.committed, 0);
+    assert_int_equal(g.pool_used, 0);
+    /* The freed space is usable again. */
+    const uint32_t all8[] = {10, 11, 12, 13, 14, 15, 16, 17};
+    prepare(&s, all8, 8, 0, &p);
+    expect_result(&p, 0, 0, 0, 8);
+    kvp_store_abort(&s, p.objs, 8);
+    kvp_store_destroy(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -597,6 +653,7 @@ int main(void)
         cmocka_unit_test(test_expire_only_old_reservations),
         cmocka_unit_test(test_lookup_leading_run),
         cmocka_unit_test(test_cached_chunk_not_evicted_by_same_request),
+        cmocka_unit_test(test_clear_keeps_pinned_and_reserved),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
