@@ -263,6 +263,31 @@ int kvp_decode_stats_reply(const void *body, size_t len, struct kvp_stat_entry *
     return rc ? rc : (int)n;
 }
 
+void kvp_encode_text_reply(struct kvp_wbuf *w, const char *text, uint32_t len)
+{
+    kvp_put_u32(w, len);
+    kvp_put_bytes(w, text, len);
+}
+
+int kvp_decode_text_reply(const void *body, size_t len, const char **text, uint32_t *text_len)
+{
+    struct kvp_rbuf r;
+    kvp_rbuf_init(&r, body, len);
+    uint32_t n = kvp_get_u32(&r);
+    if (r.err || n > KVP_MAX_TEXT)
+        return -EPROTO;
+    const char *p = kvp_get_bytes(&r, n);
+    /* A NUL would silently cut the document short once it is a C string. */
+    if (r.err || memchr(p, '\0', n))
+        return -EPROTO;
+    int rc = kvp_rbuf_finish(&r);
+    if (rc == 0) {
+        *text = p;
+        *text_len = n;
+    }
+    return rc;
+}
+
 void kvp_encode_error(struct kvp_wbuf *w, const char *msg)
 {
     char buf[KVP_MAX_ERRMSG + 1];

@@ -133,6 +133,15 @@ void kvp_encode_stats_reply(struct kvp_wbuf *w, const struct kvp_stat_entry *e, 
 /* Writes at most cap entries; returns the count the reply holds (<= KVP_MAX_STATS) or -EPROTO. */
 int kvp_decode_stats_reply(const void *body, size_t len, struct kvp_stat_entry *e, size_t cap);
 
+/*
+ * STATUS and METRICS replies: u32 length, then that many bytes of text (no NUL, at most
+ * KVP_MAX_TEXT). The encoder writes len bytes of text; the caller checks len <= KVP_MAX_TEXT.
+ * The decoder points *text into the body (not NUL-terminated) and refuses a NUL byte in it, so
+ * that a copy can be handed out as a C string.
+ */
+void kvp_encode_text_reply(struct kvp_wbuf *w, const char *text, uint32_t len);
+int kvp_decode_text_reply(const void *body, size_t len, const char **text, uint32_t *text_len);
+
 /* Error replies carry a message string. */
 void kvp_encode_error(struct kvp_wbuf *w, const char *msg);
 int kvp_decode_error(const void *body, size_t len, char *msg, size_t size);

@@ -14,7 +14,7 @@
 
 #define KVP_MAGIC 0x3150564bu /* "KVP1" read as little-endian bytes */
 #define KVP_PROTO_VERSION 1   /* frame header version and HELLO major: must match */
-#define KVP_PROTO_MINOR 0     /* HELLO minor: additions an older peer may ignore */
+#define KVP_PROTO_MINOR 1     /* HELLO minor: additions an older peer may ignore */
 #define KVP_HEADER_SIZE 32
 #define KVP_REPLY_FLAG 0x8000u
 
@@ -27,6 +27,9 @@
 #define KVP_MAX_ERRMSG 255u       /* error reply messages */
 #define KVP_MAX_CHUNKS 4096u      /* chunks in one request range */
 #define KVP_MAX_STATS 128u        /* statistics in one reply */
+
+/* Text of a STATUS or METRICS reply: the whole body but its u32 length. */
+#define KVP_MAX_TEXT (KVP_MAX_BODY - 4u)
 
 #define KVP_OPCODE_MAP(XX)   \
     XX(HELLO, 1)             \
@@ -42,7 +45,10 @@
     XX(PREPARE_RETRIEVE, 11) \
     XX(COMMIT_RETRIEVE, 12)  \
     XX(RETRIEVE_INLINE, 13)  \
-    XX(MAP_SEGMENT, 14)
+    XX(MAP_SEGMENT, 14)      \
+    XX(STATUS, 15)           \
+    XX(METRICS, 16)          \
+    XX(CLEAR, 17)
 
 enum kvp_opcode {
 #define KVP_OPCODE_ENUM(name, val) KVP_OP_##name = (val),

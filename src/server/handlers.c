@@ -26,10 +26,12 @@
 #include "handlers.h"
 #include "l2.h"
 #include "log.h"
+#include "metrics.h"
 #include "server.h"
 #include "session.h"
 #include "snapshot.h"
 #include "stats.h"
+#include "status.h"
 
 /* Sends an error reply with a formatted message. Returns the send result. */
 __attribute__((format(printf, 4, 5))) static int fail(struct kvp_session *c,
@@ -564,6 +566,52 @@ static int handle_map_segment(struct kvp_session *c, const struct kvp_header *h)
     return kvp_session_reply_fd(c, h, s->seg.fd);
 }
 
+/*
+ * STATUS and METRICS: the documents status.c and metrics.c render (the same text as GET
+ * /api/status and GET /metrics), so that `kvpool` works with the HTTP endpoint off.
+ */
+static int handle_text(struct kvp_session *c, const struct kvp_header *h, bool status)
+{
+    const char *what = status ? "status" : "metrics";
+    size_t len = 0;
+
+    if (h->body_len != 0)
+        return malformed(c, h);
+    char *text = status ? kvp_status_json(c->srv) : kvp_metrics_text(c->srv, &len);
+    if (!text)
+        return fail(c, h, -ENOMEM, "out of memory while rendering the %s", what);
+    if (status)
+        len = strlen(text);
+    if (len > KVP_MAX_TEXT) {
+        free(text);
+        return fail(c, h, -EMSGSIZE, "the %s text of %zu bytes exceeds %u", what, len,
+                    KVP_MAX_TEXT);
+    }
+    kvp_encode_text_reply(&c->out, text, (uint32_t)len);
+    free(text);
+    if (c->out.err) {
+        kvp_wbuf_reset(&c->out);
+        return fail(c, h, -ENOMEM, "out of memory while sending the %s", what);
+    }
+    return ok(c, h);
+}
+
+/* CLEAR: drops the committed chunks nobody pins (an operator's action, so it is logged). */
+static int handle_clear(struct kvp_session *c, const struct kvp_header *h)
+{
+    struct kvp_clear_result r;
+
+    if (h->body_len != 0)
+        return malformed(c, h);
+    kvp_store_clear(&c->srv->store, &r);
+    log_info("Cleared %" PRIu64 " committed objects (%" PRIu64 " bytes) at the request of pid %d; "
+             "%" PRIu64 " pinned objects kept",
+             r.dropped, r.bytes, (int)c->peer.pid, r.pinned);
+    /* The pool cannot hold 2^32 chunks of at least one page each in any real machine. */
+    kvp_encode_count_reply(&c->out, r.dropped > UINT32_MAX ? UINT32_MAX : (uint32_t)r.dropped);
+    return ok(c, h);
+}
+
 int kvp_handle_request(struct kvp_session *c, const struct kvp_header *h)
 {
     switch (h->opcode) {
@@ -595,6 +643,12 @@ int kvp_handle_request(struct kvp_session *c, const struct kvp_header *h)
         return handle_retrieve_inline(c, h);
     case KVP_OP_MAP_SEGMENT:
         return handle_map_segment(c, h);
+    case KVP_OP_STATUS:
+        return handle_text(c, h, true);
+    case KVP_OP_METRICS:
+        return handle_text(c, h, false);
+    case KVP_OP_CLEAR:
+        return handle_clear(c, h);
     default:
         return malformed(c, h);
     }

@@ -584,6 +584,71 @@ static void test_error_reply(void **state)
     kvp_wbuf_free(&w);
 }
 
+/* ---- STATUS and METRICS replies ------------------------------------------------------- */
+
+static int dec_text(const void *b, size_t n)
+{
+    const char *text;
+    uint32_t len;
+    int rc = kvp_decode_text_reply(b, n, &text, &len);
+    /* The text lies inside the body, right after its length. */
+    if (rc == 0 && (text != (const char *)b + 4 || len != n - 4))
+        fail_msg("text at +%td, %u bytes, in a body of %zu", text - (const char *)b, len, n);
+    return rc;
+}
+
+static void test_text_reply(void **state)
+{
+    (void)state;
+    static const char doc[] = "{\n  \"version\": \"1.0.0\",\n  \"state\": \"serving\"\n}";
+    const char *text = NULL;
+    uint32_t len = 0;
+    struct kvp_wbuf w;
+
+    assert_string_equal(kvp_opcode_name(KVP_OP_STATUS), "STATUS");
+    assert_string_equal(kvp_opcode_name(KVP_OP_METRICS), "METRICS");
+    assert_string_equal(kvp_opcode_name(KVP_OP_CLEAR), "CLEAR");
+
+    kvp_wbuf_init(&w);
+    kvp_encode_text_reply(&w, doc, (uint32_t)strlen(doc));
+    assert_int_equal(w.len, 4 + strlen(doc));
+    assert_rc(kvp_decode_text_reply(w.data, w.len, &text, &len), 0);
+    assert_int_equal(len, strlen(doc));
+    assert_memory_equal(text, doc, len);
+    check_strict(dec_text, &w);
+
+    /* Empty text is fine. */
+    kvp_wbuf_reset(&w);
+    kvp_encode_text_reply(&w, "", 0);
+    assert_rc(kvp_decode_text_reply(w.data, w.len, &text, &len), 0);
+    assert_int_equal(len, 0);
+    check_strict(dec_text, &w);
+
+    /* A NUL would cut the C string the library makes of it. */
+    kvp_wbuf_reset(&w);
+    kvp_encode_text_reply(&w, "ab\0cd", 5);
+    assert_rc(decode_copy(dec_text, w.data, w.len), -EPROTO);
+
+    /* The limit: KVP_MAX_TEXT bytes decode (a body of KVP_MAX_BODY bytes), one more does not. */
+    char *big = malloc(KVP_MAX_TEXT + 1);
+    assert_non_null(big);
+    memset(big, 'm', KVP_MAX_TEXT + 1);
+    kvp_wbuf_reset(&w);
+    kvp_encode_text_reply(&w, big, KVP_MAX_TEXT);
+    assert_int_equal(w.len, KVP_MAX_BODY);
+    assert_rc(decode_copy(dec_text, w.data, w.len), 0);
+    kvp_wbuf_reset(&w);
+    kvp_encode_text_reply(&w, big, KVP_MAX_TEXT + 1);
+    assert_rc(decode_copy(dec_text, w.data, w.len), -EPROTO);
+    free(big);
+    /* A length claiming more than the body holds. */
+    kvp_wbuf_reset(&w);
+    kvp_put_u32(&w, 10);
+    kvp_put_bytes(&w, "short", 5);
+    assert_rc(decode_copy(dec_text, w.data, w.len), -EPROTO);
+    kvp_wbuf_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -599,6 +664,7 @@ int main(void)
         cmocka_unit_test(test_stats_reply),
         cmocka_unit_test(test_stats_reply_rejects),
         cmocka_unit_test(test_error_reply),
+        cmocka_unit_test(test_text_reply),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
