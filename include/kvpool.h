@@ -168,6 +168,41 @@ typedef struct kvp_stat {
 KVP_EXPORT int kvp_stats(kvp_client *c, kvp_stat *out, size_t cap);
 
 /* ---------------------------------------------------------------------------------------- */
+/* Administration: what the `kvpool` command line shows and does                            */
+
+/*
+ * Fetches the daemon's status as one JSON document: its version, state and uptime, the pool,
+ * the shared-memory decision (or why it is off), every registered instance with its transport
+ * (and why it is inline), the connected clients, every counter and gauge, and the request
+ * latencies. It is the document GET /api/status serves (docs/HTTP.md lists the fields), here
+ * over the daemon's socket, so it needs no HTTP endpoint. On success *json_out is a
+ * NUL-terminated string that the caller frees with kvp_free(), and the return value is its
+ * length in bytes. On failure *json_out is NULL and the return value is -EINVAL (c or json_out
+ * NULL), -EOPNOTSUPP (the daemon speaks protocol 1.0, which has no status request; nothing was
+ * sent and the connection stays usable), -ENOMEM, or another negative error.
+ */
+KVP_EXPORT int kvp_get_status(kvp_client *c, char **json_out);
+
+/*
+ * Fetches the daemon's metrics in the Prometheus text exposition format 0.0.4 (the kvpool_*
+ * families of GET /metrics). Same contract as kvp_get_status(): *text_out is freed with
+ * kvp_free(); the return value is its length or a negative error.
+ */
+KVP_EXPORT int kvp_get_metrics(kvp_client *c, char **text_out);
+
+/*
+ * Empties the cache: the daemon drops every committed chunk that no retrieve pins, of every
+ * instance and client. Chunks pinned by a retrieve in progress stay (and stay cached), and so
+ * do the reservations of stores in progress, which can still be committed. An L2 tier keeps its
+ * copies. Returns the number of chunks dropped, -EOPNOTSUPP (a protocol 1.0 daemon; nothing
+ * sent), or another negative error.
+ */
+KVP_EXPORT int kvp_clear(kvp_client *c);
+
+/* Frees a string the library returned (kvp_get_status(), kvp_get_metrics()). NULL is ok. */
+KVP_EXPORT void kvp_free(void *p);
+
+/* ---------------------------------------------------------------------------------------- */
 /* Instances (one per worker / tensor-parallel rank)                                        */
 
 typedef struct kvp_instance kvp_instance;
