@@ -2,7 +2,8 @@
  * fuzz_client.c - the client library against a hostile daemon: everything libkvpool.so reads from
  * its socket (reply headers, bodies, error messages, inline payloads) comes from the input, and
  * the library runs a worker's usual calls over it through its public API only: open (HELLO),
- * ping, stats, an inline registration, lookup, store, retrieve, unregister, close.
+ * ping, stats, an inline registration, lookup, store, retrieve, unregister, then an operator's
+ * status, metrics and clear, and close.
  *
  * Input: the byte stream the "daemon" writes on the connection (a seed is what a real kvpoold
  * answers to that script: request ids 1, 2, ...). A thread plays the daemon: it accepts the
@@ -18,11 +19,13 @@
  *
  * What must hold, beyond "no crash, no leak, no hang": every call returns 0, a count or a
  * negative error; a count is within what was asked (lookup <= chunks of the sequence, store and
- * retrieve <= chunks of the range); the instance stays on the inline transport and keeps its
- * chunk layout; no call takes as long as the 5 s timeout (nobody is left waiting for a reply).
+ * retrieve <= chunks of the range); a text (status, metrics) is a string of the length returned,
+ * and nothing on failure; the instance stays on the inline transport and keeps its chunk
+ * layout; no call takes as long as the 5 s timeout (nobody is left waiting for a reply).
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -32,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/wire.h"
 #include "fuzz.h"
 #include "kvpool.h"
 
@@ -184,6 +188,18 @@ static void run_transfers(kvp_client *c, kvp_instance *inst)
         free(bufs[i]);
 }
 
+/* kvp_get_status() or kvp_get_metrics(): a string of the returned length, or nothing. */
+static void check_text(kvp_client *c, int (*get)(kvp_client *, char **))
+{
+    char *text = NULL;
+    int rc = get(c, &text);
+    check_rc(c, rc, (int)KVP_MAX_TEXT);
+    FUZZ_CHECK((rc >= 0) == (text != NULL));
+    if (text)
+        FUZZ_CHECK(strlen(text) == (size_t)rc);
+    kvp_free(text);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct daemon d = {.data = data, .size = size};
@@ -224,6 +240,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             run_transfers(c, inst);
             check_rc(c, kvp_unregister(inst), 0);
         }
+        check_text(c, kvp_get_status);
+        check_text(c, kvp_get_metrics);
+        check_rc(c, kvp_clear(c), INT_MAX);
         kvp_client_close(c);
     }
     FUZZ_CHECK(write(stop[1], "x", 1) == 1);
@@ -231,6 +250,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     close(stop[0]);
     close(stop[1]);
     /* The open and at most one reconnect per later call. */
-    FUZZ_CHECK(d.nconns <= 12);
+    FUZZ_CHECK(d.nconns <= 15);
     return 0;
 }

@@ -1,11 +1,12 @@
 /*
  * fuzz_reply.c - the reply body decoders the client library runs on what the daemon sends:
  * HELLO, REGISTER, slots (PREPARE_STORE, PREPARE_RETRIEVE, RETRIEVE_INLINE), LOOKUP, STATS,
- * count (COMMIT_STORE, ABORT_STORE, STORE_INLINE, COMMIT_RETRIEVE) and error replies, plus the
- * check every slot of a slots reply goes through before the library forms a pointer from it
- * (kvp_shm_slot). The daemon is not trusted: another process may own the socket path.
+ * count (COMMIT_STORE, ABORT_STORE, STORE_INLINE, COMMIT_RETRIEVE, CLEAR), text (STATUS, METRICS)
+ * and error replies, plus the check every slot of a slots reply goes through before the library
+ * forms a pointer from it (kvp_shm_slot). The daemon is not trusted: another process may own the
+ * socket path.
  *
- * Input: one selector byte (which decoder, modulo 7), one parameter byte (the caller's buffer
+ * Input: one selector byte (which decoder, modulo 8), one parameter byte (the caller's buffer
  * size for error and stats replies), then the body. An accepted body must respect the limits,
  * and re-encode to exactly the same bytes; an accepted slot must lie inside the pool.
  */
@@ -125,6 +126,20 @@ static void fuzz_count(const uint8_t *body, size_t len, struct kvp_wbuf *w)
     check_same(w, body, len);
 }
 
+static void fuzz_text(const uint8_t *body, size_t len, struct kvp_wbuf *w)
+{
+    const char *text;
+    uint32_t n;
+    if (kvp_decode_text_reply(body, len, &text, &n) != 0)
+        return;
+    /* The text is the rest of the body, within the limit, and holds no NUL. */
+    FUZZ_CHECK(n <= KVP_MAX_TEXT && (size_t)n + 4 == len);
+    FUZZ_CHECK((const uint8_t *)text == body + 4);
+    FUZZ_CHECK(memchr(text, '\0', n) == NULL);
+    kvp_encode_text_reply(w, text, n);
+    check_same(w, body, len);
+}
+
 static void fuzz_error(const uint8_t *body, size_t len, uint8_t param, struct kvp_wbuf *w)
 {
     /* Callers pass anything from a tiny buffer to KVP_MAX_ERRMSG + 1 bytes and more. */
@@ -154,7 +169,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(body, data + 2, len);
 
     kvp_wbuf_init(&w);
-    switch (data[0] % 7) {
+    switch (data[0] % 8) {
     case 0:
         fuzz_hello(body, len, &w);
         break;
@@ -172,6 +187,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         break;
     case 5:
         fuzz_count(body, len, &w);
+        break;
+    case 7:
+        fuzz_text(body, len, &w);
         break;
     default:
         fuzz_error(body, len, data[1], &w);

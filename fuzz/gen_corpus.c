@@ -90,6 +90,8 @@ static void gen_header(void)
     seed_with_prefix("header", "error-reply", NULL, 0, &w);
     put_header(&w, KVP_OP_MAP_SEGMENT, 2, 0, 0, 0);
     seed_with_prefix("header", "map-segment", NULL, 0, &w);
+    put_header(&w, KVP_OP_STATUS | KVP_REPLY_FLAG, 5, KVP_MAX_BODY, 0, 0);
+    seed_with_prefix("header", "status-reply", NULL, 0, &w);
     kvp_wbuf_free(&w);
 }
 
@@ -135,6 +137,12 @@ static void gen_request(void)
     seed_with_prefix("request", "ref", &sel_ref, 1, &w);
     kvp_wbuf_free(&w);
 }
+
+/* The beginnings of a STATUS and a METRICS reply's text. */
+static const char status_json[] = "{\n  \"version\": \"1.0.0\",\n  \"state\": \"serving\",\n  "
+                                  "\"pid\": 4242,\n  \"instances\": []\n}";
+static const char metrics_text[] = "# HELP kvpool_objects committed chunks (visible to lookups)\n"
+                                   "# TYPE kvpool_objects gauge\nkvpool_objects 3\n";
 
 /* A reply seed: selector byte (which decoder), parameter byte (buffer size), body. */
 static void reply_seed(const char *name, uint8_t selector, uint8_t param, struct kvp_wbuf *w)
@@ -207,6 +215,11 @@ static void gen_reply(void)
 
     kvp_encode_error(&w, "num_layers must be >= 1");
     reply_seed("error", 6, 255, &w);
+
+    kvp_encode_text_reply(&w, status_json, (uint32_t)strlen(status_json));
+    reply_seed("text-status", 7, 0, &w);
+    kvp_encode_text_reply(&w, metrics_text, (uint32_t)strlen(metrics_text));
+    reply_seed("text-metrics", 7, 0, &w);
     kvp_wbuf_free(&w);
 }
 
@@ -306,6 +319,36 @@ static void gen_daemon(void)
     frame(&s, KVP_OP_PREPARE_STORE, NULL, 0);
     session_end(&s, "disconnect-holding");
 
+    /* An operator's requests while a worker holds a pin: STATUS, METRICS, CLEAR (the pinned
+     * chunks stay), then CLEAR again once they are unpinned. */
+    session_begin(&s);
+    frame(&s, KVP_OP_HELLO, NULL, 0);
+    reg = layout("worker-shm", KVP_WIRE_SHM, 0);
+    kvp_encode_register_req(&s.body, &reg);
+    frame(&s, KVP_OP_REGISTER, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 12, tokens, 12, NULL, 0);
+    frame(&s, KVP_OP_PREPARE_STORE, NULL, 0);
+    kvp_encode_ref_req(&s.body, &(struct kvp_ref_req){.handle = HANDLE0, .id = 1});
+    frame(&s, KVP_OP_COMMIT_STORE, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 8, tokens, 8, NULL, 0);
+    frame(&s, KVP_OP_PREPARE_RETRIEVE, NULL, 0);
+    frame(&s, KVP_OP_STATUS, NULL, 0);
+    frame(&s, KVP_OP_METRICS, NULL, 0);
+    frame(&s, KVP_OP_CLEAR, NULL, 0);
+    kvp_encode_key_req(&s.body, HANDLE0, 0, 0, tokens, 12, NULL, 0);
+    frame(&s, KVP_OP_LOOKUP, NULL, 0);
+    kvp_encode_ref_req(&s.body, &(struct kvp_ref_req){.handle = HANDLE0, .id = 2});
+    frame(&s, KVP_OP_COMMIT_RETRIEVE, NULL, 0);
+    frame(&s, KVP_OP_CLEAR, NULL, 0);
+    session_end(&s, "status-metrics-clear");
+
+    /* STATUS takes no body: a malformed frame, answered, then the connection is closed. */
+    session_begin(&s);
+    kvp_put_u32(&s.body, 1);
+    frame(&s, KVP_OP_STATUS, NULL, 0);
+    frame(&s, KVP_OP_PING, NULL, 0);
+    session_end(&s, "status-with-body");
+
     /* Framing errors: a request with the reply flag, then one with a bad magic. */
     session_begin(&s);
     frame(&s, KVP_OP_PING | KVP_REPLY_FLAG, NULL, 0);
@@ -332,11 +375,12 @@ static void reply(struct replies *r, uint16_t opcode, int32_t status, const void
     kvp_wbuf_reset(&r->body);
 }
 
-/* HELLO, PING, STATS and REGISTER as a daemon without SHM answers them. */
-static void client_prologue(struct replies *r)
+/* HELLO (protocol 1.minor), PING, STATS and REGISTER as a daemon without SHM answers them. */
+static void client_prologue(struct replies *r, uint16_t minor)
 {
     struct kvp_hello_reply hello = {
         .major = 1,
+        .minor = minor,
         .pid = 4242,
         .chunk_tokens = 4,
         .shm_reason = "SHM disabled by configuration",
@@ -386,7 +430,7 @@ static void gen_client(void)
         payload[i] = (uint8_t)(i * 5 + 3);
 
     /* Everything succeeds: two chunks stored, then retrieved. */
-    client_prologue(&r);
+    client_prologue(&r, 0);
     kvp_encode_lookup_reply(&r.body, &(struct kvp_lookup_reply){.nchunks = 2});
     reply(&r, KVP_OP_LOOKUP, 0, NULL, 0);
     kvp_encode_slots_reply(
@@ -400,8 +444,26 @@ static void gen_client(void)
     reply(&r, KVP_OP_UNREGISTER, 0, NULL, 0);
     client_end(&r, "roundtrip");
 
+    /* A 1.1 daemon: the same, then the operator's status, metrics and clear. */
+    client_prologue(&r, 1);
+    kvp_encode_lookup_reply(&r.body, &(struct kvp_lookup_reply){.nchunks = 2, .cached = 2});
+    reply(&r, KVP_OP_LOOKUP, 0, NULL, 0);
+    kvp_encode_slots_reply(&r.body, &(struct kvp_slots_reply){.nchunks = 2, .cached = 2});
+    reply(&r, KVP_OP_PREPARE_STORE, 0, NULL, 0);
+    kvp_encode_slots_reply(&r.body,
+                           &(struct kvp_slots_reply){.nchunks = 2, .nslots = 2, .slots = slots});
+    reply(&r, KVP_OP_RETRIEVE_INLINE, 0, payload, sizeof(payload));
+    reply(&r, KVP_OP_UNREGISTER, 0, NULL, 0);
+    kvp_encode_text_reply(&r.body, status_json, (uint32_t)strlen(status_json));
+    reply(&r, KVP_OP_STATUS, 0, NULL, 0);
+    kvp_encode_text_reply(&r.body, metrics_text, (uint32_t)strlen(metrics_text));
+    reply(&r, KVP_OP_METRICS, 0, NULL, 0);
+    kvp_encode_count_reply(&r.body, 2);
+    reply(&r, KVP_OP_CLEAR, 0, NULL, 0);
+    client_end(&r, "status-metrics-clear");
+
     /* Everything cached already; an error reply to the retrieve. */
-    client_prologue(&r);
+    client_prologue(&r, 0);
     kvp_encode_lookup_reply(&r.body, &(struct kvp_lookup_reply){.nchunks = 2, .cached = 2});
     reply(&r, KVP_OP_LOOKUP, 0, NULL, 0);
     kvp_encode_slots_reply(&r.body, &(struct kvp_slots_reply){.nchunks = 2, .cached = 2});
