@@ -27,6 +27,7 @@ __attribute__((format(printf, 3, 4))) static int bad(char *why, size_t size, con
     return -EINVAL;
 }
 
+/* The value of one hex digit, -1 for anything else. */
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9')
@@ -156,6 +157,11 @@ static int split_userinfo(const char *s, size_t len, struct kvp_l2_target *t, si
     return parse_userinfo(s, (size_t)(at - s), t, why, why_size);
 }
 
+/*
+ * redis://[userinfo@]HOST[:PORT][/DB]: s is what follows the scheme. The authority ends at the
+ * first '/', '?' or '#'; a trailing "/" alone means database 0. Query strings and fragments are
+ * refused rather than ignored: an option kvpool would silently drop is worse than an error.
+ */
 static int parse_redis(const char *s, struct kvp_l2_target *t, char *why, size_t why_size)
 {
     size_t len = strcspn(s, "/?#"), skip;
@@ -179,6 +185,10 @@ static int parse_redis(const char *s, struct kvp_l2_target *t, char *why, size_t
     return 0;
 }
 
+/*
+ * unix://[userinfo@]/PATH[?db=N]: the path is absolute and must fit a sockaddr_un; the only
+ * query is the database, since a path has no room for "/DB".
+ */
 static int parse_unix(const char *s, struct kvp_l2_target *t, char *why, size_t why_size)
 {
     /* unix:///path: the authority is empty, or holds only credentials ("user:pw@"). */
@@ -206,6 +216,11 @@ static int parse_unix(const char *s, struct kvp_l2_target *t, char *why, size_t 
     return 0;
 }
 
+/*
+ * redis-cluster://[userinfo@]HOST:PORT[,HOST:PORT...]: seed nodes, each with its port (there is
+ * no usual port for a cluster node). One reachable seed is enough: the others are found from
+ * CLUSTER SLOTS, so the list is only a set of ways in.
+ */
 static int parse_cluster(const char *s, struct kvp_l2_target *t, char *why, size_t why_size)
 {
     size_t len = strcspn(s, "/?#"), skip;
@@ -232,6 +247,7 @@ static int parse_cluster(const char *s, struct kvp_l2_target *t, char *why, size
     return 0;
 }
 
+/* Dispatches on the scheme; whatever fails leaves a zeroed target (no password behind). */
 int kvp_l2_url_parse(const char *url, struct kvp_l2_target *t, char *why, size_t why_size)
 {
     static const struct {
@@ -270,6 +286,8 @@ static void put_endpoint(char *out, size_t size, const struct kvp_l2_endpoint *e
              (unsigned)e->port);
 }
 
+/* Rebuilt from the parsed parts rather than edited from the text, so no spelling of the
+ * password (percent-encoded, repeated, in an unusual place) can survive the masking. */
 void kvp_l2_url_masked(const struct kvp_l2_target *t, char *out, size_t size)
 {
     static const char *const prefix[] = {"redis://", "unix://", "redis-cluster://"};
@@ -303,6 +321,12 @@ void kvp_l2_url_masked(const struct kvp_l2_target *t, char *out, size_t size)
     }
 }
 
+/*
+ * Read once, at start-up. The size is checked on the open descriptor before reading and again
+ * on what was read (the file may grow in between), and the buffer is wiped before returning.
+ * Group- or world-readable files are accepted with a warning by the caller, as ssh does not:
+ * refusing would break start-up for a mode that is a hardening issue, not a malfunction.
+ */
 int kvp_l2_password_file_read(const char *path, char *out, size_t size, bool *loose, char *why,
                               size_t why_size)
 {

@@ -34,6 +34,7 @@ _Static_assert(OFF_RESERVED + 32 == KVP_L2_HEADER_SIZE, "header size");
 
 static const char magic[8] = {'K', 'V', 'P', 'L', '2', 'V', 'A', 'L'};
 
+/* Little-endian stores and loads, byte by byte: no alignment or host order assumed. */
 static void put16(uint8_t *p, uint16_t v)
 {
     p[0] = (uint8_t)v;
@@ -65,6 +66,7 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
+/* Hex rather than the raw bytes: a key is then readable in redis-cli and safe in any log. */
 void kvp_l2_key_name(const uint8_t key[KVP_KEY_SIZE], char out[KVP_L2_KEY_LEN + 1])
 {
     static const char hex[] = "0123456789abcdef";
@@ -94,6 +96,8 @@ static void encode_fields(uint8_t *out, const uint8_t key[KVP_KEY_SIZE],
     put64(out + OFF_LENGTH, lay->bytes);
 }
 
+/* The header's fields seed the hash of the data, so one number covers both: a header glued to
+ * another chunk's data, or one field changed, fails as surely as a flipped data bit. */
 static uint64_t checksum(const uint8_t *header, const void *data, size_t len)
 {
     XXH64_hash_t seed = XXH3_64bits(header, OFF_CHECKSUM);

@@ -1,12 +1,12 @@
 /*
- * test_l2_slot.c - Redis Cluster key slots (src/server/l2_redis.h): CRC16 (XMODEM) known
+ * test_l2_slot.c - Redis Cluster key slots (src/server/l2_cluster.h): CRC16 (XMODEM) known
  * vectors, hash tags, and the slots of kvpool's own key names.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/kvp_assert.h"
-#include "l2_redis.h"
+#include "l2_cluster.h"
 #include "l2_value.h"
 
 static uint32_t slot(const char *key)
