@@ -149,7 +149,7 @@ static void test_slow_client(void **state)
     assert_rc(kvp_retrieve(inst, &t, 0, 2 * C, bufs), 2);
     assert_true(kvpt_check(bufs[1], bytes, 7, 1));
     assert_serving();
-    assert_true(kvpt_now_ms() - t0 < 2000);
+    assert_true(kvpt_now_ms() - t0 < 4000); /* well within the 5 s the stalled ones may last */
     free(bufs[0]);
     free(bufs[1]);
     free(tok);
@@ -180,7 +180,7 @@ static void test_connection_limit(void **state)
     for (int i = 0; i < 100; i++)
         assert_rc(kvp_ping(c), 0);
     kvp_client_close(c);
-    assert_true(kvpt_now_ms() - t0 < 2000);
+    assert_true(kvpt_now_ms() - t0 < 4000); /* well within the 5 s the stalled ones may last */
 
     for (int i = 0; i < HTTP_CONNECTIONS + 8; i++)
         close(fds[i]);

@@ -69,6 +69,26 @@ static long long value(const char *text, const char *series)
     return (long long)v;
 }
 
+/*
+ * Waits until series reads want (up to 5 s): a connection the test closed leaves the daemon's
+ * list when its thread sees the end, a moment later. Returns the last value read.
+ */
+static long long wait_value(uint16_t port, const char *series, long long want)
+{
+    long long v = -1;
+    for (int i = 0; i < 250 && v != want; i++) {
+        struct kvpt_http_reply r;
+        int found = 0;
+        if (i)
+            kvpt_sleep_ms(20);
+        assert_rc(kvpt_http_request(port, "GET", "/metrics", &r), 0);
+        v = (long long)kvpt_metric(r.body, series, &found);
+        kvpt_http_free(&r);
+        assert_true(found);
+    }
+    return v;
+}
+
 static void store(kvp_instance *inst, uint32_t seq, uint32_t n)
 {
     size_t bytes = kvp_instance_get_info(inst)->chunk_bytes;
@@ -130,6 +150,7 @@ static void test_transfers_by_transport(void **state)
     retrieve(b, 2, 3);
     assert_rc(lookup(a, 1, 5), 5);
     assert_rc(lookup(b, 2, 4), 3);
+    assert_int_equal(wait_value(port, "kvpool_connected_clients", 2), 2);
     char *m = metrics(port);
     const long long pings = value(m, "kvpool_request_duration_seconds_count{op=\"ping\"}");
     free(m);
@@ -278,6 +299,7 @@ static void test_drop_causes_and_errors(void **state)
         assert_rc(kvpt_raw_call(fds[i], KVP_OP_PING, NULL, 0, &r), 0);
         free(r.body);
     }
+    assert_int_equal(wait_value(port, "kvpool_connected_clients", 3), 3);
     char *m = metrics(port);
     assert_int_equal(value(m, "kvpool_reserved_chunks_dropped_total{cause=\"abort\"}"), 2);
     assert_int_equal(value(m, "kvpool_reserved_chunks_dropped_total{cause=\"unregister\"}"), 2);

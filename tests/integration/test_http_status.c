@@ -166,7 +166,13 @@ static void test_counts_follow_operations(void **state)
     store(b, 2, 3);
     lookup_and_retrieve(b, 2, 3);
 
+    /* The harness's readiness check closed its connection: wait until the daemon saw it. */
     json_t *st = status(port);
+    for (int i = 0; i < 250 && num(st, "clients.connected") != 2; i++) {
+        json_decref(st);
+        kvpt_sleep_ms(20);
+        st = status(port);
+    }
     assert_string_equal(str(st, "state"), "serving");
     assert_int_equal(num(st, "chunk_tokens"), C);
     assert_string_equal(str(st, "socket"), d.socket);
@@ -278,7 +284,7 @@ static void test_memfd_backend(void **state)
  * fails the run). */
 struct reader {
     uint16_t port;
-    int answers, bad;
+    atomic_int answers, bad;
     atomic_bool stop;
 };
 
