@@ -482,6 +482,28 @@ void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args)
     spawn_and_wait(d, argv, O_APPEND);
 }
 
+void kvpt_stop_process(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    uint64_t deadline = kvpt_now_ms() + 5000;
+    for (;;) {
+        FILE *f = fopen(path, "re");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        /* The state follows the command name, which is in parentheses and may hold spaces. */
+        const char *p = strrchr(buf, ')');
+        if (p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't'))
+            return;
+        if (kvpt_now_ms() > deadline)
+            fail_msg("process %d did not stop within 5 s of SIGSTOP", (int)pid);
+        kvpt_sleep_ms(1);
+    }
+}
+
 uint64_t kvpt_rss_kib(pid_t pid)
 {
     char path[64], line[256];

@@ -123,6 +123,10 @@ void kvpt_assert_seq(kvp_instance *inst, uint32_t seq, uint32_t n, uint32_t tota
  */
 void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args);
 
+/* Sends SIGSTOP to pid and waits (up to 5 s) until the kernel reports it stopped ('T' in
+ * /proc/<pid>/stat): kill() returns before the target's threads have stopped. */
+void kvpt_stop_process(pid_t pid);
+
 /* Resident set size of a process in KiB (VmRSS of /proc/<pid>/status); fails the test if
  * it cannot be read. */
 uint64_t kvpt_rss_kib(pid_t pid);

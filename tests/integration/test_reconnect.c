@@ -285,7 +285,7 @@ static void test_daemon_down(void **state)
     /* A store in flight: the daemon is stopped while it waits for its reply, then killed. */
     struct in_flight f = {.inst = shm};
     pthread_t tid;
-    assert_int_equal(kill(d.pid, SIGSTOP), 0);
+    kvpt_stop_process(d.pid);
     assert_int_equal(pthread_create(&tid, NULL, store_in_flight, &f), 0);
     while (!atomic_load(&f.started))
         kvpt_sleep_ms(1);
