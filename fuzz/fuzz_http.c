@@ -26,7 +26,7 @@
 #include "fuzz.h"
 #include "http.h"
 #include "log.h"
-#include "server.h"
+#include "daemon.h"
 
 #define POOL_SIZE (64u << 10)
 #define CHUNK_TOKENS 4u

@@ -45,9 +45,9 @@
 #include <sodium.h>
 
 #include "common/errors.h"
+#include "daemon.h"
 #include "log.h"
 #include "metrics.h"
-#include "server.h"
 #include "stats.h"
 #include "status.h"
 #include "status_page.h"

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "l2_redis.h"
+#include "l2_node.h"
 #include "stats.h"
 
 uint16_t kvp_l2_crc16(const void *data, size_t len)

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVP_L2_CLUSTER_SLOTS 16384
+#include "l2_node.h" /* KVP_L2_CLUSTER_SLOTS */
 
 struct kvp_l2_conn;
 struct redisReply;

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "l2_cluster.h"
 #include "l2_redis.h"
 
 /*

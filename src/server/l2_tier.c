@@ -44,9 +44,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon.h"
 #include "l2_backend.h"
 #include "log.h"
-#include "server.h"
 #include "stats.h"
 
 #define KVP_L2_MAX_LOADS 4096      /* keys queued or being loaded at once */

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "common/wire.h"
-#include "server.h"
+#include "daemon.h"
 #include "snapshot.h"
 #include "stats.h"
 

@@ -63,7 +63,7 @@
 #include "l2.h"
 #include "log.h"
 #include "notify.h"
-#include "session.h"
+#include "sessions.h"
 #include "shm_gate.h"
 #include "stats.h"
 #include "transport.h"
@@ -284,40 +284,6 @@ static int check_fd_limit(const struct kvp_config *cfg)
     log_debug("Raised the file descriptor limit to %llu for --max-clients %" PRIu32,
               (unsigned long long)need, cfg->max_clients);
     return 0;
-}
-
-/* The stop signals are blocked in the new thread, so that only the main thread handles them. */
-int kvp_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
-{
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    sigaddset(&block, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
-    int rc = pthread_create(t, attr, fn, arg);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return rc;
-}
-
-uint64_t kvp_mono_ms(void)
-{
-    return kvp_log_now_ms();
-}
-
-uint64_t kvp_mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-int64_t kvp_wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Once a second: cancel reservations older than --reserve-timeout. Woken early at shutdown. */

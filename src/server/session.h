@@ -38,24 +38,6 @@ struct kvp_session {
     struct kvp_holds holds; /* reservations and pins of this connection */
 };
 
-/*
- * Serves a new connection on fd in a thread of its own. Returns 0 (the connection owns fd from
- * here on), -EUSERS when --max-clients connections are being served, or another negative errno
- * (ENOMEM, or from pthread_create); on failure the caller still owns fd.
- */
-int kvp_session_spawn(struct kvp_server *s, int fd);
-
-/* The allocation step of kvp_session_spawn() alone, for a caller that runs kvp_session_main()
- * itself (the daemon fuzz driver). Returns NULL when out of memory or at --max-clients. */
-struct kvp_session *kvp_session_new(struct kvp_server *s, int fd);
-
-/* Thread entry: serves c until EOF, error or server stop, then releases everything it held,
- * leaves the server's list and frees c (closing its socket). */
-void *kvp_session_main(void *arg);
-
-/* Shuts every connection's socket down and waits until all their threads have left. */
-void kvp_sessions_close_all(struct kvp_server *s);
-
 /* Receives exactly len bytes. Returns 0, -ECONNRESET on EOF, -ETIMEDOUT, or -errno. */
 int kvp_session_recv(struct kvp_session *c, void *buf, size_t len);
 
@@ -68,5 +50,16 @@ int kvp_session_reply(struct kvp_session *c, const struct kvp_header *req, int s
 
 /* Sends an empty success reply with fd attached (SCM_RIGHTS). Returns 0 or a negative errno. */
 int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, int fd);
+
+/* Waits for and reads a request header (KVP_HEADER_SIZE bytes). Idle time is unlimited; a
+ * started header is not. Returns 0, -ECONNRESET on EOF, -ETIMEDOUT, -ESHUTDOWN at a stop. */
+int kvp_session_recv_header(struct kvp_session *c, uint8_t *hdr);
+
+/* Allocates the per-request scratch buffers and the hold table. 0 or -ENOMEM (free still
+ * works). */
+int kvp_session_alloc_buffers(struct kvp_session *c);
+
+/* Frees a session whose holds are already released, and closes its socket. */
+void kvp_session_free(struct kvp_session *c);
 
 #endif /* KVP_SESSION_H */

@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon.h"
 #include "l2.h"
-#include "server.h"
 #include "session.h"
 
 /* Copies the connection list; caller allocated out with room for cap entries. */

@@ -30,8 +30,8 @@
 #include <jansson.h>
 
 #include "common/wire.h"
+#include "daemon.h"
 #include "l2.h"
-#include "server.h"
 #include "snapshot.h"
 #include "stats.h"
 

@@ -19,6 +19,7 @@
 #include "common/kvp_assert.h"
 #include "server_fixture.h"
 #include "session.h"
+#include "sessions.h"
 #include "stats.h"
 #include "status.h"
 
