@@ -7,8 +7,9 @@
  *
  * Input: the byte stream the "daemon" writes on the connection (a seed is what a real kvpoold
  * answers to that script: request ids 1, 2, ...). A thread plays the daemon: it accepts the
- * connection, writes the input, closes its write side and reads every request until the library
- * closes. The registration is forced inline, so no input can make the library map a segment.
+ * connection and, after each request, writes the next frame of the input (as far as that frame's
+ * header says), then closes its write side once the input is used up. The registration is forced
+ * inline, so no input can make the library map a segment.
  *
  * Reconnects: when the input ends (EOF) the library takes the connection for lost, and its next
  * call connects again. The thread serves every connection the same way, one after the other,
@@ -73,38 +74,81 @@ static void init_once(void)
     atexit(cleanup);
 }
 
-/* The daemon side of one connection: writes the input, then drains requests until EOF. */
+/* Reads exactly len bytes (or discards them when buf is NULL). False at EOF or on an error. */
+static bool read_exact(int fd, uint8_t *buf, uint64_t len)
+{
+    uint8_t sink[16384];
+    while (len) {
+        size_t want = len < sizeof(sink) ? (size_t)len : sizeof(sink);
+        ssize_t n = recv(fd, buf ? buf : sink, want, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        if (buf)
+            buf += n;
+        len -= (uint64_t)n;
+    }
+    return true;
+}
+
+static bool send_exact(int fd, const uint8_t *p, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+static uint64_t rd_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/*
+ * The daemon side of one connection, paced like a daemon: after each request the library sends
+ * (header, body and payload read and dropped), the next frame of the input goes out, as long as
+ * its own header says (a header that lies about its lengths is part of the input); a short
+ * remainder goes out whole. When the input is used up the write side is closed, so the next
+ * request meets EOF. A daemon that answered ahead of the requests would only ever meet the
+ * library's check for data nobody asked for.
+ */
 static void serve(const struct daemon *d, int fd)
 {
-    uint8_t buf[16384];
     size_t off = 0;
-    bool writing = d->size > 0;
 
-    if (!writing)
+    if (d->size == 0)
         shutdown(fd, SHUT_WR);
     for (;;) {
-        struct pollfd p = {.fd = fd, .events = (short)(POLLIN | (writing ? POLLOUT : 0))};
-        if (poll(&p, 1, -1) < 0) {
-            if (errno == EINTR)
-                continue;
+        /* The library's own request: its lengths are trusted (body_len at 16, payload_len at
+         * 24, as docs/PROTOCOL.md lays the header out). */
+        uint8_t hdr[KVP_HEADER_SIZE];
+        if (!read_exact(fd, hdr, sizeof(hdr)) ||
+            !read_exact(fd, NULL, rd_le(hdr + 16, 4) + rd_le(hdr + 24, 8)))
             break;
+        if (off == d->size)
+            continue;
+        size_t left = d->size - off, len = left;
+        if (left >= KVP_HEADER_SIZE) {
+            uint64_t frame = KVP_HEADER_SIZE + rd_le(d->data + off + 16, 4) +
+                             rd_le(d->data + off + 24, 8);
+            len = frame < left ? (size_t)frame : left;
         }
-        if (writing && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
-            ssize_t n = send(fd, d->data + off, d->size - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n > 0)
-                off += (size_t)n;
-            else if (n < 0 && errno != EAGAIN && errno != EINTR)
-                writing = false;
-            if (off == d->size) {
-                shutdown(fd, SHUT_WR);
-                writing = false;
-            }
-        }
-        if (p.revents & (POLLIN | POLLERR | POLLHUP)) {
-            ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
-                break;
-        }
+        bool ok = send_exact(fd, d->data + off, len);
+        off += len;
+        if (!ok || off == d->size)
+            shutdown(fd, SHUT_WR);
+        if (!ok)
+            off = d->size;
     }
     close(fd);
 }
