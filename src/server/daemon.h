@@ -8,6 +8,7 @@
 #define KVP_DAEMON_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -67,6 +68,12 @@ uint64_t kvp_mono_ns(void);
 
 /* Milliseconds since the epoch (CLOCK_REALTIME): the clock of the times the status shows. */
 int64_t kvp_wall_ms(void);
+
+/* Blocks SIGINT, SIGTERM, SIGHUP and SIGPIPE in the calling thread, saving its mask in *old, so
+ * that threads it creates (itself or through a library) leave the stop signals to the main
+ * thread; kvp_stop_signals_restore() puts the mask back. */
+void kvp_stop_signals_block(sigset_t *old);
+void kvp_stop_signals_restore(const sigset_t *old);
 
 /* pthread_create() with SIGINT, SIGTERM, SIGHUP and SIGPIPE blocked in the new thread, so that
  * only the main thread handles the stop signals. Returns 0 or a positive errno. */

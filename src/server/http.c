@@ -399,13 +399,8 @@ int kvp_http_start(struct kvp_server *s)
     format_url(&l.addr, h->port, h->url, sizeof(h->url));
 
     /* The polling thread inherits this mask: only the main thread takes the stop signals. */
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    sigaddset(&block, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
+    sigset_t old;
+    kvp_stop_signals_block(&old);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (l.addr.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
@@ -416,7 +411,7 @@ int kvp_http_start(struct kvp_server *s)
                               (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                               (size_t)KVP_HTTP_MEMORY_LIMIT, MHD_OPTION_STRICT_FOR_CLIENT, 1,
                               MHD_OPTION_END);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    kvp_stop_signals_restore(&old);
     if (!h->mhd) {
         close(fd);
         log_error("Cannot start: cannot start the HTTP endpoint on %s", h->url);
