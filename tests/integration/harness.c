@@ -413,7 +413,7 @@ kvp_register_opts kvpt_layout_big(const char *instance_id, uint32_t transport)
     return o;
 }
 
-void kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n)
+uint32_t kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n)
 {
     const kvp_instance_info *info = kvp_instance_get_info(inst);
     size_t bytes = info->chunk_bytes;
@@ -433,6 +433,30 @@ void kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n)
     assert_int_equal(r.stored + r.cached, n);
     for (uint32_t i = 0; i < n; i++)
         free(bufs[i]);
+    free(bufs);
+    free(tok);
+    return r.stored;
+}
+
+void kvpt_retrieve_seq(kvp_instance *inst, uint32_t seq, uint32_t n)
+{
+    const kvp_instance_info *info = kvp_instance_get_info(inst);
+    size_t bytes = info->chunk_bytes;
+    uint32_t ct = info->chunk_tokens;
+    uint32_t *tok = kvpt_tokens(seq, n * ct);
+    kvp_tokens t = {.ids = tok, .count = n * ct};
+    void **bufs = calloc(n, sizeof(*bufs));
+    assert_non_null(bufs);
+    for (uint32_t i = 0; i < n; i++) {
+        bufs[i] = calloc(1, bytes);
+        assert_non_null(bufs[i]);
+    }
+    assert_int_equal(kvp_retrieve(inst, &t, 0, n * ct, bufs), (int)n);
+    for (uint32_t i = 0; i < n; i++) {
+        if (!kvpt_check(bufs[i], bytes, seq, i))
+            fail_msg("chunk %u of sequence %u is not what was stored", i, seq);
+        free(bufs[i]);
+    }
     free(bufs);
     free(tok);
 }

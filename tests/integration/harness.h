@@ -110,8 +110,13 @@ bool kvpt_check(const void *buf, size_t len, uint32_t seed, uint32_t chunk);
 kvp_register_opts kvpt_layout_big(const char *instance_id, uint32_t transport);
 
 /* Stores chunks [0, n) of sequence seq (kvpt_tokens(seq, ...), in inst's chunk size) with the
- * content kvpt_fill(seq, i); some may be cached already, but all n must end up in the pool. */
-void kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n);
+ * content kvpt_fill(seq, i); some may be cached already, but all n must end up in the pool.
+ * Returns how many were newly stored. */
+uint32_t kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n);
+
+/* Retrieves chunks [0, n) of sequence seq (no lookup first), asserts that all n came back
+ * byte-exact (kvpt_fill content). */
+void kvpt_retrieve_seq(kvp_instance *inst, uint32_t seq, uint32_t n);
 
 /* Asserts that exactly the first n of the total chunks of seq are cached, byte-exact. */
 void kvpt_assert_seq(kvp_instance *inst, uint32_t seq, uint32_t n, uint32_t total);

@@ -89,38 +89,6 @@ static long long wait_value(uint16_t port, const char *series, long long want)
     return v;
 }
 
-static void store(kvp_instance *inst, uint32_t seq, uint32_t n)
-{
-    size_t bytes = kvp_instance_get_info(inst)->chunk_bytes;
-    uint32_t *tok = kvpt_tokens(seq, n * C);
-    kvp_tokens t = {.ids = tok, .count = n * C};
-    void **bufs = calloc(n, sizeof(*bufs));
-    for (uint32_t i = 0; i < n; i++) {
-        bufs[i] = malloc(bytes);
-        kvpt_fill(bufs[i], bytes, seq, i);
-    }
-    assert_rc(kvp_store(inst, &t, 0, n * C, (const void *const *)bufs, NULL), n);
-    for (uint32_t i = 0; i < n; i++)
-        free(bufs[i]);
-    free(bufs);
-    free(tok);
-}
-
-static void retrieve(kvp_instance *inst, uint32_t seq, uint32_t n)
-{
-    size_t bytes = kvp_instance_get_info(inst)->chunk_bytes;
-    uint32_t *tok = kvpt_tokens(seq, n * C);
-    kvp_tokens t = {.ids = tok, .count = n * C};
-    void **bufs = calloc(n, sizeof(*bufs));
-    for (uint32_t i = 0; i < n; i++)
-        bufs[i] = malloc(bytes);
-    assert_rc(kvp_retrieve(inst, &t, 0, n * C, bufs), n);
-    for (uint32_t i = 0; i < n; i++)
-        free(bufs[i]);
-    free(bufs);
-    free(tok);
-}
-
 static int lookup(kvp_instance *inst, uint32_t seq, uint32_t n)
 {
     uint32_t *tok = kvpt_tokens(seq, n * C);
@@ -143,11 +111,11 @@ static void test_transfers_by_transport(void **state)
     assert_rc(kvp_register(cb, &ob, &b), 0);
     const long long cb_bytes = (long long)kvp_instance_get_info(a)->chunk_bytes;
 
-    store(a, 1, 5);
-    retrieve(a, 1, 5);
-    retrieve(a, 1, 2);
-    store(b, 2, 3);
-    retrieve(b, 2, 3);
+    assert_int_equal(kvpt_store_seq(a, 1, 5), 5);
+    kvpt_retrieve_seq(a, 1, 5);
+    kvpt_retrieve_seq(a, 1, 2);
+    assert_int_equal(kvpt_store_seq(b, 2, 3), 3);
+    kvpt_retrieve_seq(b, 2, 3);
     assert_rc(lookup(a, 1, 5), 5);
     assert_rc(lookup(b, 2, 4), 3);
     assert_int_equal(wait_value(port, "kvpool_connected_clients", 2), 2);
@@ -208,8 +176,8 @@ static void test_evictions_and_allocation_failures(void **state)
     assert_rc(kvp_register(c, &o, &inst), 0);
     assert_int_equal(kvp_instance_get_info(inst)->chunk_bytes, 8192);
 
-    store(inst, 1, 128);
-    store(inst, 2, 4); /* evicts the 4 least recently used */
+    assert_int_equal(kvpt_store_seq(inst, 1, 128), 128);
+    assert_int_equal(kvpt_store_seq(inst, 2, 4), 4); /* evicts the 4 least recently used */
     char *m = metrics(port);
     assert_int_equal(value(m, "kvpool_evictions_total"), 4);
     assert_int_equal(value(m, "kvpool_objects"), 128);

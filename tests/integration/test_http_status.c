@@ -35,43 +35,6 @@ static uint16_t start(struct kvpt_daemon *d)
     return port;
 }
 
-/* Stores chunks [0, n) of sequence seq (kvpt_fill content) through inst. */
-static void store(kvp_instance *inst, uint32_t seq, uint32_t n)
-{
-    size_t bytes = kvp_instance_get_info(inst)->chunk_bytes;
-    uint32_t *tok = kvpt_tokens(seq, n * C);
-    kvp_tokens t = {.ids = tok, .count = n * C};
-    void **bufs = calloc(n, sizeof(*bufs));
-    for (uint32_t i = 0; i < n; i++) {
-        bufs[i] = malloc(bytes);
-        kvpt_fill(bufs[i], bytes, seq, i);
-    }
-    assert_rc(kvp_store(inst, &t, 0, n * C, (const void *const *)bufs, NULL), n);
-    for (uint32_t i = 0; i < n; i++)
-        free(bufs[i]);
-    free(bufs);
-    free(tok);
-}
-
-/* Looks up, then retrieves and checks chunks [0, n) of sequence seq. */
-static void lookup_and_retrieve(kvp_instance *inst, uint32_t seq, uint32_t n)
-{
-    size_t bytes = kvp_instance_get_info(inst)->chunk_bytes;
-    uint32_t *tok = kvpt_tokens(seq, n * C);
-    kvp_tokens t = {.ids = tok, .count = n * C};
-    void **bufs = calloc(n, sizeof(*bufs));
-    assert_rc(kvp_lookup(inst, &t), n);
-    for (uint32_t i = 0; i < n; i++)
-        bufs[i] = calloc(1, bytes);
-    assert_rc(kvp_retrieve(inst, &t, 0, n * C, bufs), n);
-    for (uint32_t i = 0; i < n; i++) {
-        assert_true(kvpt_check(bufs[i], bytes, seq, i));
-        free(bufs[i]);
-    }
-    free(bufs);
-    free(tok);
-}
-
 static json_t *status(uint16_t port)
 {
     int code;
@@ -161,10 +124,10 @@ static void test_counts_follow_operations(void **state)
     const long long cb_bytes = (long long)kvp_instance_get_info(a)->chunk_bytes;
     assert_int_equal(cb_bytes, 2 * 2 * C * 64 * 2); /* K and V, 2 layers, float16 */
 
-    store(a, 1, 4);
-    lookup_and_retrieve(a, 1, 4);
-    store(b, 2, 3);
-    lookup_and_retrieve(b, 2, 3);
+    assert_int_equal(kvpt_store_seq(a, 1, 4), 4);
+    kvpt_assert_seq(a, 1, 4, 4);
+    assert_int_equal(kvpt_store_seq(b, 2, 3), 3);
+    kvpt_assert_seq(b, 2, 3, 3);
 
     /* The harness's readiness check closed its connection: wait until the daemon saw it. */
     json_t *st = status(port);
@@ -323,8 +286,8 @@ static void test_reports_while_workers_run(void **state)
                                           round % 2 ? KVP_TRANSPORT_INLINE : KVP_TRANSPORT_AUTO);
         kvp_instance *inst = NULL;
         assert_rc(kvp_register(c, &o, &inst), 0);
-        store(inst, 100 + round, 3);
-        lookup_and_retrieve(inst, 100 + round, 3);
+        assert_int_equal(kvpt_store_seq(inst, 100 + round, 3), 3);
+        kvpt_assert_seq(inst, 100 + round, 3, 3);
         kvp_client_close(c);
     }
     atomic_store(&r.stop, true);
