@@ -139,9 +139,11 @@ static void serve(const struct daemon *d, int fd)
             continue;
         size_t left = d->size - off, len = left;
         if (left >= KVP_HEADER_SIZE) {
-            uint64_t frame = KVP_HEADER_SIZE + rd_le(d->data + off + 16, 4) +
-                             rd_le(d->data + off + 24, 8);
-            len = frame < left ? (size_t)frame : left;
+            /* Each length is checked against what is left before they are added: a payload
+             * length near 2^64 must not wrap the sum around to a short, never-finished frame. */
+            uint64_t body = rd_le(d->data + off + 16, 4), payload = rd_le(d->data + off + 24, 8);
+            if (body < left && payload < left && KVP_HEADER_SIZE + body + payload < left)
+                len = (size_t)(KVP_HEADER_SIZE + body + payload);
         }
         bool ok = send_exact(fd, d->data + off, len);
         off += len;
