@@ -197,7 +197,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     srv.seg = (struct kvp_segment)KVP_SEGMENT_INIT;
     srv.seg.base = mem;
     srv.seg.size = KVP_SEG_HEADER + POOL_SIZE;
-    FUZZ_CHECK(kvp_store_init(&srv.store, KVP_SEG_HEADER, POOL_SIZE) == 0);
+    FUZZ_CHECK(kvp_store_init(&srv.store, KVP_SEG_HEADER, POOL_SIZE, POOL_SIZE) == 0);
     kvp_registry_init(&srv.registry, &offer);
     FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 

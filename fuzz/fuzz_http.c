@@ -80,7 +80,7 @@ static void init_once(void)
     srv.seg.size = KVP_SEG_HEADER + POOL_SIZE;
     srv.seg.shared = true;
     snprintf(srv.seg.name, sizeof(srv.seg.name), "kvpool_l1_pool_fuzz");
-    FUZZ_CHECK(kvp_store_init(&srv.store, KVP_SEG_HEADER, POOL_SIZE) == 0);
+    FUZZ_CHECK(kvp_store_init(&srv.store, KVP_SEG_HEADER, POOL_SIZE, POOL_SIZE) == 0);
     struct kvp_offer offer = {
         .shm_enabled = true,
         .shm_name = srv.seg.name,

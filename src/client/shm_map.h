@@ -17,10 +17,13 @@
 /* The pool starts after the header page: no slot may point into it. */
 #define KVP_SHM_HEADER_SIZE KVP_SEG_HEADER
 
+struct kvp_prefault;
+
 struct kvp_shm_map {
-    uint8_t *base;               /* NULL when not mapped */
-    uint64_t size;               /* bytes mapped: the whole segment */
-    char name[KVP_MAX_NAME + 1]; /* without the leading '/' */
+    uint8_t *base;                 /* NULL when not mapped */
+    struct kvp_prefault *prefault; /* the thread mapping its pages ahead of use, or NULL */
+    uint64_t size;                 /* bytes mapped: the whole segment */
+    char name[KVP_MAX_NAME + 1];   /* without the leading '/' */
 };
 
 /*
@@ -41,7 +44,7 @@ int kvp_shm_map_fd(struct kvp_shm_map *m, int fd, uint64_t size,
                    const uint8_t nonce[KVP_NONCE_SIZE], const char *label, char *reason,
                    size_t reason_size);
 
-/* Unmaps. Safe on a zeroed, never-mapped map. */
+/* Stops the pre-fault thread, unmaps. Safe on a zeroed, never-mapped map. */
 void kvp_shm_map_close(struct kvp_shm_map *m);
 
 /*

@@ -3,10 +3,12 @@
  *
  * The protocol is systemd's: one datagram of "KEY=value" lines to the AF_UNIX socket named by
  * $NOTIFY_SOCKET, sent by libsystemd's sd_notify(). The daemon sends
- *   - during a long pool reservation, with each progress line: STATUS= (the same text) and
- *     EXTEND_TIMEOUT_USEC=, so that a 100 GiB start-up is not killed by TimeoutStartSec=;
+ *   - during a long start-up, with each progress line: STATUS= (the same text) and
+ *     EXTEND_TIMEOUT_USEC=, so that a slow start-up is not killed by TimeoutStartSec=;
  *   - once it serves (after the "ready" log line, the socket listening): READY=1, STATUS= (the
  *     ready line) and MAINPID=;
+ *   - while the rest of the pool is reserved in the background (warmup.c): STATUS= with each
+ *     progress line, and once more when it ends;
  *   - when it stops: STOPPING=1.
  * $NOTIFY_SOCKET is left in the environment (unset_environment 0): later messages need it, and
  * the daemon starts no children that could inherit it.
@@ -14,7 +16,8 @@
  * A STATUS= value must be one line: control characters in it (a socket path may hold any byte
  * but '/' and NUL) become spaces.
  *
- * Threads: the main thread only (start-up and shutdown).
+ * Threads: the main thread (start-up and shutdown) and the warm-up thread (STATUS= only);
+ * sd_notify() keeps no state between calls.
  */
 #include "notify.h"
 
@@ -75,6 +78,16 @@ void kvp_notify_progress(const char *status)
     one_line(status, line, sizeof(line));
     snprintf(msg, sizeof(msg), "STATUS=%s\nEXTEND_TIMEOUT_USEC=%llu", line,
              (unsigned long long)KVP_NOTIFY_EXTEND_USEC);
+    send_msg(msg);
+}
+
+void kvp_notify_status(const char *status)
+{
+    char line[STATUS_MAX], msg[STATUS_MAX + 16];
+    if (!kvp_notify_enabled())
+        return;
+    one_line(status, line, sizeof(line));
+    snprintf(msg, sizeof(msg), "STATUS=%s", line);
     send_msg(msg);
 }
 

@@ -22,6 +22,9 @@ void kvp_notify_ready(const char *status);
 /* Start-up progress: STATUS=<status> and EXTEND_TIMEOUT_USEC=KVP_NOTIFY_EXTEND_USEC. */
 void kvp_notify_progress(const char *status);
 
+/* While serving: STATUS=<status> alone. */
+void kvp_notify_status(const char *status);
+
 /* Shutdown has begun: STOPPING=1. */
 void kvp_notify_stopping(void);
 

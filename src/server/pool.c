@@ -7,8 +7,12 @@
  * whole 64-page words that are full; with the multi-megabyte chunks of real KV layouts a
  * search touches a few hundred words at most.
  *
- * Invariant: used == number of set bits; bits past npages in the last word are set, so the
- * search never returns pages beyond the end.
+ * Reservation: a large pool is reserved in the background after start-up (server.c), so only
+ * pages [0, avail) may be handed out; the pages beyond are marked used until kvp_pool_extend()
+ * releases them, which keeps the search unchanged.
+ *
+ * Invariant: used == number of set bits below avail; bits from avail on (and past npages in
+ * the last word) are set, so the search never returns a page that is not reserved.
  */
 #include "pool.h"
 
@@ -31,18 +35,29 @@ static void set_range(struct kvp_pool *p, uint64_t i, uint64_t n, int v)
     }
 }
 
-int kvp_pool_init(struct kvp_pool *p, uint64_t base, uint64_t size)
+int kvp_pool_init(struct kvp_pool *p, uint64_t base, uint64_t size, uint64_t avail)
 {
     *p = (struct kvp_pool){.base = base, .npages = size / KVP_POOL_PAGE};
+    p->avail = avail / KVP_POOL_PAGE < p->npages ? avail / KVP_POOL_PAGE : p->npages;
     p->nwords = (p->npages + 63) / 64;
     p->bits = calloc(p->nwords ? p->nwords : 1, sizeof(uint64_t));
     if (!p->bits)
         return -ENOMEM;
-    /* Mark the tail of the last word as used so searches stop at npages. */
-    uint64_t tail = p->nwords * 64 - p->npages;
+    /* Mark everything from avail to the end of the last word as used, so that searches stop
+     * at the reserved end. */
+    uint64_t tail = p->nwords * 64 - p->avail;
     if (tail)
-        set_range(p, p->npages, tail, 1);
+        set_range(p, p->avail, tail, 1);
     return 0;
+}
+
+void kvp_pool_extend(struct kvp_pool *p, uint64_t avail)
+{
+    uint64_t n = avail / KVP_POOL_PAGE < p->npages ? avail / KVP_POOL_PAGE : p->npages;
+    if (n <= p->avail)
+        return;
+    set_range(p, p->avail, n - p->avail, 0);
+    p->avail = n;
 }
 
 void kvp_pool_destroy(struct kvp_pool *p)
@@ -83,7 +98,7 @@ int kvp_pool_alloc(struct kvp_pool *p, uint64_t len, uint64_t *off)
         return -EINVAL;
     /* Divide first: rounding up by adding a page could wrap for lengths near 2^64. */
     uint64_t need = len / KVP_POOL_PAGE + (len % KVP_POOL_PAGE != 0);
-    if (need > p->npages - p->used)
+    if (need > p->avail - p->used)
         return -ENOSPC;
 
     uint64_t i = next_free(p, 0);
@@ -111,6 +126,11 @@ void kvp_pool_free(struct kvp_pool *p, uint64_t off, uint64_t len)
 uint64_t kvp_pool_size(const struct kvp_pool *p)
 {
     return p->npages * KVP_POOL_PAGE;
+}
+
+uint64_t kvp_pool_avail(const struct kvp_pool *p)
+{
+    return p->avail * KVP_POOL_PAGE;
 }
 
 uint64_t kvp_pool_used(const struct kvp_pool *p)

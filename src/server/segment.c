@@ -8,23 +8,26 @@
  *      unlinked and creation is retried once. Liveness, not the name, decides.
  *   2. flock(LOCK_EX) on our new segment, held until exit: this is what step 1 of the next
  *      daemon tests.
- *   3. mmap(MAP_SHARED) of the whole size, then, in steps of KVP_RESERVE_STEP bytes:
- *      posix_fallocate the step (EINTR retried) and populate and touch its pages. On tmpfs this
- *      allocates every page, so success means no later write can hit ENOSPC/SIGBUS; failure
- *      (ENOSPC because /dev/shm was filled after the capacity gate) unlinks the segment and the
- *      daemon goes inline. The pages are mapped and touched, so the first worker request does
- *      not pay the first-touch cost. Steps make the reservation of a large pool observable (an
- *      INFO progress line every few seconds: bytes done, GB/s, time left; the same text goes to
- *      a service manager as STATUS= with a start-up timeout extension, notify.c) and
- *      interruptible (a stop request between steps ends it with -ECANCELED).
+ *   3. ftruncate to the whole size (sparse) and mmap(MAP_SHARED) of it, then, in steps of
+ *      KVP_RESERVE_STEP bytes: posix_fallocate the step (EINTR retried) and populate and touch
+ *      its pages. On tmpfs this allocates every page, so a reserved page can never hit
+ *      ENOSPC/SIGBUS on a later write; failure (ENOSPC because /dev/shm was filled after the
+ *      capacity gate) of the first part unlinks the segment and the daemon goes inline. Only
+ *      the first KVP_RESERVE_FIRST bytes are reserved here, so that the daemon serves within a
+ *      second whatever the pool's size; kvp_segment_reserve_rest() does the rest on a thread of
+ *      its own (warmup.c) and reports each step, and the pool (pool.c) hands out only reserved
+ *      pages. A later failure leaves the pool at the part reserved so far. Steps make the
+ *      reservation observable (an INFO progress line every few seconds: bytes done, GB/s, time
+ *      left) and interruptible (a stop request between steps ends it with -ECANCELED).
  *   4. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
  *      it mapped this daemon's segment and not a namesake in another IPC namespace. The magic
  *      is written last, after the lock: a segment with a valid header whose lock is free was
  *      left by a dead daemon.
  *
- * memfd case: the same reservation and pre-faulting on an anonymous memfd, sealed against
- * shrinking and growing; it has no name to collide with, nothing to unlink, and no /dev/shm size
- * limit (the capacity gate checks available memory instead).
+ * memfd case: the same reservation and pre-faulting on an anonymous memfd, sized and then
+ * sealed against shrinking and growing before the reservation (which stays within the size); it has
+ * no name to collide with, nothing to unlink, and no /dev/shm size limit (the capacity gate checks
+ * available memory instead).
  *
  * Attach-only processes (workers) never unlink; only the owner does, in kvp_segment_destroy().
  *
@@ -35,7 +38,8 @@
  * KVP_SWEEP_MIN_AGE_S (a segment without a header that young may belong to a daemon that has
  * just created it and not yet locked it).
  *
- * Threads: everything here runs on the main thread at start-up and shutdown.
+ * Threads: creation, sweep and destruction run on the main thread at start-up and shutdown;
+ * kvp_segment_reserve_rest() on the reservation thread, which shutdown joins before destroying.
  */
 #include "segment.h"
 
@@ -118,12 +122,13 @@ static double seconds_since(const struct timespec *t0)
 }
 
 /*
- * Reserves and pre-faults base[0, size) in steps: for a file-backed mapping (fd >= 0) each step
- * is first allocated with posix_fallocate. Logs progress at INFO every progress_interval_ms.
- * Returns 0, -ECANCELED when a stop was requested, or the negative errno of posix_fallocate
- * (why filled).
+ * Reserves and pre-faults base[from, to) in steps: for a file-backed mapping (fd >= 0) each step
+ * is first allocated with posix_fallocate. After each step seg->reserved moves on and on_step
+ * (when not NULL) hears of it. Logs progress at INFO every progress_interval_ms. Returns 0,
+ * -ECANCELED when a stop was requested, or the negative errno of posix_fallocate (why filled).
  */
-static int reserve_steps(uint8_t *base, int fd, uint64_t size, const char *what, char *why,
+static int reserve_steps(struct kvp_segment *seg, uint8_t *base, int fd, uint64_t from, uint64_t to,
+                         const char *what, kvp_reserve_cb on_step, void *arg, char *why,
                          size_t why_size)
 {
     struct timespec t0;
@@ -132,13 +137,12 @@ static int reserve_steps(uint8_t *base, int fd, uint64_t size, const char *what,
     char status[320];
 
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    snprintf(status, sizeof(status), "Reserving %" PRIu64 " bytes for the pool (%s)", size, what);
-    log_info("%s", status);
-    kvp_notify_progress(status);
-    for (uint64_t off = 0; off < size;) {
-        uint64_t n = size - off < KVP_RESERVE_STEP ? size - off : KVP_RESERVE_STEP;
+    log_info("Reserving %" PRIu64 " of %" PRIu64 " bytes for the pool (%s) %s", to - from,
+             seg->size, what, on_step ? "in the background" : "before serving");
+    for (uint64_t off = from; off < to;) {
+        uint64_t n = to - off < KVP_RESERVE_STEP ? to - off : KVP_RESERVE_STEP;
         if (reserve_cancel && atomic_load(reserve_cancel)) {
-            snprintf(why, why_size, "start-up interrupted while reserving %s", what);
+            snprintf(why, why_size, "stopped while reserving %s", what);
             return -ECANCELED;
         }
         if (fd >= 0) {
@@ -147,8 +151,8 @@ static int reserve_steps(uint8_t *base, int fd, uint64_t size, const char *what,
                 rc = posix_fallocate(fd, (off_t)off, (off_t)n);
             } while (rc == EINTR);
             if (rc != 0) {
-                snprintf(why, why_size, "cannot reserve %" PRIu64 " bytes for %s: %s", size, what,
-                         kvp_strerror(-rc));
+                snprintf(why, why_size, "cannot reserve %" PRIu64 " bytes for %s: %s", to - off,
+                         what, kvp_strerror(-rc));
                 return -rc;
             }
         }
@@ -156,56 +160,92 @@ static int reserve_steps(uint8_t *base, int fd, uint64_t size, const char *what,
         (void)madvise(base + off, n, MADV_POPULATE_WRITE);
         touch_pages(base + off, n);
         off += n;
+        seg->reserved = off;
+        if (on_step)
+            on_step(arg, off);
 
         double t = seconds_since(&t0);
-        if (off < size && (t - last) * 1000 >= progress_interval_ms) {
-            double rate = t > 0 ? (double)off / t : 0;
+        if (off < to && (t - last) * 1000 >= progress_interval_ms) {
+            double rate = t > 0 ? (double)(off - from) / t : 0;
             snprintf(status, sizeof(status),
                      "Reserving the pool: %" PRIu64 " of %" PRIu64 " bytes (%d%%), %.2f GB/s, "
                      "about %.0f s left",
-                     off, size, (int)(off * 100 / size), rate / 1e9,
-                     rate > 0 ? (double)(size - off) / rate : 0.0);
+                     off, seg->size, (int)(off * 100 / seg->size), rate / 1e9,
+                     rate > 0 ? (double)(to - off) / rate : 0.0);
             log_info("%s", status);
-            /* Also what keeps a service manager's start-up timeout from killing us. */
-            kvp_notify_progress(status);
+            /* Before serving, also what keeps a service manager's start-up timeout from
+             * killing us; afterwards just the status. */
+            if (on_step)
+                kvp_notify_status(status);
+            else
+                kvp_notify_progress(status);
             last = t;
             reported = true;
         }
     }
     double t = seconds_since(&t0);
-    kvp_log(reported ? KVP_LOG_INFO : KVP_LOG_DEBUG,
-            "Reserved %" PRIu64 " bytes for the pool in %.1f s (%.2f GB/s)", size, t,
-            t > 0 ? (double)size / t / 1e9 : 0.0);
+    kvp_log(reported || on_step ? KVP_LOG_INFO : KVP_LOG_DEBUG,
+            "Reserved %" PRIu64 " bytes for the pool in %.1f s (%.2f GB/s)", to - from, t,
+            t > 0 ? (double)(to - from) / t / 1e9 : 0.0);
     return 0;
 }
 
+/* The part of a size-byte segment reserved before the creation functions return. */
+static uint64_t first_part(uint64_t size)
+{
+    return size < KVP_RESERVE_FIRST ? size : KVP_RESERVE_FIRST;
+}
+
 /*
- * Maps fd, reserves every page of it (posix_fallocate in steps, EINTR retried), pre-faults it
- * and writes the header. On success seg owns fd and the mapping; on failure neither is touched.
+ * Sizes fd to size bytes (sparse: nothing is allocated yet), maps it whole, reserves and
+ * pre-faults its first part and writes the header. On success seg owns fd and the mapping; on
+ * failure neither is touched.
  */
 static int reserve_and_map(struct kvp_segment *seg, int fd, uint64_t size, const char *what,
                            char *why, size_t why_size)
 {
-    /* Mapping a file beyond its end is allowed; only access faults, and every step is
-     * allocated before it is touched. */
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int rc = -errno;
+        snprintf(why, why_size, "cannot size %s: %s", what, kvp_strerror(rc));
+        return rc;
+    }
+    /* Only reserved pages are ever accessed: the pool hands out no slot beyond them. */
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         int rc = -errno;
         snprintf(why, why_size, "cannot map %s: %s", what, kvp_strerror(-errno));
         return rc;
     }
-    int rc = reserve_steps(p, fd, size, what, why, why_size);
+    seg->size = size;
+    int rc = reserve_steps(seg, p, fd, 0, first_part(size), what, NULL, NULL, why, why_size);
     if (rc) {
         munmap(p, size);
+        seg->size = seg->reserved = 0;
         return rc;
     }
     seg->base = p;
-    seg->size = size;
     seg->fd = fd;
     seg->shared = true;
     randombytes_buf(seg->nonce, sizeof(seg->nonce));
     write_header(seg);
     return 0;
+}
+
+int kvp_segment_reserve_rest(struct kvp_segment *seg, kvp_reserve_cb on_step, void *arg, char *why,
+                             size_t why_size)
+{
+    char what[160];
+    why[0] = '\0';
+    if (seg->memfd)
+        snprintf(what, sizeof(what), "the memfd segment");
+    else if (seg->shared)
+        snprintf(what, sizeof(what), "/dev/shm/%s", seg->name);
+    else
+        snprintf(what, sizeof(what), "private memory");
+    if (seg->reserved >= seg->size)
+        return 0;
+    return reserve_steps(seg, seg->base, seg->shared ? seg->fd : -1, seg->reserved, seg->size, what,
+                         on_step, arg, why, why_size);
 }
 
 /* Reads the owner pid recorded in an existing segment's header, 0 if unreadable. */
@@ -323,13 +363,16 @@ int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, 
         snprintf(why, why_size, "memfd_create: %s", kvp_strerror(-err));
         return -err;
     }
-    int rc = reserve_and_map(seg, fd, size, "the memfd segment", why, why_size);
-    if (rc == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    /* Sized, then sealed before anything else: the reservation allocates within the size,
+     * which the seals allow, and no worker holding the fd can resize it. */
+    int rc = 0;
+    if (ftruncate(fd, (off_t)size) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         rc = -errno;
-        snprintf(why, why_size, "cannot seal the memfd segment: %s", kvp_strerror(-errno));
-        munmap(seg->base, size);
-        *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+        snprintf(why, why_size, "cannot size and seal the memfd segment: %s", kvp_strerror(rc));
     }
+    if (rc == 0)
+        rc = reserve_and_map(seg, fd, size, "the memfd segment", why, why_size);
     if (rc) {
         close(fd);
         return rc;
@@ -347,13 +390,15 @@ int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size)
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED)
         return -errno;
-    int rc = reserve_steps(p, -1, size, "private memory", why, sizeof(why));
+    seg->size = size;
+    int rc = reserve_steps(seg, p, -1, 0, first_part(size), "private memory", NULL, NULL, why,
+                           sizeof(why));
     if (rc) {
         munmap(p, size);
+        *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
         return rc;
     }
     seg->base = p;
-    seg->size = size;
     randombytes_buf(seg->nonce, sizeof(seg->nonce));
     write_header(seg);
     return 0;

@@ -1,7 +1,9 @@
 /*
  * segment.h - the memory that holds the pool: a POSIX shared-memory segment (shm transport) or
- * private anonymous memory (inline only). Either way every page is reserved and pre-faulted at
- * creation, so no access to the pool can fault later.
+ * private anonymous memory (inline only). Either way a page is reserved and pre-faulted before
+ * the pool hands it out, so no access to the pool can fault: the creation functions reserve the
+ * first KVP_RESERVE_FIRST bytes (enough to serve at once), kvp_segment_reserve_rest() the rest,
+ * on a thread of the daemon's (warmup.c) while it already serves.
  *
  * Layout: one KVP_SEG_HEADER-byte header page (src/common/seg_header.h, shared with the workers
  * that check it), then the pool.
@@ -16,13 +18,17 @@
 
 #include "common/seg_header.h"
 
-#define KVP_RESERVE_STEP (256ull << 20) /* bytes reserved and touched per step */
-#define KVP_RESERVE_PROGRESS_MS 5000    /* default interval of the progress lines */
-#define KVP_SWEEP_MIN_AGE_S 10          /* a headerless leftover younger than this stays */
+#define KVP_RESERVE_STEP (256ull << 20)    /* bytes reserved and touched per step */
+#define KVP_RESERVE_FIRST KVP_RESERVE_STEP /* reserved before creation returns */
+#define KVP_RESERVE_PROGRESS_MS 5000       /* default interval of the progress lines */
+#define KVP_SWEEP_MIN_AGE_S 10             /* a headerless leftover younger than this stays */
 
 struct kvp_segment {
-    uint8_t *base;  /* mapping of the whole segment */
-    uint64_t size;  /* header + pool */
+    uint8_t *base; /* mapping of the whole segment */
+    uint64_t size; /* header + pool */
+    /* Bytes [0, reserved) are allocated and pre-faulted. Written by the creating thread, then
+     * only by the one thread that runs kvp_segment_reserve_rest(). */
+    uint64_t reserved;
     int fd;         /* shared segment fd (holds our flock), -1 otherwise */
     bool shared;    /* workers can map it (posix or memfd) */
     bool memfd;     /* anonymous memfd: no name, handed out by fd passing */
@@ -37,8 +43,8 @@ struct kvp_segment {
 
 /*
  * Creates the named segment of size bytes: O_CREAT|O_EXCL, mode 0600, an exclusive flock held
- * for the daemon's lifetime, mapping, posix_fallocate and first touch in steps (see
- * kvp_segment_set_reserve_control), header.
+ * for the daemon's lifetime, ftruncate to size (sparse), mapping, posix_fallocate and first touch
+ * of the first part (KVP_RESERVE_FIRST, see kvp_segment_set_reserve_control), header.
  * A namesake left by a dead daemon (no lock held) is logged and replaced.
  * Returns 0; -EBUSY when a live daemon holds the name (fatal: never share a pool); -ECANCELED
  * when a stop was requested during the reservation (the name is unlinked); any other
@@ -49,18 +55,33 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
                               uint32_t mode, char *why, size_t why_size);
 
 /*
- * Creates an anonymous memfd segment of size bytes: memfd_create with sealing allowed,
- * posix_fallocate, seals against shrinking and growing (so a worker holding the fd can never
- * truncate the pool under the daemon), MAP_POPULATE mapping, header. Nothing appears in
+ * Creates an anonymous memfd segment of size bytes: memfd_create with sealing allowed, ftruncate
+ * to size, seals against shrinking and growing (so a worker holding the fd can never truncate
+ * the pool under the daemon), mapping, posix_fallocate and first touch of the first part,
+ * header. Nothing appears in
  * /dev/shm and the memory goes away with the last process holding the fd. Returns 0 or a
  * negative errno with why filled (the caller falls back to private memory).
  */
 int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, size_t why_size);
 
-/* Creates private pre-faulted memory of size bytes. Returns 0, the negative errno of mmap
+/* Creates private memory of size bytes, its first part pre-faulted. Returns 0, the negative errno
+ * of mmap
  * (-ENOMEM when the memory is not available) or -ECANCELED (see
  * kvp_segment_set_reserve_control). */
 int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size);
+
+/* Hears that bytes [0, reserved) of the segment are reserved now. */
+typedef void (*kvp_reserve_cb)(void *arg, uint64_t reserved);
+
+/*
+ * Reserves and pre-faults the rest of a created segment, step by step, calling on_step after
+ * each. Progress lines as for the creation; INFO lines at the start and the end. Returns 0 when
+ * the whole segment is reserved, -ECANCELED on a stop request, or the negative errno of the
+ * allocation with why filled (ENOSPC: something filled /dev/shm after the capacity gate); the
+ * part reserved so far stays usable either way.
+ */
+int kvp_segment_reserve_rest(struct kvp_segment *seg, kvp_reserve_cb on_step, void *arg, char *why,
+                             size_t why_size);
 
 /*
  * Sets how the reservation of every create function reports and stops: an INFO progress line

@@ -22,15 +22,19 @@
  *      gate counts the space they held;
  *   4. the transport decision (transport.c): capacity gate (shm_gate.c) on the segment size
  *      (header page + pool), then the shared segment (segment.c), or private memory when the
- *      gate or the reservation said no; a segment held by a live daemon is fatal. The reservation
- * logs its progress and stops early on SIGINT/SIGTERM/SIGHUP;
- *   5. store and registry over that memory;
- *   6. listen, the expiry thread, the "ready" line and READY=1 to a service manager (notify.c).
+ *      gate or the reservation said no; a segment held by a live daemon is fatal. Only the
+ *      first KVP_RESERVE_FIRST bytes of the pool are reserved here, so start-up takes the same
+ *      time for any pool size;
+ *   5. store and registry over that memory (the store hands out reserved pages only);
+ *   6. listen, the expiry thread, the thread that reserves the rest of the pool (warmup.c; it
+ *      logs its progress and stops early on SIGINT/SIGTERM/SIGHUP), the "ready" line and
+ *      READY=1 to a service manager (notify.c).
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
  * Threads: the main thread accepts and checks credentials; each connection has a detached thread
  * and joins the connection list (session.c, which owns a connection's whole life); one expiry
- * thread cancels overdue reservations and reports rate-limited log counts once a second. The
+ * thread cancels overdue reservations and reports rate-limited log counts once a second; one
+ * warm-up thread reserves the rest of the pool after start-up (warmup.c). The
  * threads are created with the stop signals blocked, so only the main thread handles them.
  * Shutdown: the signal handler writes to a self-pipe; the main thread stops accepting, shuts
  * every connection's socket down (their threads see EOF, release their holds and exit), waits
@@ -67,6 +71,7 @@
 #include "shm_gate.h"
 #include "stats.h"
 #include "transport.h"
+#include "warmup.h"
 
 /* The directory part of path, for messages. */
 static void dir_of(const char *path, char *dir, size_t size)
@@ -333,10 +338,14 @@ static void log_startup(const struct kvp_server *s)
     } else {
         snprintf(shm, sizeof(shm), "%s", s->shm_reason);
     }
+    char warming[96] = "";
+    if (s->warmup_started)
+        snprintf(warming, sizeof(warming), " (%" PRIu64 " reserved, the rest in the background)",
+                 s->seg.reserved - KVP_SEG_HEADER);
     snprintf(line, sizeof(line),
-             "kvpoold %s ready: pool %" PRIu64 " bytes, %s, socket %s, chunk size %" PRIu32
+             "kvpoold %s ready: pool %" PRIu64 " bytes%s, %s, socket %s, chunk size %" PRIu32
              " tokens",
-             KVP_DAEMON_VERSION, cfg->l1_size, shm, cfg->socket_path, cfg->chunk_tokens);
+             KVP_DAEMON_VERSION, cfg->l1_size, warming, shm, cfg->socket_path, cfg->chunk_tokens);
     const struct kvp_log_field f[] = {
         KVP_LOG_STR("version", KVP_DAEMON_VERSION),
         KVP_LOG_NUM("pool_bytes", cfg->l1_size),
@@ -407,7 +416,8 @@ int kvp_server_start(struct kvp_server *s)
     rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason), &s->gate);
     if (rc)
         return rc;
-    rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size);
+    rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size,
+                        s->seg.reserved > KVP_SEG_HEADER ? s->seg.reserved - KVP_SEG_HEADER : 0);
     if (rc) {
         log_error("Cannot start: cannot allocate the pool index: %s", kvp_strerror(rc));
         return rc;
@@ -440,6 +450,7 @@ int kvp_server_start(struct kvp_server *s)
         return -rc;
     }
     s->expiry_started = true;
+    (void)kvp_warmup_start(s);
     if (atomic_load(&s->stopping))
         return -ECANCELED;
     /* Publishes everything above to the reporting threads (snapshot.c, http.c). */
@@ -594,6 +605,7 @@ void kvp_server_destroy(struct kvp_server *s)
         unlink_own_socket(s);
 
     kvp_sessions_close_all(s);
+    kvp_warmup_join(s);
 
     if (s->expiry_started) {
         pthread_mutex_lock(&s->expiry_lock);

@@ -70,9 +70,10 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     pthread_mutex_unlock(&s->conns_lock);
 
     /* Every gauge of KVP_GAUGE_MAP gets its value here: a new one must be added below. */
-    _Static_assert(KVP_NGAUGES == 18, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
+    _Static_assert(KVP_NGAUGES == 19, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
     uint64_t *v = snap->gauges;
     v[KVP_GAUGE_pool_size] = g.pool_size;
+    v[KVP_GAUGE_pool_reserved] = g.pool_reserved;
     v[KVP_GAUGE_pool_used] = g.pool_used;
     v[KVP_GAUGE_pool_largest_free] = g.largest_free;
     v[KVP_GAUGE_objects_committed] = g.committed;

@@ -107,6 +107,8 @@
 
 #define KVP_GAUGE_MAP(XX)                                                                     \
     XX(pool_size, "pool_capacity_bytes", "", "", "bytes of the L1 pool")                      \
+    XX(pool_reserved, "pool_reserved_bytes", "", "",                                          \
+       "pool bytes reserved so far (the rest is reserved in the background after start-up)")  \
     XX(pool_used, "pool_used_bytes", "", "", "pool bytes held by objects")                    \
     XX(pool_largest_free, "pool_largest_free_bytes", "", "",                                  \
        "largest run of free pool bytes (the largest chunk that fits without eviction)")       \

@@ -145,6 +145,8 @@ static json_t *pool_object(struct doc *d, const struct kvp_snapshot *snap)
     json_t *o = json_object();
     const uint64_t *v = snap->gauges;
     put(d, o, "capacity_bytes", jint(v[KVP_GAUGE_pool_size]));
+    put(d, o, "reserved_bytes", jint(v[KVP_GAUGE_pool_reserved]));
+    put(d, o, "warming", json_boolean(v[KVP_GAUGE_pool_reserved] < v[KVP_GAUGE_pool_size]));
     put(d, o, "used_bytes", jint(v[KVP_GAUGE_pool_used]));
     put(d, o, "largest_free_bytes", jint(v[KVP_GAUGE_pool_largest_free]));
     put(d, o, "objects", jint(v[KVP_GAUGE_objects_committed]));

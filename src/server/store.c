@@ -54,10 +54,10 @@ static uint64_t bucket_of(const struct kvp_store *s, const uint8_t *key)
 }
 
 /* All index memory is allocated here, once; only objects are allocated per request. */
-int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size)
+int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, uint64_t avail)
 {
     *s = (struct kvp_store){0};
-    int rc = kvp_pool_init(&s->pool, pool_base, pool_size);
+    int rc = kvp_pool_init(&s->pool, pool_base, pool_size, avail);
     if (rc)
         return rc;
     uint64_t nb = 1024;
@@ -367,12 +367,20 @@ void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
     pthread_mutex_unlock(&s->lock);
 }
 
+void kvp_store_extend(struct kvp_store *s, uint64_t avail)
+{
+    pthread_mutex_lock(&s->lock);
+    kvp_pool_extend(&s->pool, avail);
+    pthread_mutex_unlock(&s->lock);
+}
+
 /* A consistent snapshot for STATS; largest_free walks the bitmap, so it is not for hot paths. */
 void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g)
 {
     pthread_mutex_lock(&s->lock);
     *g = (struct kvp_store_gauges){
         .pool_size = kvp_pool_size(&s->pool),
+        .pool_reserved = kvp_pool_avail(&s->pool),
         .pool_used = kvp_pool_used(&s->pool),
         .largest_free = kvp_pool_largest_free(&s->pool),
         .committed = s->ncommitted,

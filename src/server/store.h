@@ -56,12 +56,18 @@ struct kvp_prepare_result {
 };
 
 struct kvp_store_gauges {
-    uint64_t pool_size, pool_used, largest_free;
+    uint64_t pool_size, pool_reserved, pool_used, largest_free;
     uint64_t committed, reserved, expired, pinned;
 };
 
-/* Manages pool bytes [pool_base, pool_base + pool_size) of the segment. 0 or -ENOMEM. */
-int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size);
+/*
+ * Manages pool bytes [pool_base, pool_base + pool_size) of the segment, of which the first
+ * avail bytes are reserved and may be used now (kvp_store_extend() adds the rest as the
+ * background reservation proceeds). 0 or -ENOMEM.
+ */
+int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, uint64_t avail);
+/* The first avail bytes of the pool are reserved: they may be handed out from now on. */
+void kvp_store_extend(struct kvp_store *s, uint64_t avail);
 void kvp_store_destroy(struct kvp_store *s);
 
 /*

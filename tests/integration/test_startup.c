@@ -1,9 +1,9 @@
 /*
  * test_startup.c - how kvpoold starts and stops: one owner per socket path, configuration
- * errors found before the pool is reserved and reported in one ERROR line, progress lines while
- * a pool is reserved, the command line winning over a bad environment value, a socket that is
- * bound but not yet listening during the reservation, and the stop signals (SIGHUP like
- * SIGTERM, SIGPIPE harmless).
+ * errors found before the pool is reserved and reported in one ERROR line, serving at once while
+ * the rest of a large pool is reserved in the background (with progress lines), the command line
+ * winning over a bad environment value, and the stop signals (SIGHUP like SIGTERM, SIGPIPE
+ * harmless).
  *
  * "Before the pool is reserved" is checked through the log, not a clock: the daemon logs
  * "Reserving N bytes for the pool" before it touches the pool, so a failure that must come
@@ -249,8 +249,12 @@ static void test_max_clients_over_fd_limit(void **state)
     kvpt_daemon_stop(&d);
 }
 
-/* Progress lines while the pool is reserved (interval 0: after every 256 MiB step). */
-static void test_progress_lines(void **state)
+/*
+ * Start-up reserves the first part of the pool and serves; the rest is reserved in the
+ * background, with progress lines (interval 0: after every 256 MiB step), and handed to the
+ * store as it goes, until the whole pool is usable.
+ */
+static void test_serves_while_reserving(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
@@ -258,41 +262,68 @@ static void test_progress_lines(void **state)
     setenv("KVPOOL_PROGRESS_INTERVAL_MS", "0", 1);
     kvpt_daemon_start(&d, args);
     unsetenv("KVPOOL_PROGRESS_INTERVAL_MS");
-    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving 805310464 bytes for the pool"), 1);
-    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving the pool: 268435456 of 805310464 bytes "
-                                        "(33%)"),
+    assert_int_equal(kvpt_log_count(&d, " ready: pool 805306368 bytes (268431360 reserved, the "
+                                        "rest in the background), SHM enabled"),
                      1);
-    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving the pool: "), 3);
-    assert_int_equal(kvpt_log_count(&d, " GB/s, about "), 3);
-    assert_int_equal(kvpt_log_count(&d, "INFO  Reserved 805310464 bytes for the pool in "), 1);
+    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving 268435456 of 805310464 bytes for the "
+                                        "pool (/dev/shm/"),
+                     1);
+    assert_int_equal(kvpt_log_count(&d, ") before serving"), 1);
+    assert_true(kvpt_log_wait(&d, "INFO  Reserved 536875008 bytes for the pool in ", 20000));
+    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving 536875008 of 805310464 bytes for the "
+                                        "pool (/dev/shm/"),
+                     1);
+    assert_int_equal(kvpt_log_count(&d, ") in the background"), 1);
+    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving the pool: 536870912 of 805310464 bytes "
+                                        "(66%)"),
+                     1);
+    /* The last full step ends 4 KiB short of the end (the header page comes first). */
+    assert_int_equal(kvpt_log_count(&d, "INFO  Reserving the pool: 805306368 of 805310464 bytes "
+                                        "(99%)"),
+                     1);
+    assert_int_equal(kvpt_log_count(&d, " GB/s, about "), 2);
+
+    /* The whole pool is usable now: the store's free space says so. */
+    kvp_client *c = kvpt_connect(&d);
+    assert_int_equal(kvpt_stat(c, "pool_reserved"), 805306368);
+    assert_int_equal(kvpt_stat(c, "pool_largest_free"), 805306368);
+    kvp_client_close(c);
+    assert_int_equal(kvpt_log_count(&d, " WARN "), 0);
     kvpt_daemon_stop(&d);
 }
 
 /*
- * During a reservation the socket exists but does not listen (a client is refused at once,
- * it does not hang), and SIGTERM ends the start-up cleanly.
+ * A large pool serves at once: a worker registers, stores and retrieves while the rest is
+ * still being reserved (pages come from the reserved part only, so nothing can fault), the
+ * reserved part only grows, and a stop request during the warm-up ends the daemon cleanly.
  */
-static void test_during_reservation(void **state)
+static void test_store_and_stop_during_warmup(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
     const char *args[] = {"--l1-size", "4GiB", "--chunk-size", "16", NULL};
-    setenv("KVPOOL_PROGRESS_INTERVAL_MS", "0", 1);
-    kvpt_daemon_spawn(&d, NULL, args);
-    unsetenv("KVPOOL_PROGRESS_INTERVAL_MS");
-    assert_true(kvpt_log_wait(&d, "INFO  Reserving 4294971392 bytes for the pool", 20000));
-    if (kvpt_log_count(&d, " ready: ") == 0) {
-        int fd = kvpt_raw_connect(&d);
-        if (fd >= 0)
-            close(fd);
-        /* Ready may have come in between; only a refused or accepted connect is possible. */
-        if (kvpt_log_count(&d, " ready: ") == 0)
-            assert_int_equal(fd, -ECONNREFUSED);
-    }
+    kvpt_daemon_start(&d, args);
+    assert_int_equal(kvpt_log_count(&d, " ready: pool 4294967296 bytes (268431360 reserved, the "
+                                        "rest in the background)"),
+                     1);
+
+    kvp_client *c = kvpt_connect(&d);
+    uint64_t before = kvpt_stat(c, "pool_reserved");
+    assert_true(before >= 268431360 && before <= 4294967296ull);
+    kvp_register_opts o = kvpt_layout_big("warm", KVP_TRANSPORT_SHM);
+    kvp_instance *inst = NULL;
+    assert_int_equal(kvp_register(c, &o, &inst), 0);
+    assert_int_equal(kvp_instance_get_info(inst)->transport, KVP_TRANSPORT_SHM);
+    assert_int_equal(kvpt_store_seq(inst, 7, 32), 32);
+    kvpt_retrieve_seq(inst, 7, 32);
+    assert_true(kvpt_stat(c, "pool_reserved") >= before);
+    kvp_client_close(c);
+
     assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
     assert_false(kvpt_shm_exists(d.shm_name));
     assert_int_equal(access(d.socket, F_OK), -1);
     assert_int_equal(kvpt_log_count(&d, " ERROR "), 0);
+    assert_int_equal(kvpt_log_count(&d, " WARN "), 0);
     kvpt_daemon_stop(&d);
 }
 
@@ -359,8 +390,8 @@ int main(void)
         T(test_missing_directory),
         T(test_path_not_a_socket),
         T(test_max_clients_over_fd_limit),
-        T(test_progress_lines),
-        T(test_during_reservation),
+        T(test_serves_while_reserving),
+        T(test_store_and_stop_during_warmup),
         T(test_bad_env_overridden),
         T(test_sighup_and_sigpipe),
     };

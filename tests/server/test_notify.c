@@ -95,6 +95,11 @@ static void test_progress_and_stopping(void **state)
     assert_string_equal(buf, want);
     assert_true(KVP_NOTIFY_EXTEND_USEC >= 30ull * 1000 * 1000);
 
+    /* While serving: the status alone, no timeout extension, still one line. */
+    kvp_notify_status("Reserving the pool:\n3 of 4 bytes");
+    recv_msg(sock, buf, sizeof(buf));
+    assert_string_equal(buf, "STATUS=Reserving the pool: 3 of 4 bytes");
+
     kvp_notify_stopping();
     recv_msg(sock, buf, sizeof(buf));
     assert_non_null(strstr(buf, "STOPPING=1"));

@@ -23,7 +23,7 @@
 
 static void init_pool(struct kvp_pool *p, uint64_t base, uint64_t size)
 {
-    assert_rc(kvp_pool_init(p, base, size), 0);
+    assert_rc(kvp_pool_init(p, base, size, size), 0);
 }
 
 static uint64_t alloc_ok(struct kvp_pool *p, uint64_t len)
@@ -500,6 +500,48 @@ static void run_random(uint64_t npages, uint64_t seed, int ops)
     free(m.used);
 }
 
+/*
+ * A pool whose tail is still being reserved: only the reserved pages are handed out, the
+ * rest only after kvp_pool_extend(), which never shrinks and stops at the pool's end.
+ */
+static void test_reserved_prefix(void **state)
+{
+    (void)state;
+    struct kvp_pool p;
+
+    assert_rc(kvp_pool_init(&p, BASE, 200 * PG, 70 * PG + 5), 0);
+    assert_int_equal(kvp_pool_size(&p), 200 * PG);
+    assert_int_equal(kvp_pool_avail(&p), 70 * PG);
+    assert_int_equal(kvp_pool_used(&p), 0);
+    assert_int_equal(kvp_pool_largest_free(&p), 70 * PG);
+
+    uint64_t a = alloc_ok(&p, 60 * PG), off = 0;
+    assert_int_equal(a, BASE);
+    /* 10 reserved pages left: 11 do not fit, although the pool has 140 more. */
+    assert_rc(kvp_pool_alloc(&p, 11 * PG, &off), -ENOSPC);
+    assert_int_equal(alloc_ok(&p, 10 * PG), BASE + 60 * PG);
+    assert_rc(kvp_pool_alloc(&p, PG, &off), -ENOSPC);
+
+    kvp_pool_extend(&p, 130 * PG);
+    assert_int_equal(kvp_pool_avail(&p), 130 * PG);
+    assert_int_equal(kvp_pool_largest_free(&p), 60 * PG);
+    /* The new run starts right after the old end: allocations may span the boundary. */
+    kvp_pool_free(&p, BASE + 60 * PG, 10 * PG);
+    assert_int_equal(alloc_ok(&p, 70 * PG), BASE + 60 * PG);
+    assert_int_equal(kvp_pool_used(&p), 130 * PG);
+
+    kvp_pool_extend(&p, 100 * PG); /* never shrinks */
+    assert_int_equal(kvp_pool_avail(&p), 130 * PG);
+    kvp_pool_extend(&p, 1000 * PG); /* capped at the pool's end */
+    assert_int_equal(kvp_pool_avail(&p), 200 * PG);
+    assert_int_equal(alloc_ok(&p, 70 * PG), BASE + 130 * PG);
+    assert_rc(kvp_pool_alloc(&p, PG, &off), -ENOSPC);
+    assert_int_equal(kvp_pool_used(&p), 200 * PG);
+    kvp_pool_free(&p, a, 60 * PG);
+    assert_int_equal(kvp_pool_used(&p), 140 * PG);
+    kvp_pool_destroy(&p);
+}
+
 static void test_random_against_model(void **state)
 {
     (void)state;
@@ -523,6 +565,7 @@ int main(void)
         cmocka_unit_test(test_used_accounting),
         cmocka_unit_test(test_page_count_not_multiple_of_64),
         cmocka_unit_test(test_run_across_word_boundary),
+        cmocka_unit_test(test_reserved_prefix),
         cmocka_unit_test(test_random_against_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -549,6 +549,44 @@ static void test_enospc_filled_after_gate(void **state)
     assert_int_equal(code, 0);
 }
 
+/*
+ * /dev/shm fills up after the first part was reserved: the rest fails with ENOSPC, and the part
+ * reserved so far stays whole and writable (the daemon serves with it).
+ */
+static int child_filled_during_warmup(const char *name)
+{
+    struct kvp_segment seg = KVP_SEGMENT_INIT;
+    char why[256] = "";
+    const uint64_t size = 2 * KVP_RESERVE_STEP + KVP_SEG_HEADER;
+
+    kvp_log_threshold = KVP_LOG_ERROR;
+    if (kvp_segment_create_shared(&seg, name, size, 0600, why, sizeof(why)) != 0) {
+        fprintf(stderr, "child: create: %s\n", why);
+        return 30;
+    }
+    int rc = kvp_segment_reserve_rest(&seg, NULL, NULL, why, sizeof(why));
+    if (rc != -ENOSPC || !strstr(why, "reserve")) {
+        fprintf(stderr, "child: reserve_rest = %d (%s), expected -ENOSPC\n", rc, why);
+        return 31;
+    }
+    if (seg.reserved != KVP_RESERVE_FIRST) {
+        fprintf(stderr, "child: %llu bytes reserved, expected %llu\n",
+                (unsigned long long)seg.reserved, (unsigned long long)KVP_RESERVE_FIRST);
+        return 32;
+    }
+    /* A fault here would kill the child: the test sees a signal, not an exit code. */
+    memset(seg.base + KVP_SEG_HEADER, 0xa5, seg.reserved - KVP_SEG_HEADER);
+    kvp_segment_destroy(&seg);
+    return 0;
+}
+
+static void test_enospc_during_warmup(void **state)
+{
+    struct ctx *c = *state;
+    int code = in_small_dev_shm("size=300m", child_filled_during_warmup, c->name);
+    assert_int_equal(code, 0);
+}
+
 /* ---- kvp_segment_sweep: crash leftovers ---- */
 
 /* Creates dir/name of size bytes, with the segment magic when header is set. Returns the fd. */
@@ -642,19 +680,40 @@ static void test_sweep_leftovers(void **state)
     assert_rc(system(cmd), 0);
 }
 
-/* Progress lines during a reservation, at the interval set by the control call. */
+/* Reservation callback of test_reserve_progress: records every step. */
+struct steps {
+    uint64_t seen[8];
+    int n;
+};
+
+static void record_step(void *arg, uint64_t reserved)
+{
+    struct steps *st = arg;
+    if (st->n < 8)
+        st->seen[st->n] = reserved;
+    st->n++;
+}
+
+/*
+ * Creation reserves the first part only; kvp_segment_reserve_rest() the rest, step by step,
+ * with a callback after each step and progress lines at the interval set by the control call.
+ */
 static void test_reserve_progress(void **state)
 {
     (void)state;
     struct kvp_segment seg = KVP_SEGMENT_INIT;
+    struct steps st = {0};
     int p[2], saved = dup(STDERR_FILENO);
-    char text[8192];
+    char text[8192], why[256];
+    const uint64_t size = 5 * KVP_RESERVE_STEP / 2;
     assert_rc(pipe2(p, O_CLOEXEC), 0);
     kvp_log_threshold = KVP_LOG_INFO;
     kvp_segment_set_reserve_control(0, NULL);
     assert_rc(dup2(p[1], STDERR_FILENO), STDERR_FILENO);
     close(p[1]);
-    int rc = kvp_segment_create_private(&seg, 3 * KVP_RESERVE_STEP / 2);
+    int rc = kvp_segment_create_private(&seg, size);
+    uint64_t first = seg.reserved;
+    int rest = rc ? rc : kvp_segment_reserve_rest(&seg, record_step, &st, why, sizeof(why));
     assert_rc(dup2(saved, STDERR_FILENO), STDERR_FILENO);
     close(saved);
     ssize_t n = read(p[0], text, sizeof(text) - 1);
@@ -662,13 +721,31 @@ static void test_reserve_progress(void **state)
     kvp_segment_set_reserve_control(KVP_RESERVE_PROGRESS_MS, NULL);
     kvp_log_threshold = KVP_LOG_ERROR;
     assert_rc(rc, 0);
+    assert_rc(rest, 0);
+    assert_int_equal(first, KVP_RESERVE_FIRST);
+    assert_int_equal(seg.reserved, size);
+    /* Whole pages of every reserved step are usable: write the last byte of each. */
+    for (int i = 0; i < st.n && i < 8; i++)
+        seg.base[st.seen[i] - 1] = 1;
     kvp_segment_destroy(&seg);
+    assert_int_equal(st.n, 2);
+    assert_int_equal(st.seen[0], 2 * KVP_RESERVE_STEP);
+    assert_int_equal(st.seen[1], size);
     assert_true(n > 0);
     text[n] = '\0';
-    char want[128];
-    snprintf(want, sizeof(want), "Reserving the pool: %llu of %llu bytes (66%%)",
-             (unsigned long long)KVP_RESERVE_STEP, (unsigned long long)(3 * KVP_RESERVE_STEP / 2));
-    if (!strstr(text, want) || !strstr(text, "GB/s, about ") || !strstr(text, "INFO  Reserved "))
+    char want[3][160];
+    snprintf(want[0], sizeof(want[0]),
+             "Reserving %llu of %llu bytes for the pool (private memory) before serving",
+             (unsigned long long)KVP_RESERVE_FIRST, (unsigned long long)size);
+    snprintf(want[1], sizeof(want[1]),
+             "Reserving %llu of %llu bytes for the pool (private memory) in the background",
+             (unsigned long long)(size - KVP_RESERVE_FIRST), (unsigned long long)size);
+    snprintf(want[2], sizeof(want[2]), "Reserving the pool: %llu of %llu bytes (80%%)",
+             (unsigned long long)(2 * KVP_RESERVE_STEP), (unsigned long long)size);
+    for (int i = 0; i < 3; i++)
+        if (!strstr(text, want[i]))
+            fail_msg("no \"%s\" in:\n%s", want[i], text);
+    if (!strstr(text, "GB/s, about ") || !strstr(text, "INFO  Reserved "))
         fail_msg("no progress lines in:\n%s", text);
 }
 
@@ -705,6 +782,7 @@ int main(void)
         T(test_destroy_zeroed_keeps_fd0),
         T(test_enospc_small_tmpfs),
         T(test_enospc_filled_after_gate),
+        T(test_enospc_during_warmup),
         cmocka_unit_test(test_sweep_leftovers),
         cmocka_unit_test(test_reserve_progress),
         T(test_reserve_cancel),

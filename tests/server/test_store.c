@@ -38,7 +38,7 @@ static uint8_t *keys_of(uint8_t *buf, const uint32_t *ids, uint32_t n)
 /* A store whose pool holds exactly nchunks objects of CHUNK bytes. */
 static void init_store(struct kvp_store *s, uint32_t nchunks)
 {
-    assert_rc(kvp_store_init(s, POOL_BASE, nchunks * CHUNK), 0);
+    assert_rc(kvp_store_init(s, POOL_BASE, nchunks * CHUNK, nchunks * CHUNK), 0);
 }
 
 static struct kvp_store_gauges gauges(struct kvp_store *s)
