@@ -82,7 +82,8 @@ KVP_EXPORT uint32_t kvp_version(void);
     XX(VERSION, -10002, "protocol version mismatch between client and daemon") \
     XX(BADSLOT, -10003, "daemon sent a slot outside the mapped pool")          \
     XX(NOSHM, -10004, "shared-memory transport is not available")              \
-    XX(PEER, -10005, "the daemon runs as a user this process does not trust")
+    XX(PEER, -10005, "the daemon runs as a user this process does not trust")  \
+    XX(PIPELINED, -10006, "an earlier commit sent without waiting failed; this call did nothing")
 
 typedef enum {
 #define KVP_ERRNO_ENUM(name, val, msg) KVP_E##name = (val),
@@ -116,10 +117,27 @@ typedef struct kvp_opts {
      * socket planted by another user never receives this process's KV.
      */
     uint32_t trust_uid;
+    /* KVP_OPT_* bits; 0: the defaults. Unknown bits: kvp_client_open() returns -EINVAL. */
+    uint32_t flags;
     /* Room for later options: must be zero (kvp_client_open() returns -EINVAL otherwise), so
      * that a field added here in a later minor version is never misread. */
-    uint32_t reserved_[8];
+    uint32_t reserved_[7];
 } kvp_opts;
+
+/*
+ * Wait for the daemon's answer to every commit. By default a commit on the shm transport
+ * (kvp_commit_store(), kvp_commit_retrieve(), and the ones inside kvp_store() and
+ * kvp_retrieve()) is pipelined: it is sent and the call returns at once, so that a transfer
+ * costs one round trip (the prepare) instead of two. The commit is still applied in order,
+ * before any later request of the same client, and only after the copy, so nothing
+ * half-written is ever visible; if it fails (say the reservation expired, -ETIMEDOUT), the
+ * client's next call that talks to the daemon is not performed and returns KVP_EPIPELINED,
+ * with kvp_last_error() naming the commit and its error (a later commit is still applied). A
+ * pipelined kvp_commit_store() returns the number of chunks it sent for commit. With this flag,
+ * or against a daemon older than protocol 1.2, every commit waits for its answer and returns
+ * its own error.
+ */
+#define KVP_OPT_SYNC_COMMIT 0x1u
 
 /*
  * Writes the default socket path into buf (NUL-terminated): $XDG_RUNTIME_DIR/kvpool/kvpool.sock

@@ -23,8 +23,8 @@ from .context import Context, StoreResult
 from .plans import RetrievePlan, StorePlan
 from .errors import (BadSlot, ClosedError, DaemonUnavailable, Error, InstanceBusy,
                      InstanceConflict, InstanceExists, InvalidArgument, LibraryError, NoSpace,
-                     NotFound, ProtocolError, ShmUnavailable, Stale, Timeout, TooBig,
-                     UntrustedDaemon)
+                     NotFound, PipelinedCommitFailed, ProtocolError, ShmUnavailable, Stale,
+                     Timeout, TooBig, UntrustedDaemon)
 from .paged import PagedKVCache, gather, scatter
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
     "Error", "LibraryError", "ClosedError", "InvalidArgument", "NotFound", "DaemonUnavailable",
     "Timeout", "NoSpace", "TooBig", "ProtocolError", "ShmUnavailable", "BadSlot",
     "InstanceConflict", "InstanceExists", "InstanceBusy", "UntrustedDaemon", "Stale",
-    "library_path", "library_version", "default_socket_path", "__version__",
+    "PipelinedCommitFailed", "library_path", "library_version", "default_socket_path", "__version__",
 ]
 
 __version__ = "1.0.0"

@@ -48,9 +48,12 @@ KVP_PAGED_MLA = 2
 KVP_PAGED_KV_FIRST = 0x1
 
 
+KVP_OPT_SYNC_COMMIT = 0x1  # kvp_opts.flags: wait for every commit's answer (kvpool.h)
+
+
 class kvp_opts(ctypes.Structure):
     _fields_ = [("socket_path", c_char_p), ("timeout_ms", c_u32), ("trust_uid", c_u32),
-                ("reserved_", c_u32 * 8)]
+                ("flags", c_u32), ("reserved_", c_u32 * 7)]
 
 
 class kvp_stat(ctypes.Structure):

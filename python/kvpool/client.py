@@ -98,7 +98,10 @@ class Client:
     ``/tmp/kvpool-<uid>/kvpool.sock``).
     ``timeout``: seconds per request. ``trust_uid``: a uid the daemon may run as besides this
     process's own and root (the library checks the daemon's credentials; ``$KVPOOL_TRUST_UID``
-    adds more).
+    adds more). ``sync_commit``: wait for the daemon's answer to every commit instead of
+    pipelining it (the default on the shm transport: a transfer then costs one round trip, and a
+    failed commit is reported by the next call as :class:`kvpool.PipelinedCommitFailed`; see
+    ``KVP_OPT_SYNC_COMMIT`` in kvpool.h).
 
     Raises :class:`kvpool.DaemonUnavailable` when no daemon answers, :class:`kvpool.Timeout`,
     :class:`kvpool.ProtocolError` for an incompatible daemon, :class:`kvpool.UntrustedDaemon`
@@ -109,7 +112,7 @@ class Client:
     """
 
     def __init__(self, socket_path: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
-                 trust_uid: Optional[int] = None) -> None:
+                 trust_uid: Optional[int] = None, sync_commit: bool = False) -> None:
         self._h: Optional[int] = None
         self._lib = _lib.load()
         if timeout is None or timeout <= 0:
@@ -118,7 +121,8 @@ class Client:
         path = socket_path.encode("utf-8") if socket_path else None
         if trust_uid is not None and not 0 <= int(trust_uid) <= 0xFFFFFFFF:
             raise InvalidArgument("trust_uid must be a uid (0..4294967295)")
-        opts = _lib.kvp_opts(path, ms, int(trust_uid or 0))
+        opts = _lib.kvp_opts(path, ms, int(trust_uid or 0),
+                             _lib.KVP_OPT_SYNC_COMMIT if sync_commit else 0)
         handle = ctypes.c_void_p()
         rc = self._lib.kvp_client_open(ctypes.byref(opts), ctypes.byref(handle))
         if rc < 0:

@@ -37,6 +37,7 @@ __all__ = [
     "InstanceBusy",
     "UntrustedDaemon",
     "Stale",
+    "PipelinedCommitFailed",
 ]
 
 # kvpool's own codes are -10001, -10002, ... (KVP_ERRNO_MAP in include/kvpool.h); all other
@@ -175,6 +176,13 @@ class Stale(DaemonUnavailable):
     stale for good: unregister it and register again."""
 
 
+class PipelinedCommitFailed(Error):
+    """KVP_EPIPELINED: a commit that was sent without waiting for its answer (the default on
+    the shm transport, see ``sync_commit``) failed, say because its reservation expired; the
+    call that got this error did nothing and may simply be repeated. The message names the
+    commit and its error."""
+
+
 class InstanceConflict(Error):
     """The instance id is taken by another registration: :class:`InstanceExists` or
     :class:`InstanceBusy`. The daemon's message (in the text and in ``message``) says why."""
@@ -229,6 +237,7 @@ _BY_KVP_NAME: Dict[str, Type[Error]] = {
     "KVP_EBADSLOT": BadSlot,
     "KVP_ENOSHM": ShmUnavailable,
     "KVP_EPEER": UntrustedDaemon,
+    "KVP_EPIPELINED": PipelinedCommitFailed,
 }
 
 

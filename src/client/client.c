@@ -124,6 +124,12 @@ KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
             goto out_free;
         }
     }
+    if (opts && (opts->flags & ~KVP_OPT_SYNC_COMMIT)) {
+        rc = kvp_conn_error(&c->conn, -EINVAL, "kvp_opts.flags has unknown bits 0x%x",
+                            opts->flags & ~KVP_OPT_SYNC_COMMIT);
+        goto out_free;
+    }
+    c->sync_commit = opts && (opts->flags & KVP_OPT_SYNC_COMMIT);
     if (opts && opts->trust_uid)
         c->conn.trust_uid = opts->trust_uid;
     rc = resolve_path(opts, c->socket_path, sizeof(c->socket_path));

@@ -51,6 +51,7 @@ struct kvp_client {
     pthread_mutex_t lock;
     struct kvp_conn conn;
     struct kvp_hello_reply hello;
+    bool sync_commit;       /* KVP_OPT_SYNC_COMMIT: no pipelined commits */
     uint64_t gen;           /* connection generation, see above */
     struct kvp_shm_map shm; /* mapped by the first shm registration of a connection */
     uint64_t shm_gen;       /* generation in which shm was mapped */

@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,8 +444,20 @@ static int salvage_error_reply(struct kvp_conn *c, uint16_t op, uint64_t id, int
     return h.status;
 }
 
-int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size_t niov,
-                  bool reply_payload)
+/* The placement hint of a request: this thread's CPU + 1, 0 when unknown (wire.h). */
+static uint32_t cpu_hint(void)
+{
+    int cpu = sched_getcpu();
+    return cpu >= 0 && cpu <= (int)KVP_REQ_CPU_MAX ? (uint32_t)(cpu + 1) << KVP_REQ_CPU_SHIFT : 0;
+}
+
+/*
+ * Sends request op (body c->req, payload iov[0..niov)) with the given flags and the placement
+ * hint. Returns 0 with the request id in *idp, or an error after which the connection is broken
+ * (the daemon's own error reply, when it sent one before closing).
+ */
+static int send_request(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size_t niov,
+                        uint32_t flags, uint64_t *idp)
 {
     struct iovec stack_iov[KVP_STACK_IOV + 2];
     struct iovec *v = stack_iov;
@@ -482,6 +495,7 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
         .opcode = op,
         .request_id = id,
         .body_len = (uint32_t)c->req.len,
+        .flags = flags | cpu_hint(),
         .payload_len = payload,
     };
     kvp_header_encode(&h, raw);
@@ -506,7 +520,26 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
             rc = salvage_error_reply(c, op, id, rc);
         return rc;
     }
+    *idp = id;
+    return 0;
+}
 
+int kvp_conn_post(struct kvp_conn *c, uint16_t op)
+{
+    uint64_t id;
+    return send_request(c, op, NULL, 0, KVP_REQ_NOREPLY, &id);
+}
+
+int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size_t niov,
+                  bool reply_payload)
+{
+    const char *name = kvp_opcode_name(op);
+    struct kvp_header h;
+    uint64_t id;
+
+    int rc = send_request(c, op, iov, niov, 0, &id);
+    if (rc < 0)
+        return rc;
     rc = read_reply_header(c, op, id, &h);
     if (rc < 0)
         return rc;

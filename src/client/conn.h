@@ -81,6 +81,14 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
                   bool reply_payload);
 
 /*
+ * Sends request op (body: c->req) with KVP_REQ_NOREPLY and returns without waiting: the daemon
+ * sends no reply, and a failure answers the next request that expects one (KVP_EPIPELINED).
+ * Only for COMMIT_STORE and COMMIT_RETRIEVE, to a daemon of protocol minor >= 2. Returns 0, or
+ * a send error after which the connection is broken.
+ */
+int kvp_conn_post(struct kvp_conn *c, uint16_t op);
+
+/*
  * Reads the pending reply payload into iov[0..niov), whose lengths must add up to exactly
  * c->payload_left. Returns 0 or a negative error (the connection is then broken).
  */

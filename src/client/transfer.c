@@ -12,6 +12,9 @@
  * Data paths, none with an intermediate copy:
  *   shm store      prepare -> memcpy caller -> pool slots -> commit
  *   shm retrieve   prepare (pins) -> memcpy pool -> caller -> commit (unpins)
+ * On shm the commit is pipelined (do_commit): sent without waiting for a reply, so that a
+ * transfer costs one round trip. The daemon applies it before the client's next request, and
+ * answers that request with KVP_EPIPELINED instead if it failed (kvpool.h, KVP_OPT_SYNC_COMMIT).
  *   inline store   prepare -> STORE_INLINE whose payload iovecs are the caller's chunks
  *   inline fetch   RETRIEVE_INLINE whose payload is received straight into the caller's out[]
  *
@@ -183,6 +186,27 @@ static int do_ref_call(kvp_instance *inst, uint16_t op, uint64_t id)
     return (int)cnt.count;
 }
 
+/* The protocol minor version that brought KVP_REQ_NOREPLY. */
+#define PIPELINE_MINOR 2
+
+/*
+ * Commits a shm plan's hold (COMMIT_STORE or COMMIT_RETRIEVE) of nslots chunks. Pipelined unless
+ * the client asked for synchronous commits or the daemon predates them: the request is sent and
+ * the plan counts as committed; a failure comes back as KVP_EPIPELINED to the next request
+ * (kvpool.h, KVP_OPT_SYNC_COMMIT). Returns the count, or a negative error.
+ */
+static int do_commit(kvp_instance *inst, uint16_t op, uint64_t id, uint32_t nslots)
+{
+    kvp_client *c = inst->client;
+    struct kvp_ref_req ref = {.handle = inst->handle, .id = id};
+
+    if (!inst->shm || c->sync_commit || c->hello.minor < PIPELINE_MINOR)
+        return do_ref_call(inst, op, id);
+    kvp_encode_ref_req(&c->conn.req, &ref);
+    int rc = kvp_conn_post(&c->conn, op);
+    return rc < 0 ? rc : (int)nslots;
+}
+
 /*
  * Decodes a slots reply of a range of nchunks chunks into r (slots: the client's scratch). The
  * chunk count must match the range we asked for: chunk_index is bounded by the reply's nchunks,
@@ -274,8 +298,10 @@ static void do_release(kvp_instance *inst, uint16_t op, uint64_t id)
     if (!id)
         return;
     memcpy(keep, conn->errmsg, sizeof(keep));
-    if (kvp_conn_begin(conn) == 0)
-        do_ref_call(inst, op, id);
+    /* An earlier pipelined commit's failure may answer the first try instead. */
+    for (int i = 0; i < 2; i++)
+        if (kvp_conn_begin(conn) != 0 || do_ref_call(inst, op, id) != KVP_EPIPELINED)
+            break;
     memcpy(conn->errmsg, keep, sizeof(keep));
 }
 
@@ -414,7 +440,8 @@ static int finish_store(kvp_instance *inst, kvp_store_plan *plan, uint16_t op)
         if (rc == 0)
             rc = kvp_conn_begin(&c->conn);
         if (rc == 0)
-            rc = do_ref_call(inst, op, plan->reservation);
+            rc = op == KVP_OP_COMMIT_STORE ? do_commit(inst, op, plan->reservation, plan->nslots)
+                                           : do_ref_call(inst, op, plan->reservation);
     }
     do_plan_reset_store(c, plan);
     pthread_mutex_unlock(&c->lock);
@@ -585,7 +612,7 @@ KVP_EXPORT int kvp_commit_retrieve(kvp_instance *inst, kvp_retrieve_plan *plan)
         if (rc == 0)
             rc = kvp_conn_begin(&c->conn);
         if (rc == 0)
-            rc = do_ref_call(inst, KVP_OP_COMMIT_RETRIEVE, plan->pin);
+            rc = do_commit(inst, KVP_OP_COMMIT_RETRIEVE, plan->pin, plan->nslots);
     }
     do_plan_reset_retrieve(c, plan);
     pthread_mutex_unlock(&c->lock);
@@ -633,7 +660,7 @@ KVP_EXPORT int kvp_store(kvp_instance *inst, const kvp_tokens *seq, uint32_t sta
         if (rc == 0)
             rc = kvp_conn_begin(&c->conn);
         if (rc == 0)
-            rc = do_ref_call(inst, KVP_OP_COMMIT_STORE, plan.reservation);
+            rc = do_commit(inst, KVP_OP_COMMIT_STORE, plan.reservation, plan.nslots);
     }
 
     if (rc >= 0 && result)

@@ -14,7 +14,7 @@
 
 #define KVP_MAGIC 0x3150564bu /* "KVP1" read as little-endian bytes */
 #define KVP_PROTO_VERSION 1   /* frame header version and HELLO major: must match */
-#define KVP_PROTO_MINOR 1     /* HELLO minor: additions an older peer may ignore */
+#define KVP_PROTO_MINOR 2     /* HELLO minor: additions an older peer may ignore */
 #define KVP_HEADER_SIZE 32
 #define KVP_REPLY_FLAG 0x8000u
 
@@ -67,9 +67,27 @@ struct kvp_header {
     uint16_t opcode;     /* request opcode; replies set KVP_REPLY_FLAG */
     uint64_t request_id; /* echoed in the reply */
     uint32_t body_len;
-    int32_t status; /* replies: 0 or -errno; requests: 0 */
+    union {
+        int32_t status; /* replies: 0 or -errno */
+        uint32_t flags; /* requests: KVP_REQ_* (0 before protocol minor 2) */
+    };
     uint64_t payload_len;
 };
+
+/*
+ * Request flags (protocol minor 2; a daemon of minor 1 ignores them, so a client sets
+ * KVP_REQ_NOREPLY only after HELLO said minor >= 2).
+ *   KVP_REQ_NOREPLY   COMMIT_STORE and COMMIT_RETRIEVE only (on any other opcode the frame is a
+ *                     protocol error): the daemon sends no reply. A failure is kept and answers
+ *                     the next request that expects a reply and carries no payload, which is
+ *                     then not performed (status KVP_EPIPELINED, see docs/PROTOCOL.md).
+ *   bits 16-31        the sender's CPU + 1, 0 when unknown: a hint that lets the daemon run the
+ *                     connection's thread on the worker's CPU (placement.c).
+ */
+#define KVP_REQ_NOREPLY 0x1u
+#define KVP_REQ_KNOWN 0x1u /* flag bits below 16 that mean something */
+#define KVP_REQ_CPU_SHIFT 16
+#define KVP_REQ_CPU_MAX 0xfffeu /* highest CPU number a hint can carry */
 
 void kvp_header_encode(const struct kvp_header *h, uint8_t out[KVP_HEADER_SIZE]);
 

@@ -58,6 +58,7 @@ enum opt_id {
     OPT_L2_CONNECTIONS,
     OPT_L2_QUEUE,
     OPT_L2_TIMEOUT,
+    OPT_FOLLOW_CPU,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -120,6 +121,11 @@ static const struct opt_desc opts[] = {
     {"io-timeout", "KVPOOL_IO_TIMEOUT", "MS",
      "Drop a client that stalls in the middle of a frame for this long. Default: 30000",
      OPT_IO_TIMEOUT},
+    {"follow-cpu", "KVPOOL_FOLLOW_CPU", "on|off",
+     "Run each connection's thread on the CPU its worker sent the request from, so that\n"
+     "a request and its reply never wake an idle CPU (docs/PERFORMANCE.md). off: leave\n"
+     "the threads to the scheduler. Default: on",
+     OPT_FOLLOW_CPU},
     {"http", "KVPOOL_HTTP", "ADDR:PORT",
      "Serve the status page, /api/healthcheck, /api/status and /metrics over HTTP there\n"
      "(read-only, unauthenticated: see docs/SECURITY.md before using a non-loopback\n"
@@ -175,6 +181,7 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .l2_connections = 2,
         .l2_queue_bytes = 256ull << 20,
         .l2_timeout_ms = 1000,
+        .follow_cpu = true,
     };
     /* The clients' rule. A path too long for a socket stays "" and is reported at bind. */
     kvp_socket_path_default(cfg->socket_path, sizeof(cfg->socket_path));
@@ -327,6 +334,15 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
     case OPT_IO_TIMEOUT:
         rc = parse_u32(val, 10, 3600000, 10, &cfg->io_timeout_ms);
         want = "milliseconds from 10 to 3600000";
+        break;
+    case OPT_FOLLOW_CPU:
+        if (strcmp(val, "on") == 0)
+            cfg->follow_cpu = true;
+        else if (strcmp(val, "off") == 0)
+            cfg->follow_cpu = false;
+        else
+            rc = -EINVAL;
+        want = "on or off";
         break;
     case OPT_HTTP:
         if (strlen(val) >= sizeof(cfg->http) || kvp_http_parse_listen(val, NULL))

@@ -31,6 +31,7 @@ struct kvp_config {
     uint32_t max_clients;
     uint32_t reserve_timeout_s;
     uint32_t io_timeout_ms; /* bound on receiving the rest of a started frame */
+    bool follow_cpu;        /* --follow-cpu: connection threads run on their worker's CPU */
     char http[64];          /* --http: "ADDR:PORT" of the HTTP endpoint, or "off" */
     enum kvp_shm_backend shm_backend;
     uint32_t shm_mode; /* permission bits of a POSIX segment */

@@ -98,6 +98,23 @@ int kvp_session_reply(struct kvp_session *c, const struct kvp_header *req, int s
     struct iovec stackv[2 + 64], *iov = stackv;
     int rc;
 
+    /* A commit sent without waiting: no reply; a failure answers the next request instead. */
+    if (c->noreply) {
+        KVP_COUNT(requests, 1);
+        if (status >= 0)
+            return 0;
+        KVP_COUNT(request_errors, 1);
+        if (c->deferred_status) {
+            c->deferred_more++;
+            return 0;
+        }
+        c->deferred_status = status;
+        c->deferred_opcode = req->opcode;
+        c->deferred_id = req->request_id;
+        snprintf(c->deferred_msg, sizeof(c->deferred_msg), "%s", c->errmsg);
+        return 0;
+    }
+
     kvp_wbuf_init(&err);
     if (status < 0) {
         kvp_encode_error(&err, c->errmsg);

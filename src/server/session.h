@@ -36,6 +36,18 @@ struct kvp_session {
     struct kvp_wire_slot *slots; /* KVP_MAX_CHUNKS, a slots reply being encoded */
 
     struct kvp_holds holds; /* reservations and pins of this connection */
+
+    bool noreply; /* the request being served is a commit sent with KVP_REQ_NOREPLY */
+    /* The first failure of a commit sent with KVP_REQ_NOREPLY, kept for the next request that
+     * expects a reply (deferred_status 0: none); later ones only count. */
+    int deferred_status;
+    uint16_t deferred_opcode;
+    uint64_t deferred_id;
+    uint32_t deferred_more;
+    char deferred_msg[KVP_MAX_ERRMSG + 1];
+
+    int cpu; /* CPU this connection's thread is bound to (placement.c), -1: none */
+    bool placement_off;
 };
 
 /* Receives exactly len bytes. Returns 0, -ECONNRESET on EOF, -ETIMEDOUT, or -errno. */

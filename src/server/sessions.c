@@ -34,6 +34,7 @@
 #include "daemon.h"
 #include "handlers.h"
 #include "log.h"
+#include "placement.h"
 #include "session.h"
 #include "stats.h"
 
@@ -47,6 +48,7 @@ static struct kvp_session *conn_new(struct kvp_server *s, int fd, int *err)
     }
     c->srv = s;
     c->fd = fd;
+    c->cpu = -1;
     kvp_wbuf_init(&c->out);
     /* Before joining the list: the status report reads both under conns_lock. */
     socklen_t len = sizeof(c->peer);
@@ -138,6 +140,25 @@ static void reply_protocol_error(struct kvp_session *c, const struct kvp_header 
                 (int)c->peer.pid, what);
 }
 
+/*
+ * Answers a request, without performing it, with the failure of an earlier commit that was sent
+ * with KVP_REQ_NOREPLY (docs/PROTOCOL.md, "Pipelined commits").
+ */
+static int answer_deferred(struct kvp_session *c, const struct kvp_header *h)
+{
+    char more[48] = "";
+    if (c->deferred_more)
+        snprintf(more, sizeof(more), " (and %u later one(s))", c->deferred_more);
+    snprintf(c->errmsg, sizeof(c->errmsg),
+             "%s #%llu, sent without waiting for its reply, failed%s with %s: %.150s; this %s was "
+             "not performed",
+             kvp_opcode_name(c->deferred_opcode), (unsigned long long)c->deferred_id, more,
+             kvp_err_name(c->deferred_status), c->deferred_msg, kvp_opcode_name(h->opcode));
+    c->deferred_status = 0;
+    c->deferred_more = 0;
+    return kvp_session_reply(c, h, KVP_EPIPELINED, NULL, 0, 0);
+}
+
 /* Serves requests until the connection ends. Returns why it ended. */
 static int conn_serve(struct kvp_session *c)
 {
@@ -157,6 +178,17 @@ static int conn_serve(struct kvp_session *c)
                                                         : "malformed frame header");
             return rc;
         }
+        /* No reply is expected to a NOREPLY frame, so a wrong one cannot be answered in step:
+         * close, as for any frame that cannot be trusted. */
+        bool noreply = h.flags & KVP_REQ_NOREPLY;
+        if ((h.flags & 0xffffu & ~KVP_REQ_KNOWN) ||
+            (noreply && h.opcode != KVP_OP_COMMIT_STORE && h.opcode != KVP_OP_COMMIT_RETRIEVE)) {
+            reply_protocol_error(c, &h, -EPROTO,
+                                 "unknown request flags, or NOREPLY on a request "
+                                 "that is not a commit");
+            return -EPROTO;
+        }
+        kvp_placement_follow(c, h.flags >> KVP_REQ_CPU_SHIFT);
         /* From the end of the header: the body, the payload and the reply, not the idle wait. */
         uint64_t t0 = kvp_mono_ns();
         if (h.body_len > c->body_cap) {
@@ -179,7 +211,12 @@ static int conn_serve(struct kvp_session *c)
         }
         kvp_wbuf_reset(&c->out);
         c->errmsg[0] = '\0';
-        rc = kvp_handle_request(c, &h);
+        c->noreply = noreply;
+        if (c->deferred_status && !noreply && h.payload_len == 0)
+            rc = answer_deferred(c, &h);
+        else
+            rc = kvp_handle_request(c, &h);
+        c->noreply = false;
         kvp_latency_record(h.opcode, kvp_mono_ns() - t0);
         if (rc)
             return rc;

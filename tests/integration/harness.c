@@ -431,6 +431,9 @@ uint32_t kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n)
     int rc = kvp_store(inst, &t, 0, n * ct, (const void *const *)bufs, &r);
     assert_true(rc >= 0);
     assert_int_equal(r.stored + r.cached, n);
+    /* A round trip on the same connection: the (pipelined) commit is applied before it is
+     * answered, so from here on every client sees the chunks. */
+    assert_int_equal(kvp_lookup(inst, &t), (int)n);
     for (uint32_t i = 0; i < n; i++)
         free(bufs[i]);
     free(bufs);
@@ -597,6 +600,12 @@ static int raw_recv_all(int fd, void *p, size_t n)
 int kvpt_raw_send(int fd, uint16_t opcode, const void *body, uint32_t body_len,
                   uint64_t payload_len)
 {
+    return kvpt_raw_send_flags(fd, opcode, body, body_len, payload_len, 0);
+}
+
+int kvpt_raw_send_flags(int fd, uint16_t opcode, const void *body, uint32_t body_len,
+                        uint64_t payload_len, uint32_t flags)
+{
     static uint64_t next_id = 1;
     uint8_t hdr[KVP_HEADER_SIZE];
     struct kvp_header h = {.magic = KVP_MAGIC,
@@ -604,6 +613,7 @@ int kvpt_raw_send(int fd, uint16_t opcode, const void *body, uint32_t body_len,
                            .opcode = opcode,
                            .request_id = next_id++,
                            .body_len = body_len,
+                           .flags = flags,
                            .payload_len = payload_len};
     kvp_header_encode(&h, hdr);
     int rc = raw_send_all(fd, hdr, sizeof(hdr));

@@ -110,7 +110,8 @@ bool kvpt_check(const void *buf, size_t len, uint32_t seed, uint32_t chunk);
 kvp_register_opts kvpt_layout_big(const char *instance_id, uint32_t transport);
 
 /* Stores chunks [0, n) of sequence seq (kvpt_tokens(seq, ...), in inst's chunk size) with the
- * content kvpt_fill(seq, i); some may be cached already, but all n must end up in the pool.
+ * content kvpt_fill(seq, i); some may be cached already, but all n must end up in the pool
+ * (checked by a lookup, which also makes a pipelined commit visible to every client).
  * Returns how many were newly stored. */
 uint32_t kvpt_store_seq(kvp_instance *inst, uint32_t seq, uint32_t n);
 
@@ -158,6 +159,10 @@ int kvpt_raw_connect(const struct kvpt_daemon *d);
  * negative errno: the daemon may legitimately have closed the connection. */
 int kvpt_raw_send(int fd, uint16_t opcode, const void *body, uint32_t body_len,
                   uint64_t payload_len);
+
+/* The same with request flags (KVP_REQ_*) in the header. */
+int kvpt_raw_send_flags(int fd, uint16_t opcode, const void *body, uint32_t body_len,
+                        uint64_t payload_len, uint32_t flags);
 
 /* Reads one reply header and body. Returns 0, -ECONNRESET at EOF or reset, -ETIMEDOUT, or
  * -EPROTO when the header does not decode or is not a reply. */

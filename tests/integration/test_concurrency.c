@@ -239,14 +239,21 @@ static void test_no_head_of_line_blocking(void **state)
     kvp_client_close(c);
 }
 
-static void test_reservation_expires(void **state)
+/*
+ * A reservation not committed within --reserve-timeout is cancelled. Its late commit fails with
+ * -ETIMEDOUT: at once with KVP_OPT_SYNC_COMMIT; pipelined (the default), the commit returns as
+ * sent and the writer's next call is refused with KVP_EPIPELINED naming it, without being
+ * performed, after which the connection serves as before.
+ */
+static void reservation_expires(bool sync)
 {
-    (void)state;
     struct kvpt_daemon d;
     const char *args[] = {"--l1-size", "4MiB", "--chunk-size", "16", "--reserve-timeout",
                           "1",         NULL};
     kvpt_daemon_start(&d, args);
-    kvp_client *a = kvpt_connect(&d);
+    kvp_opts opts = {.socket_path = d.socket, .flags = sync ? KVP_OPT_SYNC_COMMIT : 0};
+    kvp_client *a = NULL;
+    assert_int_equal(kvp_client_open(&opts, &a), 0);
     kvp_client *b = kvpt_connect(&d);
     kvp_register_opts oa = kvpt_layout("slow-writer", KVP_TRANSPORT_AUTO);
     kvp_register_opts ob = kvpt_layout("other-writer", KVP_TRANSPORT_AUTO);
@@ -270,9 +277,21 @@ static void test_reservation_expires(void **state)
 
     /* After --reserve-timeout (1 s) the reservation is cancelled. */
     assert_true(kvpt_log_wait(&d, "not committed within 1 s", 5000));
-    assert_int_equal(kvp_commit_store(ia, &sp), -ETIMEDOUT);
+    if (sync) {
+        assert_int_equal(kvp_commit_store(ia, &sp), -ETIMEDOUT);
+    } else {
+        assert_int_equal(kvp_commit_store(ia, &sp), 2);
+        assert_int_equal(kvp_lookup(ia, &t), KVP_EPIPELINED);
+        const char *msg = kvp_last_error(a);
+        if (!strstr(msg, "COMMIT_STORE #") || !strstr(msg, "ETIMEDOUT") ||
+            !strstr(msg, "this LOOKUP was not performed"))
+            fail_msg("unexpected message: %s", msg);
+        assert_int_equal(kvp_lookup(ia, &t), 0);
+    }
     assert_int_equal(kvp_lookup(ib, &t), 0);
     assert_int_equal(kvp_store(ib, &t, 0, 2 * C, (const void *const *)bufs, &r), 2);
+    /* b's commit may still be on its way: any round trip of b's is applied after it. */
+    assert_int_equal(kvp_ping(b), 0);
     assert_int_equal(kvp_retrieve(ia, &t, 0, 2 * C, bufs), 2);
     assert_true(kvpt_check(bufs[0], bytes, 90, 0));
     assert_true(kvpt_check(bufs[1], bytes, 90, 1));
@@ -286,12 +305,25 @@ static void test_reservation_expires(void **state)
     kvpt_daemon_stop(&d);
 }
 
+static void test_reservation_expires(void **state)
+{
+    (void)state;
+    reservation_expires(false);
+}
+
+static void test_reservation_expires_sync(void **state)
+{
+    (void)state;
+    reservation_expires(true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_many_workers),
         cmocka_unit_test(test_no_head_of_line_blocking),
         cmocka_unit_test(test_reservation_expires),
+        cmocka_unit_test(test_reservation_expires_sync),
     };
     return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }
