@@ -33,7 +33,8 @@ __all__ = [
     "Error", "LibraryError", "ClosedError", "InvalidArgument", "NotFound", "DaemonUnavailable",
     "Timeout", "NoSpace", "TooBig", "ProtocolError", "ShmUnavailable", "BadSlot",
     "InstanceConflict", "InstanceExists", "InstanceBusy", "UntrustedDaemon", "Stale",
-    "PipelinedCommitFailed", "library_path", "library_version", "default_socket_path", "__version__",
+    "PipelinedCommitFailed",
+    "library_path", "library_version", "default_socket_path", "__version__",
 ]
 
 __version__ = "1.0.0"

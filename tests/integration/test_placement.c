@@ -62,7 +62,8 @@ static int threads_bound_to(pid_t pid, int cpu)
     snprintf(want, sizeof(want), "Cpus_allowed_list:\t%d\n", cpu);
     DIR *d = opendir(path);
     assert_non_null(d);
-    for (struct dirent *e; (e = readdir(d));) {
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and d is private to this call */
+    for (struct dirent *e = readdir(d); e; e = readdir(d)) {
         if (e->d_name[0] == '.')
             continue;
         char st[400];
