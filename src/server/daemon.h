@@ -56,7 +56,8 @@ struct kvp_server {
 
     pthread_t expiry_thread;
     bool expiry_started;
-    pthread_t warmup_thread; /* reserves the rest of the pool (warmup.c) */
+    pthread_t warmup_thread;    /* reserves the rest of the pool (warmup.c) */
+    uint64_t reserved_at_start; /* seg.reserved before that thread started (it writes it) */
     bool warmup_started;
     pthread_mutex_t expiry_lock;
     pthread_cond_t expiry_cv;

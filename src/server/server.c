@@ -341,7 +341,7 @@ static void log_startup(const struct kvp_server *s)
     char warming[96] = "";
     if (s->warmup_started)
         snprintf(warming, sizeof(warming), " (%" PRIu64 " reserved, the rest in the background)",
-                 s->seg.reserved - KVP_SEG_HEADER);
+                 s->reserved_at_start - KVP_SEG_HEADER);
     snprintf(line, sizeof(line),
              "kvpoold %s ready: pool %" PRIu64 " bytes%s, %s, socket %s, chunk size %" PRIu32
              " tokens",

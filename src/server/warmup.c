@@ -59,6 +59,8 @@ static void *warmup_main(void *arg)
 
 int kvp_warmup_start(struct kvp_server *s)
 {
+    /* From here on seg.reserved is the warm-up thread's: others read this copy. */
+    s->reserved_at_start = s->seg.reserved;
     if (s->seg.reserved >= s->seg.size)
         return 0;
     int rc = kvp_thread_create(&s->warmup_thread, NULL, warmup_main, s);
