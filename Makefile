@@ -141,8 +141,10 @@ clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
 
 # Benchmarks (docs/PERFORMANCE.md): installs the comparators (redis-server, hiredis, gnuplot)
-# through the deps script, reconfigures so that hiredis is found, runs the default sweep and
-# writes results.csv, results.json and throughput.png into $(BUILD)/bench.
+# through the deps script, reconfigures so that hiredis is found, runs every section (sweep,
+# rtt, paged, pressure, l2, startup, many, python, memory; the python section needs
+# /usr/bin/python3 with numpy, which the deps script installs) and writes results.csv,
+# results.json and throughput.png into $(BUILD)/bench.
 # Extra options through BENCH_ARGS, e.g. make bench BENCH_ARGS="--workers 2".
 BENCH_ARGS ?=
 

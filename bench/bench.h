@@ -9,8 +9,13 @@
  *   daemon.c     starting and stopping kvpoold and redis-server as child processes
  *   redis_cmp.c  the Redis comparator over hiredis (stubs when built without hiredis)
  *   l2.c         the L2 tier's rows: write-behind and loads through Redis, L1 hits with L2
+ *   startup.c    daemons of 1-12 GiB: time to first answer, registration, reservation speed
+ *   many.c       16 workers at once against two-process memcpy, a ping's p99 under that load
+ *   memory.c     the daemon's RSS beyond the pool with 64 connected clients
+ *   python.c     the Python binding (bench/python_path.py) against the C path, same bytes
  *   stats.c      medians, percentiles, growable sample arrays
- *   report.c     the table on stdout, CSV, JSON and the gnuplot chart
+ *   report.c     the table on stdout with the target check; the rows' shared helpers
+ *   report_files.c the same rows as CSV, JSON and a gnuplot chart
  *
  * The benchmark uses only the public client API (kvpool.h, kvpool_paged.h): it measures what a
  * worker linking libkvpool.so gets.
@@ -42,6 +47,8 @@ enum kvpb_transport {
     KVPB_T_MEMCPY, /* the physical limit: one memcpy of the same bytes */
     KVPB_T_UDS,    /* a raw Unix stream socket with a minimal 32-byte framing */
     KVPB_T_PAGED,  /* kvp_paged_gather / kvp_paged_scatter */
+    KVPB_T_MEMSET, /* first touch of fresh anonymous memory: the limit of reserving a pool */
+    KVPB_T_PYSHM,  /* the Python binding on numpy arrays, shm transport (python_path.py) */
     KVPB_T_COUNT_
 };
 
@@ -60,6 +67,14 @@ enum kvpb_op {
     KVPB_OP_REGISTER,  /* a client's first shm registration: maps the pool */
     KVPB_OP_SETUP,     /* not measured: register instances / build buffers for a size */
     KVPB_OP_TEARDOWN,  /* not measured: drop them */
+    KVPB_OP_READY,     /* startup: fork/exec of kvpoold until its first answered ping */
+    KVPB_OP_RESERVE,   /* startup: fork/exec until the daemon reports the whole pool reserved */
+    KVPB_OP_TOUCH,     /* startup baseline: mmap + memset of fresh anonymous memory */
+    KVPB_OP_LOOKUP128, /* kvp_lookup of a cached 128-chunk (32k-token) prefix */
+    KVPB_OP_PING_LOAD, /* many: a ping from another client while 16 workers transfer */
+    KVPB_OP_PING_IDLE_P99, /* many: the same pings just before, without the load */
+    KVPB_OP_RSS_BASE,      /* memory: the daemon's RSS with only the bench's client connected */
+    KVPB_OP_RSS64,         /* memory: the same with 64 more clients, one instance each */
     KVPB_OP_COUNT_
 };
 
@@ -81,7 +96,11 @@ struct kvpb_cmd {
     uint32_t nworkers;  /* workers taking part (the first nworkers) */
     uint32_t run_id;    /* part of every key: runs never see each other's chunks */
     uint32_t batch;     /* chunks per store/retrieve call (1 unless --batch) */
+    uint32_t plain;     /* shm store/retrieve through kvp_store()/kvp_retrieve(), untimed copy */
 };
+
+/* Chunks of the long lookup (KVPB_OP_LOOKUP128): a 32k-token prefix of 256-token chunks. */
+#define KVPB_LOOKUP_CHUNKS 128u
 
 /* One worker's answer to a command. */
 struct kvpb_wres {
@@ -117,7 +136,9 @@ struct kvpb_config {
     uint64_t pressure_chunk;
     uint32_t pressure_reps;
     bool do_sweep, do_rtt, do_paged, do_pressure, do_redis;
-    bool do_l2;                     /* the L2 tier's rows (l2.c); they need the Redis comparator */
+    bool do_l2; /* the L2 tier's rows (l2.c); they need the Redis comparator */
+    bool do_startup, do_many, do_memory, do_python; /* issue 12's sections (their own files) */
+    bool lean; /* workers without a raw socket peer (the many section's 16 workers) */
     bool do_shm, do_inline, do_uds; /* sweep transports (memcpy always runs) */
     bool quick;
     const char *csv, *json, *png;
@@ -148,6 +169,9 @@ double kvpb_percentile(double *v, size_t n, double p);
 
 /* Median, minimum and maximum of v[0..n) (v is sorted in place). NAN for n == 0. */
 void kvpb_summary(double *v, size_t n, double *median, double *min, double *max);
+
+/* Median over i of a[i] / b[i] (pairs of the same repetition); NAN when n == 0. */
+double kvpb_paired_ratio(const double *a, const double *b, size_t n);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t kvpb_now_ns(void);
@@ -180,7 +204,41 @@ struct kvpb_row {
     double faults_per_op;    /* the workers' minor page faults per operation */
     double preempt_per_op;   /* involuntary context switches of the workers per operation */
     double copy_share;       /* shm store/retrieve: copy time / operation time; NAN otherwise */
+    /* Added for the start-up, many-worker, memory and Python sections; NAN (0) elsewhere. */
+    uint64_t pool_bytes;  /* startup rows: the pool size of the daemon measured */
+    double ms;            /* startup rows: the time measured, milliseconds */
+    double us_per_chunk;  /* lookup-128: p50 / chunks looked up */
+    double ratio_to_idle; /* ping-under-load: p99 / p99 of the same pings without the load */
+    double ratio_to_c;    /* python rows: GB/s / the C path's, paired by repetition */
+    double rss_mib;       /* memory rows: RssAnon + RssFile (the daemon beyond its pool), MiB */
+    double vm_rss_mib, rss_anon_mib, rss_file_mib, rss_shmem_mib; /* /proc/PID/status, MiB */
+    bool invalid; /* the measurement did not complete: printed as such, values NAN */
 };
+
+/* The detail of the rows of issue 12's sections, which the report groups by. */
+#define KVPB_D_STARTUP "memfd pool" /* startup.c */
+#define KVPB_D_MANY "many"          /* many.c: the store/retrieve/memcpy cells of 16 workers */
+#define KVPB_D_CPATH "C path"       /* python.c: kvp_store()/kvp_retrieve() from C */
+#define KVPB_D_NUMPY "numpy"        /* python.c: ctx.store()/ctx.retrieve() on numpy arrays */
+
+/* A growable list of rows, for the sections that build their rows themselves. */
+struct kvpb_rows {
+    struct kvpb_row *v;
+    size_t n, cap;
+};
+
+/* A row with every optional value NAN (report.c). detail must outlive the row. */
+struct kvpb_row kvpb_row_blank(int transport, int op, const char *detail);
+
+/* Appends a copy of r; exits the program when out of memory. */
+void kvpb_rows_push(struct kvpb_rows *rows, const struct kvpb_row *r);
+
+/*
+ * Fills r's throughput and latency summaries: gb_per_s median [min-max] and ops_per_s over the
+ * per-repetition values, p50/p99 over every latency sample (each array is sorted in place).
+ */
+void kvpb_row_summarise(struct kvpb_row *r, double *rep_gbps, double *rep_ops, size_t nreps,
+                        double *lat_us, size_t nlat);
 
 /* Run description printed above the table and in the chart title. */
 struct kvpb_run_info {
@@ -309,5 +367,40 @@ int kvpb_pool_run(struct kvpb_pool *p, const struct kvpb_cmd *cmd, struct kvpb_w
 
 /* Stops the workers (closing their command pipes) and waits for them. NULL is ok. */
 void kvpb_pool_stop(struct kvpb_pool *p);
+
+/* Finds a layout [2, layers, tokens, hidden] of bfloat16 (else uint8) whose chunk is exactly
+ * `bytes` (ops.c). Returns 0 or -EINVAL. */
+int kvpb_pick_layout(uint64_t bytes, uint32_t tokens, uint32_t *layers, uint32_t *hidden,
+                     const char **dtype);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Issue 12's sections. Each prints what it does, appends its rows and says on stdout why it  */
+/* skips anything. A failed operation either exits the program (after the atexit clean-up)    */
+/* or marks its row invalid: no number from a run that did not do what it claims is printed. */
+
+/* startup.c: daemons with 1, 4 and 12 GiB pools (memfd), started and stopped one by one. */
+void kvpb_startup_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
+                        struct kvpb_rows *rows);
+
+/* startup.c: polls the daemon's statistics every 5 ms until its pool is wholly reserved (the
+ * daemon reserves it in the background after it starts serving). Returns 1 when it is, 0 when
+ * the daemon has no such statistic (it reserves everything before serving), or a negative
+ * error (-ETIMEDOUT, said on stderr). *ms receives the time waited. */
+int kvpb_wait_pool_reserved(kvp_client *c, int timeout_ms, double *ms);
+
+/* many.c: 16 worker processes of its own on socket, store and retrieve at once, pings from the
+ * bench's own thread meanwhile. *next_seq is the run's next unused key number. */
+void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t chunk_tokens,
+                     uint64_t pool_size, uint32_t run_id, uint64_t *next_seq,
+                     struct kvpb_rows *rows);
+
+/* memory.c: the RSS of the daemon with pid daemon_pid before and after 64 clients connect. */
+void kvpb_memory_phase(const struct kvpb_config *cfg, const char *socket, pid_t daemon_pid,
+                       uint32_t chunk_tokens, struct kvpb_rows *rows);
+
+/* python.c: bench/python_path.py under /usr/bin/python3 against worker 0 of pool (C path). */
+void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, const char *socket,
+                       const char *dir, uint64_t pool_size, uint32_t run_id, uint64_t *next_seq,
+                       struct kvpb_rows *rows);
 
 #endif /* KVPB_BENCH_H */

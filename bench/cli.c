@@ -49,6 +49,10 @@ static void set_defaults(struct kvpb_config *cfg)
         .do_paged = true,
         .do_pressure = true,
         .do_l2 = true,
+        .do_startup = true,
+        .do_many = true,
+        .do_memory = true,
+        .do_python = true,
         .do_redis = true,
         .do_shm = true,
         .do_inline = true,
@@ -100,6 +104,7 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", list);
     cfg->do_sweep = cfg->do_rtt = cfg->do_paged = cfg->do_pressure = cfg->do_l2 = false;
+    cfg->do_startup = cfg->do_many = cfg->do_memory = cfg->do_python = false;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (strcmp(t, "sweep") == 0)
             cfg->do_sweep = true;
@@ -111,6 +116,14 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
             cfg->do_pressure = true;
         else if (strcmp(t, "l2") == 0)
             cfg->do_l2 = true;
+        else if (strcmp(t, "startup") == 0)
+            cfg->do_startup = true;
+        else if (strcmp(t, "many") == 0)
+            cfg->do_many = true;
+        else if (strcmp(t, "memory") == 0)
+            cfg->do_memory = true;
+        else if (strcmp(t, "python") == 0)
+            cfg->do_python = true;
         else
             return -EINVAL;
     }
@@ -243,8 +256,10 @@ static const struct cli_opt opts[] = {
      CFG(pressure_factor), 64},
     {"pressure-size", "SIZE", "pressure chunk size, also the first pass's (default 4MiB)", set_size,
      CFG(pressure_chunk), 0},
-    {"only", "LIST", "sections to run: sweep,rtt,paged,pressure,l2 (default all)", set_later,
-     offsetof(struct cli, only), 0},
+    {"only", "LIST",
+     "sections to run: sweep,rtt,paged,pressure,l2,startup,many,memory,\n"
+     "python (default all)",
+     set_later, offsetof(struct cli, only), 0},
     {"transports", "LIST",
      "sweep transports: shm,inline,uds,redis (default all; memcpy, the\n"
      "baseline, always runs)",
@@ -331,7 +346,10 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
         exit(2);
     }
     if (cli.only && parse_only(cli.only, cfg) < 0) {
-        fprintf(stderr, "kvpool-bench: bad --only '%s' (sweep,rtt,paged,pressure,l2)\n", cli.only);
+        fprintf(stderr,
+                "kvpool-bench: bad --only '%s' "
+                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python)\n",
+                cli.only);
         exit(2);
     }
     if (cli.transports && parse_transports(cli.transports, cfg) < 0) {

@@ -24,6 +24,13 @@
  *   8. The L2 tier (l2.c), with daemons of its own on the same redis-server: write-behind and
  *      loads against raw hiredis SET/GET, L1 hits with L2 on and off; a table of its own.
  *
+ * Issue 12's sections run in their own files and add their rows to x->extra: start-up of
+ * daemons of 1-12 GiB (startup.c, before anything else, so that nothing else holds memory),
+ * the Python binding against the C path (python.c, on the worker pool, after the pressure
+ * rows), 16 workers at once with a ping meanwhile (many.c, once the run's workers have
+ * stopped) and the daemon's memory with 64 clients (memory.c, last). The round-trip section
+ * also looks up a cached 128-chunk prefix ("lookup-128").
+ *
  * Cells accumulate into struct acc (per-repetition rates in run order, every latency sample),
  * which become report rows at the end. Any failed operation aborts the run with the worker's
  * message: numbers from a run that did not do what it claims are never printed.
@@ -67,6 +74,7 @@ struct ctx {
     bool redis; /* comparator running */
     struct acc *accs;
     size_t naccs, cap;
+    struct kvpb_rows extra; /* rows of the sections that build their own (bench.h) */
 };
 
 static double load1(void)
@@ -130,7 +138,7 @@ static void run(struct ctx *x, const struct kvpb_cmd *cmd, bool measured, const 
     if (!measured)
         return;
     struct acc *a = acc_get(x, cmd->transport, cmd->op, detail, cmd->chunk_bytes, n);
-    a->batch = cmd->batch;
+    a->batch = cmd->op == KVPB_OP_LOOKUP128 ? KVPB_LOOKUP_CHUNKS : cmd->batch;
     uint64_t t0 = UINT64_MAX, t1 = 0, bytes = 0, ops = 0;
     for (uint32_t i = 0; i < n; i++) {
         t0 = res[i].t_start_ns < t0 ? res[i].t_start_ns : t0;
@@ -311,9 +319,17 @@ static void phase_rtt(struct ctx *x)
 {
     const struct kvpb_config *cfg = &x->cfg;
     uint32_t n = cfg->rtt_count;
+    uint64_t c = cfg->sizes[0];
 
-    setup_size(x, cfg->sizes[0]);
+    for (uint32_t s = 1; s < cfg->nsizes; s++)
+        c = cfg->sizes[s] < c ? cfg->sizes[s] : c;
+    setup_size(x, c);
+    /* The 128 chunks of the long prefix must fit the pool with room to spare. */
+    bool long_lookup = (uint64_t)KVPB_LOOKUP_CHUNKS * c <= x->pool_size / 2;
     printf("round trips: %u per repetition, %u+1 repetitions\n", n, cfg->reps);
+    if (!long_lookup)
+        printf("note: lookup-128 skipped: %u chunks of %s need more than half the pool\n",
+               KVPB_LOOKUP_CHUNKS, kvpb_fmt_size(c, (char[32]){0}, 32));
     fflush(stdout);
     for (uint32_t rep = 0; rep <= cfg->reps; rep++) {
         bool m = rep > 0;
@@ -330,6 +346,12 @@ static void phase_rtt(struct ctx *x)
         cmd = mk(x, KVPB_T_KVPOOL, KVPB_OP_LOOKUP, 0, n, 1);
         cmd.seq_base = x->next_seq++;
         run(x, &cmd, m, "");
+        /* A 32k-token prefix: 128 chunks, stored once per repetition before the clock. */
+        if (long_lookup) {
+            cmd = mk(x, KVPB_T_KVPOOL, KVPB_OP_LOOKUP128, 0, n / 5 ? n / 5 : 1, 1);
+            cmd.seq_base = x->next_seq++;
+            run(x, &cmd, m, "");
+        }
         if (x->redis) {
             cmd = mk(x, KVPB_T_REDIS, KVPB_OP_PING, 0, n, 1);
             run(x, &cmd, m, "");
@@ -480,25 +502,13 @@ static size_t make_rows(struct ctx *x, struct kvpb_row *rows)
 
         kvpb_samples_append(&g, a->rep_gbps.v, a->rep_gbps.n);
         kvpb_samples_append(&o, a->rep_ops.v, a->rep_ops.n);
-        *r = (struct kvpb_row){
-            .transport = a->transport,
-            .op = a->op,
-            .detail = a->detail,
-            .chunk_bytes = a->chunk,
-            .batch = a->batch,
-            .workers = a->workers,
-            .reps = (uint32_t)g.n,
-            .samples = a->lat.n,
-            .ratio_to_memcpy = NAN,
-            .ratio_to_uds = NAN,
-            .vs_redis = NAN,
-            .hit_rate = NAN,
-            .evictions_per_op = NAN,
-            .load1 = a->load1,
-            .faults_per_op = NAN,
-            .preempt_per_op = NAN,
-            .copy_share = NAN,
-        };
+        *r = kvpb_row_blank(a->transport, a->op, a->detail);
+        r->chunk_bytes = a->chunk;
+        r->batch = a->batch;
+        r->workers = a->workers;
+        r->reps = (uint32_t)g.n;
+        r->samples = a->lat.n;
+        r->load1 = a->load1;
         kvpb_summary(g.v, g.n, &r->gb_per_s, &lo, &hi);
         r->gb_min = lo;
         r->gb_max = hi;
@@ -514,8 +524,10 @@ static size_t make_rows(struct ctx *x, struct kvpb_row *rows)
             if (m)
                 r->ratio_to_memcpy = paired_ratio(a, m);
         }
-        if (a->op == KVPB_OP_PING || a->op == KVPB_OP_LOOKUP)
+        if (a->op == KVPB_OP_PING || a->op == KVPB_OP_LOOKUP || a->op == KVPB_OP_LOOKUP128)
             r->ratio_to_uds = r->p50_us / uds_p50;
+        if (a->op == KVPB_OP_LOOKUP128)
+            r->us_per_chunk = r->p50_us / KVPB_LOOKUP_CHUNKS;
         if (a->op == KVPB_OP_PING_IDLE) {
             r->ratio_to_uds = r->p50_us / uds_idle_p50;
             r->ops_per_s = NAN; /* the wall time is mostly the deliberate wait */
@@ -615,6 +627,16 @@ int main(int argc, char **argv)
     }
     atexit(cleanup);
 
+    /* Start-up first: its daemons need up to 14 GiB, which nothing else may hold meanwhile. */
+    if (x.cfg.do_startup) {
+        if (!kvpb_find_exe(x.cfg.kvpoold, exe, sizeof(exe))) {
+            fprintf(stderr, "kvpool-bench: cannot find kvpoold (%s); use --kvpoold PATH\n",
+                    x.cfg.kvpoold);
+            return 1;
+        }
+        kvpb_startup_phase(&x.cfg, exe, g_run.dir, &x.extra);
+    }
+
     /* The daemon. */
     if (x.cfg.socket) {
         snprintf(socket, sizeof(socket), "%s", x.cfg.socket);
@@ -627,8 +649,7 @@ int main(int argc, char **argv)
                     x.cfg.kvpoold);
             return 1;
         }
-        printf("starting %s (pool %s, pre-faulted at start-up)\n", exe,
-               kvpb_fmt_size(x.cfg.l1_size, (char[32]){0}, 32));
+        printf("starting %s (pool %s)\n", exe, kvpb_fmt_size(x.cfg.l1_size, (char[32]){0}, 32));
         fflush(stdout);
         rc = kvpb_kvpoold_start(&g_run.kvpoold, exe, g_run.dir, x.cfg.l1_size, x.cfg.chunk_tokens,
                                 socket, sizeof(socket));
@@ -643,6 +664,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvpool-bench: cannot connect to %s: %s\n", socket, kvp_strerror(rc));
         return 1;
     }
+    /* Measurements start on a pool that is wholly reserved, as a long-running daemon's is. */
+    double waited;
+    if ((rc = kvpb_wait_pool_reserved(x.client, 600000, &waited)) < 0)
+        return 1;
+    if (rc > 0)
+        printf("the daemon's pool is reserved (waited %.0f ms after its first answer)\n", waited);
     x.pool_size = daemon_stat(&x, "pool_size");
     x.chunk_tokens = (uint32_t)daemon_stat(&x, "chunk_tokens");
     if (!x.pool_size || !x.chunk_tokens) {
@@ -676,10 +703,14 @@ int main(int argc, char **argv)
     }
     printf("redis comparator: %s\n", info.redis);
 
-    g_run.pool = x.pool = kvpb_pool_start(&x.cfg, socket, x.redis ? redis_socket : NULL,
-                                          x.chunk_tokens);
-    if (!x.pool)
-        return 1;
+    bool need_pool = x.cfg.do_sweep || x.cfg.do_rtt || x.cfg.do_paged || x.cfg.do_pressure ||
+                     x.cfg.do_python;
+    if (need_pool) {
+        g_run.pool = x.pool = kvpb_pool_start(&x.cfg, socket, x.redis ? redis_socket : NULL,
+                                              x.chunk_tokens);
+        if (!x.pool)
+            return 1;
+    }
 
     bool shm = false;
     if (x.cfg.do_sweep || x.cfg.do_pressure)
@@ -692,17 +723,30 @@ int main(int argc, char **argv)
         phase_paged(&x);
     if (x.cfg.do_pressure)
         phase_pressure(&x, shm);
+    if (x.cfg.do_python)
+        kvpb_python_phase(&x.cfg, x.pool, socket, g_run.dir, x.pool_size, x.run_id, &x.next_seq,
+                          &x.extra);
 
     kvpb_pool_stop(x.pool);
     g_run.pool = x.pool = NULL;
+    if (x.cfg.do_many)
+        kvpb_many_phase(&x.cfg, socket, x.chunk_tokens, x.pool_size, x.run_id, &x.next_seq,
+                        &x.extra);
+    /* Last, on a daemon whose pool the sections above have filled. */
+    if (x.cfg.do_memory)
+        kvpb_memory_phase(&x.cfg, socket, x.cfg.socket ? 0 : g_run.kvpoold.pid, x.chunk_tokens,
+                          &x.extra);
     kvp_client_close(x.client);
     info.load_end = load1();
     info.seconds = (double)(kvpb_now_ns() - t_start) / 1e9;
 
-    struct kvpb_row *rows = calloc(x.naccs ? x.naccs : 1, sizeof(*rows));
+    struct kvpb_row *rows = calloc(x.naccs + x.extra.n + 1, sizeof(*rows));
     if (!rows)
         return 1;
     size_t n = make_rows(&x, rows);
+    for (size_t i = 0; i < x.extra.n; i++)
+        rows[n++] = x.extra.v[i];
+    free(x.extra.v);
     kvpb_rows_sort(rows, n);
     kvpb_report_table(&x.cfg, &info, rows, n);
     /* The L2 rows start daemons of their own: after the table, against the same Redis. */

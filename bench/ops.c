@@ -87,12 +87,9 @@ static void set_key(struct kvpb_worker *w, const struct kvpb_cmd *cmd, uint64_t 
 /* ------------------------------------------------------------------------------------------ */
 /* Instances                                                                                  */
 
-/*
- * Finds a layout [2, layers, chunk_tokens, hidden] of dtype bfloat16 (else uint8) whose chunk
- * is exactly `bytes`, preferring Llama-3-8B-like 32 layers. Returns 0 or -EINVAL.
- */
-static int pick_layout(uint64_t bytes, uint32_t tokens, uint32_t *layers, uint32_t *hidden,
-                       const char **dtype)
+/* Prefers Llama-3-8B-like 32 layers (bench.h). */
+int kvpb_pick_layout(uint64_t bytes, uint32_t tokens, uint32_t *layers, uint32_t *hidden,
+                     const char **dtype)
 {
     static const struct {
         const char *name;
@@ -119,7 +116,7 @@ static int register_one(struct kvpb_worker *w, uint32_t transport, const char *t
     const char *dtype;
     char id[96];
 
-    if (pick_layout(bytes, w->chunk_tokens, &layers, &hidden, &dtype) < 0)
+    if (kvpb_pick_layout(bytes, w->chunk_tokens, &layers, &hidden, &dtype) < 0)
         return kvpb_fail(res, -EINVAL, "no KV layout has %" PRIu64 "-byte chunks of %u tokens",
                          bytes, w->chunk_tokens);
     snprintf(id, sizeof(id), "bench-w%u-%s-%" PRIu64, w->index, tag, bytes);
@@ -422,7 +419,7 @@ static int run_kv_store(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struc
         for (uint32_t j = 0; j < cmd->batch; j++)
             chunks[j] = w->src + chunk_off(w, cmd, i, j);
         uint64_t t0 = kvpb_now_ns();
-        int rc = inst == w->shm
+        int rc = inst == w->shm && !cmd->plain
                      ? shm_store_timed(w, cmd, cmd->seq_base + i, chunks, cmd->batch, res)
                      : store_n(w, inst, cmd, cmd->seq_base + i, chunks, cmd->batch, res);
         samples[i] = (double)(kvpb_now_ns() - t0) / 1e3;
@@ -449,7 +446,7 @@ static int run_kv_retrieve(struct kvpb_worker *w, const struct kvpb_cmd *cmd, st
         for (uint32_t j = 0; j < cmd->batch; j++)
             outs[j] = w->dst + chunk_off(w, cmd, i, j);
         uint64_t t0 = kvpb_now_ns();
-        int rc = inst == w->shm
+        int rc = inst == w->shm && !cmd->plain
                      ? shm_retrieve_timed(w, cmd, cmd->seq_base + i, outs, cmd->batch, res)
                      : retrieve_n(w, inst, cmd, cmd->seq_base + i, outs, cmd->batch, res);
         samples[i] = (double)(kvpb_now_ns() - t0) / 1e3;
@@ -501,29 +498,65 @@ static int run_pressure(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struc
     return 0;
 }
 
+/*
+ * Stores the KVPB_LOOKUP_CHUNKS chunks of key `seq` as one 32k-token sequence (w->long_tokens),
+ * from consecutive slots of src, in one call. Every chunk must be stored.
+ */
+static int store_long(struct kvpb_worker *w, kvp_instance *inst, const struct kvpb_cmd *cmd,
+                      uint64_t seq, struct kvpb_wres *res)
+{
+    const void *chunks[KVPB_LOOKUP_CHUNKS];
+    kvp_tokens s = {.ids = w->long_tokens, .count = KVPB_LOOKUP_CHUNKS * w->chunk_tokens};
+
+    w->long_tokens[0] = (uint32_t)seq;
+    w->long_tokens[1] = (uint32_t)(seq >> 32);
+    w->long_tokens[2] = w->index;
+    w->long_tokens[3] = cmd->run_id;
+    for (uint32_t k = 0; k < KVPB_LOOKUP_CHUNKS; k++)
+        chunks[k] = w->src + slot_off(w, k, w->inst_chunk);
+    int rc = kvp_store(inst, &s, 0, s.count, chunks, NULL);
+    if (rc < 0)
+        return kvpb_fail(res, rc, "store of the %u-chunk prefix: %s (%s)", KVPB_LOOKUP_CHUNKS,
+                         kvp_strerror(rc), kvp_last_error(w->client));
+    if (rc != (int)KVPB_LOOKUP_CHUNKS)
+        return kvpb_fail(res, -EIO, "store of the %u-chunk prefix stored %d chunks",
+                         KVPB_LOOKUP_CHUNKS, rc);
+    return 0;
+}
+
 static int run_kv_small(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct kvpb_wres *res,
                         double *samples)
 {
     kvp_instance *inst = w->shm ? w->shm : w->inl;
     kvp_tokens s = {.ids = w->tokens, .count = w->chunk_tokens};
-    int rc;
+    int rc, want = 1;
 
     if (cmd->op == KVPB_OP_LOOKUP) {
         /* One cached chunk to find, stored before the clock starts. */
         rc = store_one(w, inst, cmd, cmd->seq_base, w->src, res);
         if (rc < 0)
             return rc;
+    } else if (cmd->op == KVPB_OP_LOOKUP128) {
+        /* A cached 32k-token prefix, stored before the clock starts. */
+        if ((rc = store_long(w, inst, cmd, cmd->seq_base, res)) < 0)
+            return rc;
+        s = (kvp_tokens){.ids = w->long_tokens, .count = KVPB_LOOKUP_CHUNKS * w->chunk_tokens};
+        want = (int)KVPB_LOOKUP_CHUNKS;
     }
+    /* requests/s counts the requests, not the store before them. */
+    res->t_start_ns = kvpb_now_ns();
+    bool lookup = cmd->op == KVPB_OP_LOOKUP || cmd->op == KVPB_OP_LOOKUP128;
     for (uint32_t i = 0; i < cmd->nops; i++) {
         if (cmd->op == KVPB_OP_PING_IDLE)
             busy_wait_us(KVPB_IDLE_US);
         uint64_t t0 = kvpb_now_ns();
-        rc = cmd->op == KVPB_OP_LOOKUP ? kvp_lookup(inst, &s) : kvp_ping(w->client);
+        rc = lookup ? kvp_lookup(inst, &s) : kvp_ping(w->client);
         samples[i] = (double)(kvpb_now_ns() - t0) / 1e3;
         if (rc < 0)
             return kvpb_fail(res, rc, "%s: %s", kvpb_op_name(cmd->op), kvp_strerror(rc));
-        if (cmd->op == KVPB_OP_LOOKUP && rc != 1)
-            return kvpb_fail(res, -EIO, "lookup found %d chunks, not 1", rc);
+        if (lookup && rc != want)
+            return kvpb_fail(res, -EIO, "%s found %d chunks, not %d", kvpb_op_name(cmd->op), rc,
+                             want);
     }
     return 0;
 }
@@ -747,7 +780,8 @@ int kvpb_ops_run(struct kvpb_worker *w, const struct kvpb_cmd *cmd, struct kvpb_
                          "%u chunks of %" PRIu64 " bytes exceed the %" PRIu64 "-byte footprint",
                          cmd->batch, cmd->chunk_bytes, w->footprint);
     if ((cmd->transport == KVPB_T_SHM && !w->shm) || (cmd->transport == KVPB_T_INLINE && !w->inl) ||
-        (cmd->transport == KVPB_T_KVPOOL && cmd->op == KVPB_OP_LOOKUP && !w->shm && !w->inl))
+        (cmd->transport == KVPB_T_KVPOOL &&
+         (cmd->op == KVPB_OP_LOOKUP || cmd->op == KVPB_OP_LOOKUP128) && !w->shm && !w->inl))
         return kvpb_fail(res, -ENOENT, "no %s instance registered for %" PRIu64 "-byte chunks",
                          kvpb_transport_name(cmd->transport), cmd->chunk_bytes);
 

@@ -101,3 +101,16 @@ const char *kvpb_fmt_size(uint64_t bytes, char *buf, size_t size)
         snprintf(buf, size, "%" PRIu64 " B", bytes);
     return buf;
 }
+
+double kvpb_paired_ratio(const double *a, const double *b, size_t n)
+{
+    struct kvpb_samples r = {0};
+    double m = NAN;
+    for (size_t i = 0; i < n; i++)
+        if (kvpb_samples_push(&r, a[i] / b[i]) < 0)
+            goto out;
+    m = kvpb_percentile(r.v, r.n, 50.0);
+out:
+    kvpb_samples_free(&r);
+    return m;
+}

@@ -4,7 +4,8 @@
  * Why processes: kvpool serves inference workers, which are separate processes with their own
  * mapping of the pool, their own socket and their own page tables. A worker here is the same:
  * forked once at start, it opens its own kvp_client, allocates and pre-faults its rotating
- * buffers, and starts its raw-socket peer process. It then lives for the whole run, so its
+ * buffers, and starts its raw-socket peer process (not with cfg->lean, as the many section's
+ * 16 workers, which never use it). It then lives for the whole run, so its
  * mapping of the pool is warm after the cold pass, as a long-running worker's is.
  *
  * Control: one shared anonymous mapping (created before the fork) holds the current command,
@@ -118,19 +119,22 @@ static int worker_init(struct kvpb_worker *w, const char *socket, const char *re
 
     /* The peer first: forked later, it would share the buffers copy-on-write, and the first
      * write to each page would then fault in the middle of a measurement. */
-    rc = start_uds_peer(w);
+    rc = w->cfg->lean ? 0 : start_uds_peer(w);
     if (rc < 0)
         return kvpb_fail(res, rc, "cannot start the raw socket peer: %s", strerror(-rc));
     w->src = kvpb_map_prefaulted(f, 0);
     w->dst = kvpb_map_prefaulted(f, 0);
     w->scratch = kvpb_map_prefaulted(f, 0);
     w->tokens = calloc((size_t)w->chunk_tokens * w->cfg->batch, sizeof(*w->tokens));
-    if (!w->src || !w->dst || !w->scratch || !w->tokens)
+    w->long_tokens = calloc((size_t)w->chunk_tokens * KVPB_LOOKUP_CHUNKS, sizeof(*w->tokens));
+    if (!w->src || !w->dst || !w->scratch || !w->tokens || !w->long_tokens)
         return kvpb_fail(res, -ENOMEM, "cannot allocate 3 x %llu bytes of buffers",
                          (unsigned long long)f);
     fill_pattern(w->src, f, w->index);
     for (uint32_t t = 4; t < w->chunk_tokens * w->cfg->batch; t++)
         w->tokens[t] = t;
+    for (uint32_t t = 4; t < w->chunk_tokens * KVPB_LOOKUP_CHUNKS; t++)
+        w->long_tokens[t] = t;
 
     kvp_opts o = {.socket_path = socket, .timeout_ms = 120000};
     rc = kvp_client_open(&o, &w->client);

@@ -32,6 +32,7 @@ struct kvpb_worker {
     kvp_instance *inl;      /* forced inline */
     uint64_t inst_chunk;    /* chunk bytes the instances were registered for */
     uint32_t *tokens;       /* chunk_tokens token ids, rewritten per key */
+    uint32_t *long_tokens;  /* KVPB_LOOKUP_CHUNKS * chunk_tokens ids: the lookup-128 prefix */
     uint32_t pressure_seed; /* distinct namespace for the pressure keys */
 
     int uds_fd; /* raw socket to the peer process, -1 if none */

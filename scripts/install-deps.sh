@@ -14,7 +14,7 @@ group=${1:-build}
 build_pkgs="build-essential cmake pkg-config libsodium-dev libcmocka-dev libjansson-dev libsystemd-dev util-linux python3 python3-numpy"
 # The L2 tier links hiredis and xxhash; its tests run redis-server and redis-cli.
 build_pkgs="$build_pkgs libhiredis-dev libxxhash-dev redis-server redis-tools"
-bench_pkgs="redis-server libhiredis-dev gnuplot-nox"
+bench_pkgs="redis-server libhiredis-dev gnuplot-nox python3-numpy"
 check_pkgs="clang libclang-rt-14-dev cppcheck flake8 mypy clang-format systemd"
 # The daemon's HTTP endpoint links libmicrohttpd (and jansson, above). Its tests check /metrics
 # with promtool, which Debian ships in the prometheus package (where systemd runs, installing it
