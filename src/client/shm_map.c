@@ -20,8 +20,9 @@
  * checks a thread of the library's own (all signals blocked) walks the mapping in
  * KVP_PREFAULT_STEP steps with MADV_POPULATE_WRITE (a write fault per page taken in the kernel,
  * bytes unchanged, even while other workers write them; where the kernel lacks it, an atomic add
- * of zero per page) and exits; unmapping stops and joins it first. A copy that reaches a page
- * before the thread does just takes the fault itself. Pages the daemon has not reserved yet
+ * of zero per page) and exits; unmapping stops it and waits for it first (it is detached, so a
+ * process that exits without closing its client leaves no unjoined thread). A copy that reaches a
+ * page before the thread does just takes the fault itself. Pages the daemon has not reserved yet
  * (warm-up) are left to it: populating fails on them or allocates what the daemon would have.
  * KVPOOL_PREFAULT=0 skips it. A child process after fork() never joins its parent's thread.
  *
@@ -54,8 +55,14 @@
 
 #define KVP_PREFAULT_STEP (64ull << 20)
 
+/*
+ * The thread is detached, so that a process that exits without closing its client leaves no
+ * unjoined thread behind; stopping it waits for `done` instead of joining.
+ */
 struct kvp_prefault {
-    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    bool done; /* under lock: the thread no longer touches the mapping or this struct */
     atomic_bool stop;
     uint8_t *base;
     uint64_t size;
@@ -83,6 +90,10 @@ static void *prefault_main(void *arg)
             touch(pf->base + off, n);
         off += n;
     }
+    pthread_mutex_lock(&pf->lock);
+    pf->done = true;
+    pthread_cond_signal(&pf->cv);
+    pthread_mutex_unlock(&pf->lock);
     return NULL;
 }
 
@@ -101,11 +112,22 @@ static struct kvp_prefault *prefault_start(uint8_t *base, uint64_t size)
     pf->size = size;
     pf->pid = getpid();
     atomic_init(&pf->stop, false);
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&pf->thread, NULL, prefault_main, pf);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_mutex_init(&pf->lock, NULL);
+    pthread_cond_init(&pf->cv, NULL);
+    pthread_attr_t attr;
+    pthread_t t;
+    int rc = pthread_attr_init(&attr);
+    if (rc == 0) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        rc = pthread_create(&t, &attr, prefault_main, pf);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+    }
     if (rc) {
+        pthread_cond_destroy(&pf->cv);
+        pthread_mutex_destroy(&pf->lock);
         free(pf);
         return NULL;
     }
@@ -118,11 +140,18 @@ static void prefault_stop(struct kvp_shm_map *m)
     if (!pf)
         return;
     m->prefault = NULL;
-    /* After fork() the thread lives in the parent only: nothing to stop or join here. */
-    if (pf->pid != getpid())
+    /* After fork() the thread lives in the parent only: this copy is nobody's. */
+    if (pf->pid != getpid()) {
+        free(pf);
         return;
+    }
     atomic_store(&pf->stop, true);
-    pthread_join(pf->thread, NULL);
+    pthread_mutex_lock(&pf->lock);
+    while (!pf->done)
+        pthread_cond_wait(&pf->cv, &pf->lock);
+    pthread_mutex_unlock(&pf->lock);
+    pthread_cond_destroy(&pf->cv);
+    pthread_mutex_destroy(&pf->lock);
     free(pf);
 }
 
