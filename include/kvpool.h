@@ -156,7 +156,9 @@ KVP_EXPORT int kvp_default_socket_path(char *buf, size_t size);
  * KVP_EPROTO (the peer is not a kvpool daemon), -ENAMETOOLONG (socket path too long), -EPERM
  * (the default socket's directory belongs to another user or is writable by others), KVP_EPEER
  * (the process listening runs as a uid that is neither ours, root, opts->trust_uid nor in
- * $KVPOOL_TRUST_UID), -EINVAL (a malformed $KVPOOL_TRUST_UID).
+ * $KVPOOL_TRUST_UID), -EINVAL (a malformed $KVPOOL_TRUST_UID, an unknown bit in opts->flags, or
+ * a $KVPOOL_POLL_US that is not microseconds from 0 to 10000: how long a call yields its CPU
+ * for a reply before sleeping, default 50, 0 never).
  */
 KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret);
 

@@ -90,6 +90,23 @@ int kvp_client_connect(kvp_client *c)
     return 0;
 }
 
+/* $KVPOOL_POLL_US: microseconds to yield-poll for a reply before sleeping (conn.c). */
+static int read_poll_us(struct kvp_conn *c)
+{
+    const char *v = getenv("KVPOOL_POLL_US");
+    char *end;
+    if (!v || !*v)
+        return 0;
+    errno = 0;
+    unsigned long us = strtoul(v, &end, 10);
+    if (*end || errno || us > KVP_POLL_US_MAX || v[0] == '-')
+        return kvp_conn_error(c, -EINVAL,
+                              "KVPOOL_POLL_US must be microseconds from 0 to %u, not '%.40s'",
+                              KVP_POLL_US_MAX, v);
+    c->poll_us = (uint32_t)us;
+    return 0;
+}
+
 /*
  * The client is fully built (lock, path, connection, HELLO) before it is returned, and torn down
  * by the ordinary destructor on any failure, so there is exactly one cleanup path. The resolved
@@ -130,6 +147,9 @@ KVP_EXPORT int kvp_client_open(const kvp_opts *opts, kvp_client **ret)
         goto out_free;
     }
     c->sync_commit = opts && (opts->flags & KVP_OPT_SYNC_COMMIT);
+    rc = read_poll_us(&c->conn);
+    if (rc < 0)
+        goto out_free;
     if (opts && opts->trust_uid)
         c->conn.trust_uid = opts->trust_uid;
     rc = resolve_path(opts, c->socket_path, sizeof(c->socket_path));

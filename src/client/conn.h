@@ -16,6 +16,8 @@
 
 #define KVP_DEFAULT_TIMEOUT_MS 30000u
 #define KVP_ERRMSG_SIZE 512
+#define KVP_POLL_US_DEFAULT 50u /* KVPOOL_POLL_US */
+#define KVP_POLL_US_MAX 10000u
 
 struct kvp_conn {
     int fd;     /* -1 when not connected */
@@ -31,11 +33,12 @@ struct kvp_conn {
     char broken_msg[KVP_ERRMSG_SIZE]; /* what broke the stream */
     int passed_fd;     /* descriptor received with the last reply (SCM_RIGHTS), or -1 */
     int64_t trust_uid; /* a daemon uid trusted besides ours and root (kvp_opts), or -1 */
+    uint32_t poll_us;  /* how long to yield-poll for a reply before sleeping (conn.c) */
 };
 
-#define KVP_CONN_INIT                                            \
-    {                                                            \
-        .fd = -1, .next_id = 1, .passed_fd = -1, .trust_uid = -1 \
+#define KVP_CONN_INIT                                                                            \
+    {                                                                                            \
+        .fd = -1, .next_id = 1, .passed_fd = -1, .trust_uid = -1, .poll_us = KVP_POLL_US_DEFAULT \
     }
 
 /*

@@ -127,8 +127,7 @@ void kvp_encode_key_req(struct kvp_wbuf *w, uint32_t handle, uint32_t start, uin
     kvp_put_u32(w, end);
     kvp_put_blob(w, salt, salt_len);
     kvp_put_u32(w, ntokens);
-    for (uint32_t i = 0; i < ntokens; i++)
-        kvp_put_u32(w, tokens[i]);
+    kvp_put_u32_array(w, tokens, ntokens);
 }
 
 int kvp_decode_key_req(const void *body, size_t len, struct kvp_key_req *m)

@@ -178,6 +178,23 @@ void kvp_put_u32(struct kvp_wbuf *w, uint32_t v)
         le32(p, v);
 }
 
+void kvp_put_u32_array(struct kvp_wbuf *w, const uint32_t *v, size_t n)
+{
+    if (n > SIZE_MAX / 4) {
+        w->err = -ENOMEM;
+        return;
+    }
+    uint8_t *p = wbuf_grow(w, n * 4);
+    if (!p || !n)
+        return;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, v, n * 4);
+#else
+    for (size_t i = 0; i < n; i++)
+        le32(p + 4 * i, v[i]);
+#endif
+}
+
 void kvp_put_u64(struct kvp_wbuf *w, uint64_t v)
 {
     uint8_t *p = wbuf_grow(w, 8);

@@ -119,6 +119,8 @@ void kvp_wbuf_reset(struct kvp_wbuf *w);
 void kvp_put_u8(struct kvp_wbuf *w, uint8_t v);
 void kvp_put_u16(struct kvp_wbuf *w, uint16_t v);
 void kvp_put_u32(struct kvp_wbuf *w, uint32_t v);
+/* n u32 values, each little-endian (one growth, one copy on a little-endian host). */
+void kvp_put_u32_array(struct kvp_wbuf *w, const uint32_t *v, size_t n);
 void kvp_put_u64(struct kvp_wbuf *w, uint64_t v);
 void kvp_put_bytes(struct kvp_wbuf *w, const void *p, size_t n);
 /* A string: u16 length then the bytes, no NUL. NULL is written as "". */

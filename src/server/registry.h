@@ -33,6 +33,10 @@ struct kvp_registration {
     char reason[KVP_MAX_REASON + 1];
     int64_t connected_since_ms; /* wall clock (ms since the epoch) the owner connected; set by
                                    the caller of kvp_registry_add() */
+    /* The key chain's seed for requests without a salt, computed once at registration
+     * (kvp_registration_key_ns() with no salt); has_seed false: compute it per request. */
+    uint8_t seed[KVP_KEY_SIZE];
+    bool has_seed;
 };
 
 /*

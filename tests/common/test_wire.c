@@ -155,6 +155,32 @@ static void test_integers_little_endian(void **state)
     kvp_wbuf_free(&w);
 }
 
+/* An array goes out as the same bytes as one kvp_put_u32 per element; empty adds nothing. */
+static void test_u32_array(void **state)
+{
+    (void)state;
+    struct kvp_wbuf a, b;
+    uint32_t v[300];
+    for (uint32_t i = 0; i < 300; i++)
+        v[i] = 0x01020304u * (i + 1);
+
+    kvp_wbuf_init(&a);
+    kvp_wbuf_init(&b);
+    kvp_put_u8(&a, 7);
+    kvp_put_u8(&b, 7);
+    kvp_put_u32_array(&a, v, 300);
+    for (uint32_t i = 0; i < 300; i++)
+        kvp_put_u32(&b, v[i]);
+    kvp_put_u32_array(&a, v, 0);
+    assert_rc(a.err, 0);
+    assert_int_equal(a.len, 1 + 300 * 4);
+    assert_int_equal(a.len, b.len);
+    assert_memory_equal(a.data, b.data, a.len);
+    assert_int_equal(a.data[1], 0x04); /* little-endian: lowest byte first */
+    kvp_wbuf_free(&a);
+    kvp_wbuf_free(&b);
+}
+
 /* The writer grows past its first allocation and keeps every byte. */
 static void test_wbuf_grows(void **state)
 {
@@ -341,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_header_version_first),
         cmocka_unit_test(test_opcode_names),
         cmocka_unit_test(test_integers_little_endian),
+        cmocka_unit_test(test_u32_array),
         cmocka_unit_test(test_wbuf_grows),
         cmocka_unit_test(test_rbuf_overrun_sticky),
         cmocka_unit_test(test_trailing_bytes),

@@ -8,7 +8,7 @@
  * is counted in the same message; the flag on any other request, or an unknown flag bit, is a
  * framing error that closes the connection; the CPU hint bits are accepted on any request.
  * Through the library: a pipelined store is applied before the same client's next request and
- * reads back byte-exact, and unknown kvp_opts.flags bits are refused.
+ * reads back byte-exact, and unknown kvp_opts.flags bits are refused; KVPOOL_POLL_US is checked.
  */
 #include <errno.h>
 #include <poll.h>
@@ -201,6 +201,38 @@ static void test_library_back_to_back(void **state)
     kvp_client_close(c);
 }
 
+/*
+ * KVPOOL_POLL_US bounds the yield-polling for a reply (src/client/conn.c): 0 turns it off and
+ * the calls work the same; a value that is not microseconds up to 10000 is refused when the
+ * client opens, with the variable named.
+ */
+static void test_poll_setting(void **state)
+{
+    (void)state;
+    kvp_opts o = {.socket_path = daemon_.socket};
+    kvp_client *c = NULL;
+    const char *bad[] = {"x", "-1", "10001", "5us"};
+
+    setenv("KVPOOL_POLL_US", "0", 1);
+    assert_int_equal(kvp_client_open(&o, &c), 0);
+    unsetenv("KVPOOL_POLL_US");
+    kvp_register_opts ro = kvpt_layout("poll-off", KVP_TRANSPORT_SHM);
+    kvp_instance *inst = NULL;
+    assert_int_equal(kvp_register(c, &ro, &inst), 0);
+    assert_int_equal(kvpt_store_seq(inst, 200, 4), 4);
+    kvpt_assert_seq(inst, 200, 4, 4);
+    kvp_client_close(c);
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        c = NULL;
+        setenv("KVPOOL_POLL_US", bad[i], 1);
+        assert_int_equal(kvp_client_open(&o, &c), -EINVAL);
+        unsetenv("KVPOOL_POLL_US");
+        assert_null(c);
+        expect_in(kvp_last_error(NULL), "KVPOOL_POLL_US must be microseconds from 0 to 10000");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -209,6 +241,7 @@ int main(void)
         cmocka_unit_test(test_bad_flags_close),
         cmocka_unit_test(test_cpu_hint_accepted),
         cmocka_unit_test(test_library_back_to_back),
+        cmocka_unit_test(test_poll_setting),
     };
     return cmocka_run_group_tests(tests, setup, kvpt_group_stop);
 }
