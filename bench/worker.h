@@ -12,7 +12,8 @@
 struct kvpb_uds_hdr {
     uint64_t op;  /* KVPB_OP_PING, KVPB_OP_STORE (payload follows), KVPB_OP_RETRIEVE */
     uint64_t len; /* payload bytes */
-    uint64_t pad[2];
+    uint64_t cpu; /* pings: the sender's CPU + 1, where the peer runs too; else 0 (anywhere) */
+    uint64_t pad;
 };
 _Static_assert(sizeof(struct kvpb_uds_hdr) == 32, "raw socket frame header is 32 bytes");
 
