@@ -319,16 +319,22 @@ static void print_headline(const struct cli *x, json_t *doc)
            jstr(doc, "state", "-"), jnum(doc, "pid"), up);
 }
 
-/* "3.00 MiB of 4.00 MiB used (75.0%), 48 objects (2 pinned, 1 reserved)" */
+/*
+ * "3.00 MiB of 4.00 MiB used (75.0%), 48 objects (2 pinned, 1 reserved)", and while the daemon
+ * still reserves the pool in the background ", 256 MiB of 4.00 GiB reserved so far".
+ */
 static void print_pool(json_t *pool)
 {
-    char used[32], cap[32], pct[16];
+    char used[32], cap[32], pct[16], res[32];
     uint64_t u = jnum(pool, "used_bytes"), c = jnum(pool, "capacity_bytes");
 
     printf("%s of %s used (%s), %" PRIu64 " objects (%" PRIu64 " pinned, %" PRIu64 " reserved)",
            human_bytes((double)u, used, sizeof(used)), human_bytes((double)c, cap, sizeof(cap)),
            percent(u, c, pct, sizeof(pct)), jnum(pool, "objects"), jnum(pool, "pinned_objects"),
            jnum(pool, "reserved_objects"));
+    if (json_is_true(json_object_get(pool, "warming")))
+        printf(", %s of %s reserved so far",
+               human_bytes((double)jnum(pool, "reserved_bytes"), res, sizeof(res)), cap);
 }
 
 /* Columns of the instance tables. */

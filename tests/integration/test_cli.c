@@ -345,6 +345,45 @@ static void test_status_and_instances(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/*
+ * While the daemon reserves a 4 GiB pool in the background, the pool line says how much is
+ * reserved so far (whenever a status lands in that window, which is not forced); once the log
+ * says the reservation ended, it no longer does, and the JSON says the whole pool is reserved.
+ */
+static void test_status_while_reserving(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    char out[OUT_SIZE], line[512];
+    const char *args[] = {"--l1-size", "4GiB", "--chunk-size", "16", NULL};
+    kvpt_daemon_start(&d, args);
+    int seen = 0;
+    for (int i = 0; i < 400 && kvpt_log_count(&d, "INFO  Reserved ") == 0; i++) {
+        assert_int_equal(cli(&d, "status", out, sizeof(out)), 0);
+        line_with(out, "Pool:", line, sizeof(line));
+        const char *so_far = strstr(line, " reserved so far");
+        if (so_far) {
+            seen++;
+            assert_non_null(strstr(line, "of 4.00 GiB used"));
+            assert_non_null(strstr(line, " of 4.00 GiB reserved so far"));
+        }
+        kvpt_sleep_ms(10);
+    }
+    assert_true(kvpt_log_wait(&d, "INFO  Reserved ", 60000));
+    assert_int_equal(cli(&d, "status", out, sizeof(out)), 0);
+    line_with(out, "Pool:", line, sizeof(line));
+    assert_null(strstr(line, "so far"));
+    assert_int_equal(cli(&d, "status --json", out, sizeof(out)), 0);
+    json_t *doc = json_loads(out, 0, NULL);
+    assert_non_null(doc);
+    json_t *pool = json_object_get(doc, "pool");
+    assert_true(json_is_false(json_object_get(pool, "warming")));
+    assert_int_equal(json_integer_value(json_object_get(pool, "reserved_bytes")), 4ll << 30);
+    json_decref(doc);
+    fprintf(stderr, "note: %d status(es) caught the reservation in progress\n", seen);
+    kvpt_daemon_stop(&d);
+}
+
 /* Without shared memory the summary says why; --json is the daemon's document, and its
  * numbers are what the test did. */
 static void test_status_json(void **state)
@@ -726,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_status_and_instances),
         cmocka_unit_test(test_status_json),
+        cmocka_unit_test(test_status_while_reserving),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_clear),
         cmocka_unit_test(test_clear_asks_on_a_terminal),
