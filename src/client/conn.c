@@ -15,11 +15,15 @@
  * recv() is woken on whichever CPU looks idlest, and once the daemon's thread has worked a
  * microsecond or two that is another CPU: measured on the development VM, a 3 us request took
  * 26 us in p50 that way, with a migration on nearly every request. So after sending, the caller
- * does not sleep at once: for up to KVPOOL_POLL_US (default 50) microseconds it checks for the
- * reply without blocking and yields its CPU (sched_yield) in between, which lets the daemon's
- * thread run right there; the same request then takes 8 us, with no migration. A longer request
- * (a prepare of thousands of chunks) ends the polling and the caller sleeps as before.
- * KVPOOL_POLL_US=0 turns it off.
+ * does not sleep at once: it yields its CPU (sched_yield) and then checks for the reply without
+ * blocking, which lets the daemon's thread run right there and answer; the same request then
+ * takes 8 us, with no migration. At most KVP_POLL_YIELDS times and KVPOOL_POLL_US microseconds
+ * (default 50, 0: never); a longer request ends it and the caller sleeps as before. A yield that
+ * took long (KVP_POLL_SLOW_YIELD_US) means the CPU had other work to run: there a yield costs
+ * the caller its turn behind that work, while a sleeper is woken with priority (measured with
+ * 16 busy workers on 2 CPUs: a ping's p50 went from 12 us to 1 ms when everyone yielded), and
+ * a busy CPU has no idle neighbour to be woken on anyway. So after such a yield the connection
+ * sleeps for its replies for KVP_POLL_BACKOFF_US, then tries again.
  *
  * Timeouts are SO_RCVTIMEO/SO_SNDTIMEO (they also bound a blocking connect() on a Unix socket);
  * the resulting EAGAIN is reported as -ETIMEDOUT. MSG_NOSIGNAL on every send: a daemon that goes
@@ -546,26 +550,27 @@ static uint64_t mono_us(void)
 }
 
 /* Yields the CPU until the reply starts to arrive, for at most c->poll_us (see the top). */
-static void await_reply(const struct kvp_conn *c)
+static void await_reply(struct kvp_conn *c)
 {
-    uint64_t t0 = 0;
     if (!c->poll_us)
         return;
-    for (unsigned i = 0;; i++) {
+    uint64_t t0 = mono_us();
+    if (t0 < c->poll_off_until_us)
+        return;
+    for (unsigned i = 0; i < KVP_POLL_YIELDS; i++) {
         char b;
+        uint64_t t = mono_us();
         /* First the CPU, then the check: the reply cannot be there yet. */
         sched_yield();
+        uint64_t now = mono_us();
+        if (now - t >= KVP_POLL_SLOW_YIELD_US)
+            c->poll_off_until_us = now + KVP_POLL_BACKOFF_US;
         /* Data, EOF or an error: the blocking read that follows handles each. */
         if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0 ||
             (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
             return;
-        if (i % 8 == 0) {
-            uint64_t now = mono_us();
-            if (!t0)
-                t0 = now;
-            else if (now - t0 >= c->poll_us)
-                return;
-        }
+        if (now - t0 >= c->poll_us || now < c->poll_off_until_us)
+            return;
     }
 }
 

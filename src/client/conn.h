@@ -18,6 +18,9 @@
 #define KVP_ERRMSG_SIZE 512
 #define KVP_POLL_US_DEFAULT 50u /* KVPOOL_POLL_US */
 #define KVP_POLL_US_MAX 10000u
+#define KVP_POLL_YIELDS 2u          /* yields for a reply before the caller sleeps */
+#define KVP_POLL_SLOW_YIELD_US 20u  /* a yield this long: the CPU has other work ... */
+#define KVP_POLL_BACKOFF_US 100000u /* ... so sleep for replies for this long */
 
 struct kvp_conn {
     int fd;     /* -1 when not connected */
@@ -31,9 +34,10 @@ struct kvp_conn {
     size_t body_cap;
     char errmsg[KVP_ERRMSG_SIZE];     /* message of the last failed call, "" if none */
     char broken_msg[KVP_ERRMSG_SIZE]; /* what broke the stream */
-    int passed_fd;     /* descriptor received with the last reply (SCM_RIGHTS), or -1 */
-    int64_t trust_uid; /* a daemon uid trusted besides ours and root (kvp_opts), or -1 */
-    uint32_t poll_us;  /* how long to yield-poll for a reply before sleeping (conn.c) */
+    int passed_fd;              /* descriptor received with the last reply (SCM_RIGHTS), or -1 */
+    int64_t trust_uid;          /* a daemon uid trusted besides ours and root (kvp_opts), or -1 */
+    uint32_t poll_us;           /* how long to yield-poll for a reply before sleeping (conn.c) */
+    uint64_t poll_off_until_us; /* CLOCK_MONOTONIC: sleep for replies until then */
 };
 
 #define KVP_CONN_INIT                                                                            \
