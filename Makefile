@@ -152,7 +152,7 @@ BENCH_ARGS ?=
 
 bench:
 	@scripts/install-deps.sh bench
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DKVP_BENCH=ON
 	cmake --build $(BUILD) -j $(JOBS) --target kvpool-bench
 	mkdir -p $(BUILD)/bench
 	$(BUILD)/bin/kvpool-bench --csv $(BUILD)/bench/results.csv \

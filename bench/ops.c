@@ -351,7 +351,8 @@ static int retrieve_n(struct kvpb_worker *w, kvp_instance *inst, const struct kv
 /*
  * The shm transport through the two-phase calls, which is what kvp_store() and kvp_retrieve()
  * do on shm (prepare, copy, commit), with the copy timed on its own: the copy is the part of
- * the operation that moves bytes, the rest is the two round trips to the daemon. Measured in
+ * the operation that moves bytes, the rest is the round trip to the daemon (the prepare's; the
+ * commit is pipelined, src/client/transfer.c). Measured in
  * the same operation on the same memory, the copy share is immune to how warm or cold any
  * other buffer is. Returns the chunks stored / retrieved, or a negative error.
  */

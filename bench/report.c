@@ -248,8 +248,9 @@ static void print_register(const struct kvpb_row *rows, size_t n, uint64_t pool)
         const struct kvpb_row *r = &rows[i];
         if (r->op != KVPB_OP_REGISTER || row_group(r) != SEC_REGISTER)
             continue;
-        printf("\nFirst shm registration of a worker (maps and pre-faults the %s pool): "
-               "p50 %.1f ms over %u worker(s), %.2f GB/s of pool made ready\n",
+        printf("\nFirst shm registration of a worker (maps the %s pool, whose pages the library "
+               "then pre-faults\non a thread of its own): p50 %.1f ms over %u worker(s), %.2f "
+               "GB/s of pool made ready\n",
                kvpb_fmt_size(pool, sz, sizeof(sz)), r->p50_us / 1e3, r->workers, r->gb_per_s);
     }
 }
@@ -294,7 +295,8 @@ static void print_bulk(const struct kvpb_config *cfg, const struct kvpb_row *row
                cfg->batch);
     printf(";\nGB/s = 1e9 B/s, median [min-max] over the repetitions; faults = minor page "
            "faults per\noperation in the worker; copy = share of a shm operation's time spent "
-           "in its own memcpy\n(the rest is the two round trips); x memcpy = paired median of "
+           "in its own memcpy\n(the rest is the round trip: the commit is pipelined); x memcpy = "
+           "paired median of "
            "(this / memcpy of the\nsame bytes, same repetition)\n\n");
     printf("%-8s %-11s %8s %24s %9s %9s %9s %6s %6s %8s %8s\n", "transport", "op", "chunk",
            "GB/s median [min-max]", "chunks/s", "p50 us", "p99 us", "faults", "copy", "x memcpy",
