@@ -497,10 +497,14 @@ class Context:
 
     def commit_store(self, plan: StorePlan) -> int:
         """Publishes a prepared store (after every view was written). Returns the number of
-        chunks committed. Raises :class:`kvpool.Timeout` if the reservation expired and
-        :class:`kvpool.Stale` if the plan was prepared before the connection to the daemon
-        was lost (a restart); nothing was published then. The plan's views are released,
-        whatever the outcome."""
+        chunks committed. On shm the commit is pipelined unless the client was opened with
+        ``sync_commit=True``: it returns once sent (the count is the plan's), and if the daemon
+        then fails it (the reservation expired), the client's next call raises
+        :class:`kvpool.PipelinedCommitFailed` without doing anything. With ``sync_commit=True``
+        it raises :class:`kvpool.Timeout` itself if the reservation expired. It raises
+        :class:`kvpool.Stale` if the plan was prepared before the connection to the daemon was
+        lost (a restart); nothing was published then. The plan's views are released, whatever
+        the outcome."""
         self._check_plan(plan, StorePlan, "commit_store")
         with self.client._lock:
             staging, plan._staging = plan._staging, []
