@@ -373,6 +373,11 @@ void kvpb_pool_stop(struct kvpb_pool *p);
 int kvpb_pick_layout(uint64_t bytes, uint32_t tokens, uint32_t *layers, uint32_t *hidden,
                      const char **dtype);
 
+/* Registration options for the instance id with the layout kvpb_pick_layout() picks for chunks
+ * of bytes at tokens per chunk, world size 1, rank 0. Returns 0 or -EINVAL (no such layout). */
+int kvpb_register_opts(const char *id, uint64_t bytes, uint32_t tokens, uint32_t transport,
+                       kvp_register_opts *o);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Issue 12's sections. Each prints what it does, appends its rows and says on stdout why it  */
 /* skips anything. A failed operation either exits the program (after the atexit clean-up)    */

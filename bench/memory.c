@@ -77,12 +77,11 @@ static void clients_main(const char *socket, uint32_t chunk_tokens, uint64_t chu
 {
     static kvp_client *c[MEM_CLIENTS];
     struct mem_report rep = {0};
-    uint32_t layers, hidden;
-    const char *dtype;
+    kvp_register_opts ro;
     char id[64], b;
 
     setenv("KVPOOL_PREFAULT", "0", 1);
-    if (kvpb_pick_layout(chunk, chunk_tokens, &layers, &hidden, &dtype) < 0) {
+    if (kvpb_register_opts(id, chunk, chunk_tokens, KVP_TRANSPORT_AUTO, &ro) < 0) {
         rep.rc = -EINVAL;
         snprintf(rep.err, sizeof(rep.err), "no layout has %" PRIu64 "-byte chunks", chunk);
         goto out_report;
@@ -98,16 +97,6 @@ static void clients_main(const char *socket, uint32_t chunk_tokens, uint64_t chu
             goto out_report;
         }
         snprintf(id, sizeof(id), "bench-memory-%u", i);
-        kvp_register_opts ro = {
-            .instance_id = id,
-            .model_name = "kvpool-bench",
-            .world_size = 1,
-            .block_size = 16,
-            .num_layers = layers,
-            .hidden_dim = hidden,
-            .dtype = dtype,
-            .transport = KVP_TRANSPORT_AUTO,
-        };
         rc = kvp_register(c[i], &ro, &inst);
         if (rc < 0) {
             rep.rc = rc;

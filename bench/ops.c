@@ -112,18 +112,15 @@ int kvpb_pick_layout(uint64_t bytes, uint32_t tokens, uint32_t *layers, uint32_t
     return -EINVAL;
 }
 
-static int register_one(struct kvpb_worker *w, uint32_t transport, const char *tag, uint64_t bytes,
-                        kvp_instance **ret, struct kvpb_wres *res)
+int kvpb_register_opts(const char *id, uint64_t bytes, uint32_t tokens, uint32_t transport,
+                       kvp_register_opts *o)
 {
     uint32_t layers, hidden;
     const char *dtype;
-    char id[96];
 
-    if (kvpb_pick_layout(bytes, w->chunk_tokens, &layers, &hidden, &dtype) < 0)
-        return kvpb_fail(res, -EINVAL, "no KV layout has %" PRIu64 "-byte chunks of %u tokens",
-                         bytes, w->chunk_tokens);
-    snprintf(id, sizeof(id), "bench-w%u-%s-%" PRIu64, w->index, tag, bytes);
-    kvp_register_opts o = {
+    if (kvpb_pick_layout(bytes, tokens, &layers, &hidden, &dtype) < 0)
+        return -EINVAL;
+    *o = (kvp_register_opts){
         .instance_id = id,
         .model_name = "kvpool-bench",
         .world_size = 1,
@@ -134,6 +131,19 @@ static int register_one(struct kvpb_worker *w, uint32_t transport, const char *t
         .dtype = dtype,
         .transport = transport,
     };
+    return 0;
+}
+
+static int register_one(struct kvpb_worker *w, uint32_t transport, const char *tag, uint64_t bytes,
+                        kvp_instance **ret, struct kvpb_wres *res)
+{
+    kvp_register_opts o;
+    char id[96];
+
+    snprintf(id, sizeof(id), "bench-w%u-%s-%" PRIu64, w->index, tag, bytes);
+    if (kvpb_register_opts(id, bytes, w->chunk_tokens, transport, &o) < 0)
+        return kvpb_fail(res, -EINVAL, "no KV layout has %" PRIu64 "-byte chunks of %u tokens",
+                         bytes, w->chunk_tokens);
     int rc = kvp_register(w->client, &o, ret);
     if (rc == KVP_ENOSHM && transport == KVP_TRANSPORT_SHM) {
         *ret = NULL; /* no shared memory here: the shm cells are skipped, not failed */

@@ -141,8 +141,6 @@ static int wait_ready(const char *socket, struct kvpb_child *ch, uint64_t t0, do
  * (said on stdout). */
 static double time_register(const char *socket, uint32_t chunk_tokens)
 {
-    uint32_t layers, hidden;
-    const char *dtype;
     kvp_client *c = NULL;
     kvp_instance *inst = NULL;
     double ms = NAN;
@@ -153,20 +151,12 @@ static double time_register(const char *socket, uint32_t chunk_tokens)
         printf("  register: cannot connect: %s\n", kvp_strerror(rc));
         return NAN;
     }
-    if (kvpb_pick_layout(STARTUP_CHUNK, chunk_tokens, &layers, &hidden, &dtype) < 0) {
+    kvp_register_opts ro;
+    if (kvpb_register_opts("bench-startup", STARTUP_CHUNK, chunk_tokens, KVP_TRANSPORT_SHM, &ro) <
+        0) {
         printf("  register: no layout has %" PRIu64 "-byte chunks\n", STARTUP_CHUNK);
         goto out_close;
     }
-    kvp_register_opts ro = {
-        .instance_id = "bench-startup",
-        .model_name = "kvpool-bench",
-        .world_size = 1,
-        .block_size = 16,
-        .num_layers = layers,
-        .hidden_dim = hidden,
-        .dtype = dtype,
-        .transport = KVP_TRANSPORT_SHM,
-    };
     uint64_t t0 = kvpb_now_ns();
     rc = kvp_register(c, &ro, &inst);
     uint64_t t1 = kvpb_now_ns();
