@@ -13,7 +13,8 @@
  * worker's send then wakes a thread on the CPU that is about to go idle, and the reply wakes the
  * worker there. Nothing is lost in parallelism, since the two never run at the same time; with
  * many workers each connection thread follows its own worker, so the load spreads as the
- * workers do.
+ * workers do. The library's half is in src/client/conn.c: it yields its CPU for a moment before
+ * it sleeps for a reply, so that it is not woken on another, idle CPU.
  *
  * A CPU outside the daemon's allowed set (a container's cpuset, a CPUAffinity= of the service)
  * makes sched_setaffinity fail with EINVAL: following stops for that connection and its thread
