@@ -20,20 +20,17 @@
 
 #include "client.h"
 
-/* The protocol minor version that brought STATUS, METRICS and CLEAR. */
-#define ADMIN_MINOR 1
-
 /* Refuses, without sending anything, a request the daemon's protocol does not have. Caller
  * holds the lock and has started the call (HELLO of the current connection is known). */
 static int check_minor(kvp_client *c, uint16_t op)
 {
-    if (c->hello.minor >= ADMIN_MINOR)
+    if (c->hello.minor >= KVP_MINOR_ADMIN)
         return 0;
     return kvp_conn_error(&c->conn, -EOPNOTSUPP,
                           "kvpoold speaks protocol %u.%u, which has no %s request (%u.%u or "
                           "later needed)",
                           c->hello.major, c->hello.minor, kvp_opcode_name(op), KVP_PROTO_VERSION,
-                          ADMIN_MINOR);
+                          KVP_MINOR_ADMIN);
 }
 
 /* STATUS or METRICS: the reply's text as a string of our own. Returns its length or an error. */

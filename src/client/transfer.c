@@ -186,9 +186,6 @@ static int do_ref_call(kvp_instance *inst, uint16_t op, uint64_t id)
     return (int)cnt.count;
 }
 
-/* The protocol minor version that brought KVP_REQ_NOREPLY. */
-#define PIPELINE_MINOR 2
-
 /*
  * Commits a shm plan's hold (COMMIT_STORE or COMMIT_RETRIEVE) of nslots chunks. Pipelined unless
  * the client asked for synchronous commits or the daemon predates them: the request is sent and
@@ -200,7 +197,7 @@ static int do_commit(kvp_instance *inst, uint16_t op, uint64_t id, uint32_t nslo
     kvp_client *c = inst->client;
     struct kvp_ref_req ref = {.handle = inst->handle, .id = id};
 
-    if (!inst->shm || c->sync_commit || c->hello.minor < PIPELINE_MINOR)
+    if (!inst->shm || c->sync_commit || c->hello.minor < KVP_MINOR_PIPELINE)
         return do_ref_call(inst, op, id);
     kvp_encode_ref_req(&c->conn.req, &ref);
     int rc = kvp_conn_post(&c->conn, op);

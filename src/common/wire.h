@@ -15,6 +15,10 @@
 #define KVP_MAGIC 0x3150564bu /* "KVP1" read as little-endian bytes */
 #define KVP_PROTO_VERSION 1   /* frame header version and HELLO major: must match */
 #define KVP_PROTO_MINOR 2     /* HELLO minor: additions an older peer may ignore */
+/* The minor that brought each addition (docs/PROTOCOL.md, "Versions"): a client sends it only
+ * to a daemon whose HELLO says at least that much. */
+#define KVP_MINOR_ADMIN 1    /* STATUS, METRICS, CLEAR */
+#define KVP_MINOR_PIPELINE 2 /* request flags: NOREPLY commits, the CPU hint */
 #define KVP_HEADER_SIZE 32
 #define KVP_REPLY_FLAG 0x8000u
 

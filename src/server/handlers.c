@@ -124,9 +124,6 @@ static int handle_register(struct kvp_session *c, const struct kvp_header *h)
         log_warn_rl("Registration of instance '%s' refused: %s", req.instance_id, c->errmsg);
         return kvp_session_reply(c, h, rc, NULL, 0, 0);
     }
-    struct kvp_key_ns ns;
-    kvp_registration_key_ns(&inst, NULL, 0, &ns);
-    inst.has_seed = kvp_key_seed(&ns, inst.seed) == 0;
     /* The owner's pid is recorded so that a refused namesake learns who holds the id. */
     rc = kvp_registry_add(&s->registry, c->id, (int32_t)c->peer.pid, &inst, &existing, c->errmsg,
                           sizeof(c->errmsg));
@@ -210,14 +207,16 @@ static int keyed_prepare(struct kvp_session *c, const struct kvp_header *h, stru
     if (k->n > KVP_MAX_CHUNKS)
         k->n = KVP_MAX_CHUNKS; /* lookup: counted in windows by the caller */
 
-    struct kvp_key_ns ns;
-    kvp_registration_key_ns(&k->inst, k->req.salt, k->req.salt_len, &ns);
+    /* Without a salt the seed is the registration's; a salt makes a namespace of its own. */
     uint8_t seed[KVP_KEY_SIZE];
-    if (k->req.salt_len == 0 && k->inst.has_seed) {
-        memcpy(seed, k->inst.seed, sizeof(seed));
-    } else if (kvp_key_seed(&ns, seed)) {
-        rc = fail(c, h, -ENOMEM, "cannot initialise hashing");
-        return rc ? rc : 1;
+    memcpy(seed, k->inst.seed, sizeof(seed));
+    if (k->req.salt_len) {
+        struct kvp_key_ns ns;
+        kvp_registration_key_ns(&k->inst, k->req.salt, k->req.salt_len, &ns);
+        if (kvp_key_seed(&ns, seed)) {
+            rc = fail(c, h, -ENOMEM, "cannot initialise hashing");
+            return rc ? rc : 1;
+        }
     }
     /* Chain through the prefix before the range in windows, keeping only the last key. */
     for (uint32_t done = 0; done < k->first;) {

@@ -86,6 +86,12 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_registe
 #undef BAD
     inst->req = *req;
     inst->dtype_size = dt->size;
+    struct kvp_key_ns ns;
+    kvp_registration_key_ns(inst, NULL, 0, &ns);
+    if (kvp_key_seed(&ns, inst->seed)) {
+        snprintf(msg, msg_size, "cannot initialise hashing");
+        return -ENOMEM;
+    }
     return 0;
 }
 

@@ -34,9 +34,8 @@ struct kvp_registration {
     int64_t connected_since_ms; /* wall clock (ms since the epoch) the owner connected; set by
                                    the caller of kvp_registry_add() */
     /* The key chain's seed for requests without a salt, computed once at registration
-     * (kvp_registration_key_ns() with no salt); has_seed false: compute it per request. */
+     * (kvp_registration_key_ns() with no salt). */
     uint8_t seed[KVP_KEY_SIZE];
-    bool has_seed;
 };
 
 /*
@@ -81,8 +80,9 @@ void kvp_registry_init(struct kvp_registry *r, const struct kvp_offer *offer);
 void kvp_registry_destroy(struct kvp_registry *r);
 
 /*
- * Validates a registration: 0, or -EINVAL with a message naming the field in msg.
- * On success fills layout and dtype size into *inst (not yet registered).
+ * Validates a registration: 0, or -EINVAL with a message naming the field in msg (-ENOMEM when
+ * hashing cannot start). On success fills layout, dtype size and the unsalted key seed into
+ * *inst (not yet registered).
  */
 int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
                           struct kvp_registration *inst, char *msg, size_t msg_size);

@@ -70,6 +70,12 @@ int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, 
  * kvp_segment_set_reserve_control). */
 int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size);
 
+/* Pool bytes within the first seg_bytes bytes of a segment (the pool starts after the header). */
+static inline uint64_t kvp_segment_pool_bytes(uint64_t seg_bytes)
+{
+    return seg_bytes > KVP_SEG_HEADER ? seg_bytes - KVP_SEG_HEADER : 0;
+}
+
 /* Hears that bytes [0, reserved) of the segment are reserved now. */
 typedef void (*kvp_reserve_cb)(void *arg, uint64_t reserved);
 

@@ -341,7 +341,7 @@ static void log_startup(const struct kvp_server *s)
     char warming[96] = "";
     if (s->warmup_started)
         snprintf(warming, sizeof(warming), " (%" PRIu64 " reserved, the rest in the background)",
-                 s->reserved_at_start - KVP_SEG_HEADER);
+                 kvp_segment_pool_bytes(s->reserved_at_start));
     snprintf(line, sizeof(line),
              "kvpoold %s ready: pool %" PRIu64 " bytes%s, %s, socket %s, chunk size %" PRIu32
              " tokens",
@@ -417,7 +417,7 @@ int kvp_server_start(struct kvp_server *s)
     if (rc)
         return rc;
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size,
-                        s->seg.reserved > KVP_SEG_HEADER ? s->seg.reserved - KVP_SEG_HEADER : 0);
+                        kvp_segment_pool_bytes(s->seg.reserved));
     if (rc) {
         log_error("Cannot start: cannot allocate the pool index: %s", kvp_strerror(rc));
         return rc;

@@ -28,11 +28,11 @@
 #include "log.h"
 #include "notify.h"
 
-/* Bytes [0, reserved) of the segment are reserved: the pool starts after the header page. */
+/* Bytes [0, reserved) of the segment are reserved: so is the pool in them. */
 static void on_step(void *arg, uint64_t reserved)
 {
     struct kvp_server *s = arg;
-    kvp_store_extend(&s->store, reserved > KVP_SEG_HEADER ? reserved - KVP_SEG_HEADER : 0);
+    kvp_store_extend(&s->store, kvp_segment_pool_bytes(reserved));
 }
 
 static void *warmup_main(void *arg)
@@ -43,7 +43,7 @@ static void *warmup_main(void *arg)
     int rc = kvp_segment_reserve_rest(&s->seg, on_step, s, why, sizeof(why));
     if (rc == -ECANCELED)
         return NULL;
-    uint64_t pool = s->seg.reserved > KVP_SEG_HEADER ? s->seg.reserved - KVP_SEG_HEADER : 0;
+    uint64_t pool = kvp_segment_pool_bytes(s->seg.reserved);
     if (rc) {
         snprintf(status, sizeof(status),
                  "Serving with a pool of %" PRIu64 " of the configured %" PRIu64 " bytes: %s", pool,
@@ -66,7 +66,7 @@ int kvp_warmup_start(struct kvp_server *s)
     int rc = kvp_thread_create(&s->warmup_thread, NULL, warmup_main, s);
     if (rc) {
         log_warn("Cannot start reserving the rest of the pool (%s): serving with %" PRIu64 " bytes",
-                 kvp_strerror(-rc), s->seg.reserved - KVP_SEG_HEADER);
+                 kvp_strerror(-rc), kvp_segment_pool_bytes(s->seg.reserved));
         return rc;
     }
     s->warmup_started = true;

@@ -51,6 +51,17 @@ static void test_validate_ok_shape(void **state)
     assert_string_equal(inst.req.instance_id, "w0");
     assert_string_equal(inst.req.model_name, "llama-3-8b");
     assert_int_equal(inst.req.num_layers, 32);
+
+    /* The unsalted key seed is the namespace's, and another model's differs. */
+    struct kvp_key_ns ns;
+    uint8_t seed[KVP_KEY_SIZE];
+    kvp_registration_key_ns(&inst, NULL, 0, &ns);
+    assert_rc(kvp_key_seed(&ns, seed), 0);
+    assert_memory_equal(inst.seed, seed, KVP_KEY_SIZE);
+    struct kvp_registration other;
+    snprintf(q.model_name, sizeof(q.model_name), "mistral-7b");
+    assert_rc(kvp_registry_validate(r, &q, &other, msg, sizeof(msg)), 0);
+    assert_memory_not_equal(other.seed, inst.seed, KVP_KEY_SIZE);
     free_registry(r);
 }
 
