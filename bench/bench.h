@@ -240,6 +240,23 @@ void kvpb_rows_push(struct kvpb_rows *rows, const struct kvpb_row *r);
 void kvpb_row_summarise(struct kvpb_row *r, double *rep_gbps, double *rep_ops, size_t nreps,
                         double *lat_us, size_t nlat);
 
+/* One measured cell of a section: a GB/s and an ops/s figure per repetition, every latency. */
+struct kvpb_cell {
+    struct kvpb_samples gbps, ops, lat;
+};
+
+/* Adds a repetition that moved bytes in nops operations in ns nanoseconds, with their nops
+ * latencies (microseconds; lat may be NULL when the caller appends them itself). Exits when out
+ * of memory. */
+void kvpb_cell_add(struct kvpb_cell *c, double ns, uint64_t bytes, uint64_t nops,
+                   const double *lat);
+
+/* Summarises c into r (kvpb_row_summarise, which sorts c's arrays, and the load average) and
+ * appends r to rows. */
+void kvpb_cell_push(struct kvpb_rows *rows, struct kvpb_row *r, struct kvpb_cell *c);
+
+void kvpb_cell_free(struct kvpb_cell *c);
+
 /* Run description printed above the table and in the chart title. */
 struct kvpb_run_info {
     char cpu[128];

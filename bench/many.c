@@ -97,12 +97,8 @@ static void ping_join(struct pinger *p)
 }
 
 /* One measured cell: per-repetition GB/s and ops/s, every latency sample. */
-struct cell {
-    struct kvpb_samples gbps, ops, lat;
-};
-
 /* Runs cmd on its workers; adds the repetition to c when c is not NULL. Exits on a failure. */
-static void run(struct kvpb_pool *pool, const struct kvpb_cmd *cmd, struct cell *c)
+static void run(struct kvpb_pool *pool, const struct kvpb_cmd *cmd, struct kvpb_cell *c)
 {
     struct kvpb_wres res[KVPB_MAX_WORKERS];
     const double *samples[KVPB_MAX_WORKERS];
@@ -120,34 +116,20 @@ static void run(struct kvpb_pool *pool, const struct kvpb_cmd *cmd, struct cell 
         if (kvpb_samples_append(&c->lat, samples[i], res[i].nops) < 0)
             exit(1);
     }
-    double secs = (double)(t1 - t0) / 1e9;
-    if (kvpb_samples_push(&c->gbps, (double)bytes / secs / 1e9) < 0 ||
-        kvpb_samples_push(&c->ops, (double)ops / secs) < 0)
-        exit(1);
-}
-
-static void cell_free(struct cell *c)
-{
-    kvpb_samples_free(&c->gbps);
-    kvpb_samples_free(&c->ops);
-    kvpb_samples_free(&c->lat);
+    kvpb_cell_add(c, (double)(t1 - t0), bytes, ops, NULL);
 }
 
 /* A bulk row of the section; ratio against memcpy's repetitions when mc is not NULL. */
 static void push_bulk(struct kvpb_rows *rows, int transport, int op, uint32_t workers,
-                      uint64_t chunk, struct cell *c, const struct cell *mc)
+                      uint64_t chunk, struct kvpb_cell *c, const struct kvpb_cell *mc)
 {
     struct kvpb_row r = kvpb_row_blank(transport, op, KVPB_D_MANY);
-    double load;
 
     r.workers = workers;
     r.chunk_bytes = chunk;
     if (mc && mc->gbps.n == c->gbps.n)
         r.ratio_to_memcpy = kvpb_paired_ratio(c->gbps.v, mc->gbps.v, c->gbps.n);
-    kvpb_row_summarise(&r, c->gbps.v, c->ops.v, c->gbps.n, c->lat.v, c->lat.n);
-    if (getloadavg(&load, 1) == 1)
-        r.load1 = load;
-    kvpb_rows_push(rows, &r);
+    kvpb_cell_push(rows, &r, c);
 }
 
 void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t chunk_tokens,
@@ -156,7 +138,7 @@ void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t
 {
     struct kvpb_config mc = *cfg;
     struct kvpb_wres res[KVPB_MAX_WORKERS];
-    struct cell store = {0}, retrieve = {0}, copy = {0};
+    struct kvpb_cell store = {0}, retrieve = {0}, copy = {0};
     struct kvpb_samples idle = {0}, busy = {0};
     uint64_t chunk = cfg->quick ? 256 * KVPB_KiB : MANY_CHUNK;
     uint32_t idle_pings = cfg->quick ? 20 : KVPB_IDLE_PINGS;
@@ -263,9 +245,9 @@ void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t
 out_stop:
     kvp_client_close(pc);
     kvpb_pool_stop(pool);
-    cell_free(&store);
-    cell_free(&retrieve);
-    cell_free(&copy);
+    kvpb_cell_free(&store);
+    kvpb_cell_free(&retrieve);
+    kvpb_cell_free(&copy);
     kvpb_samples_free(&idle);
     kvpb_samples_free(&busy);
 }

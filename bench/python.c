@@ -229,21 +229,9 @@ static void py_stop(struct py *p)
 }
 
 /* One cell: per-repetition GB/s and ops/s, every latency sample. */
-struct cell {
-    struct kvpb_samples gbps, ops, lat;
-};
-
-static void cell_add(struct cell *c, double ns, uint64_t bytes, uint32_t nops, const double *lat)
-{
-    if (kvpb_samples_push(&c->gbps, (double)bytes / ns) < 0 ||
-        kvpb_samples_push(&c->ops, (double)nops / (ns / 1e9)) < 0 ||
-        kvpb_samples_append(&c->lat, lat, nops) < 0)
-        exit(1);
-}
-
 /* The Python side of a repetition: "store CHUNK NOPS SEQ VERIFY". */
 static void py_run(struct py *p, const char *op, uint64_t chunk, uint32_t nops, uint64_t seq,
-                   bool verify, struct cell *c, double *lat)
+                   bool verify, struct kvpb_cell *c, double *lat)
 {
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "%s %" PRIu64 " %u %" PRIu64 " %d\n", op, chunk, nops, seq, verify);
@@ -262,12 +250,12 @@ static void py_run(struct py *p, const char *op, uint64_t chunk, uint32_t nops, 
         exit(1);
     }
     if (c)
-        cell_add(c, ns, bytes, nops, lat);
+        kvpb_cell_add(c, ns, bytes, nops, lat);
 }
 
 /* The C side: worker 0, kvp_store()/kvp_retrieve() on shm. */
 static void c_run(struct kvpb_pool *pool, int op, uint64_t chunk, uint32_t nops, uint64_t seq,
-                  uint32_t run_id, bool verify, struct cell *c)
+                  uint32_t run_id, bool verify, struct kvpb_cell *c)
 {
     struct kvpb_wres res[KVPB_MAX_WORKERS];
     const double *samples[KVPB_MAX_WORKERS];
@@ -284,26 +272,20 @@ static void c_run(struct kvpb_pool *pool, int op, uint64_t chunk, uint32_t nops,
     if (kvpb_pool_run(pool, &cmd, res, samples) < 0)
         exit(1);
     if (c)
-        cell_add(c, (double)(res[0].t_end_ns - res[0].t_start_ns), res[0].bytes, res[0].nops,
-                 samples[0]);
+        kvpb_cell_add(c, (double)(res[0].t_end_ns - res[0].t_start_ns), res[0].bytes, res[0].nops,
+                      samples[0]);
 }
 
 static void push(struct kvpb_rows *rows, int transport, int op, const char *detail, uint64_t chunk,
-                 struct cell *c, const struct cell *vs)
+                 struct kvpb_cell *c, const struct kvpb_cell *vs)
 {
     struct kvpb_row r = kvpb_row_blank(transport, op, detail);
-    double load;
 
     r.chunk_bytes = chunk;
     if (vs && vs->gbps.n == c->gbps.n)
         r.ratio_to_c = kvpb_paired_ratio(c->gbps.v, vs->gbps.v, c->gbps.n);
-    kvpb_row_summarise(&r, c->gbps.v, c->ops.v, c->gbps.n, c->lat.v, c->lat.n);
-    if (getloadavg(&load, 1) == 1)
-        r.load1 = load;
-    kvpb_rows_push(rows, &r);
-    kvpb_samples_free(&c->gbps);
-    kvpb_samples_free(&c->ops);
-    kvpb_samples_free(&c->lat);
+    kvpb_cell_push(rows, &r, c);
+    kvpb_cell_free(c);
 }
 
 void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, const char *socket,
@@ -344,7 +326,7 @@ void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, co
         uint64_t c = s[i];
         uint64_t bytes = cfg->rep_bytes < pool_size / 2 ? cfg->rep_bytes : pool_size / 2;
         uint32_t nops = (uint32_t)(bytes / c ? bytes / c : 1);
-        struct cell cs = {0}, cr = {0}, ps = {0}, pr = {0};
+        struct kvpb_cell cs = {0}, cr = {0}, ps = {0}, pr = {0};
         struct kvpb_cmd setup = {.transport = KVPB_T_SHM,
                                  .op = KVPB_OP_SETUP,
                                  .chunk_bytes = c,

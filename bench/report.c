@@ -130,6 +130,32 @@ void kvpb_row_summarise(struct kvpb_row *r, double *rep_gbps, double *rep_ops, s
     r->p99_us = kvpb_percentile(lat_us, nlat, 99.0);
 }
 
+void kvpb_cell_add(struct kvpb_cell *c, double ns, uint64_t bytes, uint64_t nops, const double *lat)
+{
+    if (kvpb_samples_push(&c->gbps, (double)bytes / ns) < 0 ||
+        kvpb_samples_push(&c->ops, (double)nops / (ns / 1e9)) < 0 ||
+        (lat && kvpb_samples_append(&c->lat, lat, nops) < 0)) {
+        fprintf(stderr, "kvpool-bench: out of memory\n");
+        exit(1);
+    }
+}
+
+void kvpb_cell_push(struct kvpb_rows *rows, struct kvpb_row *r, struct kvpb_cell *c)
+{
+    double load;
+    kvpb_row_summarise(r, c->gbps.v, c->ops.v, c->gbps.n, c->lat.v, c->lat.n);
+    if (getloadavg(&load, 1) == 1)
+        r->load1 = load;
+    kvpb_rows_push(rows, r);
+}
+
+void kvpb_cell_free(struct kvpb_cell *c)
+{
+    kvpb_samples_free(&c->gbps);
+    kvpb_samples_free(&c->ops);
+    kvpb_samples_free(&c->lat);
+}
+
 /* The parts of the report; the order of the enum is the order of the table and the files. */
 enum section {
     SEC_REGISTER,
