@@ -1,5 +1,5 @@
 # Writes the bytes of a file as a C array, for programs that carry a file inside them
-# (src/server/status_page.html). Run as a script, at build time:
+# (src/server/http/status_page.html). Run as a script, at build time:
 #   cmake -DIN=<file> -DOUT=<file.c> -DNAME=<symbol> -DHEADER=<header.h> -P embed_file.cmake
 # OUT defines `const unsigned char NAME[]` (the bytes and a NUL) and `const size_t NAME_len`,
 # and includes HEADER, which declares them. An array of bytes, not a string literal: nothing

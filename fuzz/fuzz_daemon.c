@@ -26,10 +26,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "base/log.h"
+#include "core/daemon.h"
 #include "fuzz.h"
-#include "log.h"
-#include "sessions.h"
+#include "kvp/listener.h"
 
 #define POOL_SIZE (64u << 10)
 #define CHUNK_TOKENS 4u

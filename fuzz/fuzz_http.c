@@ -23,10 +23,10 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "daemon.h"
+#include "base/log.h"
+#include "core/daemon.h"
 #include "fuzz.h"
-#include "http.h"
-#include "log.h"
+#include "http/http.h"
 
 #define POOL_SIZE (64u << 10)
 #define CHUNK_TOKENS 4u

@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "server/l2_url.h"
-#include "server/l2_value.h"
+#include "l2/l2_url.h"
+#include "l2/l2_value.h"
 
 static void url(const uint8_t *data, size_t size)
 {

@@ -9,7 +9,7 @@
  * straight into its own buffers with kvp_conn_read_payload(): no intermediate copy either way.
  *
  * Waiting for a reply: the daemon runs the thread serving this connection on the CPU the request
- * came from (the CPU hint in every request header, src/server/placement.c), so that a request
+ * came from (the CPU hint in every request header, src/server/kvp/placement.c), so that a request
  * and its reply are a switch between two threads of one CPU instead of two wake-ups of idle
  * CPUs, which cost tens of microseconds each on virtual machines. But a thread that sleeps in
  * recv() is woken on whichever CPU looks idlest, and once the daemon's thread has worked a

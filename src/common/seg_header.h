@@ -1,6 +1,6 @@
 /*
  * seg_header.h - the header page of the shared pool segment: one layout for the daemon that
- * writes it (src/server/segment.c) and the worker that checks it before using a mapping
+ * writes it (src/server/core/segment.c) and the worker that checks it before using a mapping
  * (src/client/shm_map.c).
  *
  * Layout: the segment is one KVP_SEG_HEADER-byte header page, then the pool. The page starts

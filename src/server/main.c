@@ -21,9 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "log.h"
-#include "notify.h"
+#include "base/config.h"
+#include "base/log.h"
+#include "base/notify.h"
 #include "server.h"
 
 static struct kvp_server server;

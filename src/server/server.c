@@ -60,18 +60,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/log.h"
+#include "base/notify.h"
 #include "common/errors.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
-#include "http.h"
-#include "l2.h"
-#include "log.h"
-#include "notify.h"
-#include "sessions.h"
-#include "shm_gate.h"
-#include "stats.h"
-#include "transport.h"
-#include "warmup.h"
+#include "core/shm_gate.h"
+#include "core/stats.h"
+#include "core/transport.h"
+#include "core/warmup.h"
+#include "http/http.h"
+#include "kvp/listener.h"
+#include "l2/l2.h"
 
 /* The directory part of path, for messages. */
 static void dir_of(const char *path, char *dir, size_t size)

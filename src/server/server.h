@@ -5,7 +5,7 @@
 #ifndef KVP_SERVER_H
 #define KVP_SERVER_H
 
-#include "daemon.h"
+#include "core/daemon.h"
 
 /*
  * Initialises s with a copy of cfg: nothing is acquired but the self-pipe, so that

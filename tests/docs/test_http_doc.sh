@@ -1,5 +1,5 @@
 #!/bin/sh
-# docs/HTTP.md describes every counter and gauge of src/server/stats.h: its Prometheus metric
+# docs/HTTP.md describes every counter and gauge of src/server/core/stats.h: its Prometheus metric
 # (kvpool_<family>, with _total for a counter) and its STATS name, each in backquotes. A row
 # added to a map without its line in the documentation fails here, naming what is missing.
 #
@@ -27,7 +27,7 @@ rc=0 n=0
 while read -r kind name family; do
     n=$((n + 1))
     if ! grep -q "\`$name\`" "$doc"; then
-        echo "FAIL: $doc does not name the $kind $name (src/server/stats.h)" >&2
+        echo "FAIL: $doc does not name the $kind $name (src/server/core/stats.h)" >&2
         rc=1
     fi
     [ "$family" = NULL ] && continue

@@ -9,7 +9,7 @@
 #ifndef KVP_TEST_CONFIG_FIXTURE_H
 #define KVP_TEST_CONFIG_FIXTURE_H
 
-#include "config.h"
+#include "base/config.h"
 
 /* Output of one kvp_config_parse() call. */
 struct run {

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "common/kvp_assert.h"
-#include "log.h"
 
 const struct kvp_offer offer_shm = {
     .shm_enabled = true,

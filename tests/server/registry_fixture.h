@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "registry.h"
+#include "core/registry.h"
 
 #define SHM_NAME "kvpool_l1_pool_test"
 #define NO_SHM_REASON "SHM disabled: insufficient /dev/shm capacity (need 2 bytes, have 1)"

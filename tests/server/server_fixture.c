@@ -9,8 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "common/kvp_assert.h"
-#include "log.h"
 
 static char fx_dir[64];
 

@@ -1,5 +1,5 @@
 /*
- * test_config.c - kvpoold's configuration (src/server/config.h): size parsing, defaults, the
+ * test_config.c - kvpoold's configuration (src/server/base/config.h): size parsing, defaults, the
  * command line, KVPOOL_* environment variables and the messages printed for bad values.
  *
  * Each case parses through config_fixture.c, which captures what kvp_config_parse() prints, and
@@ -13,8 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/config.h"
 #include "common/kvp_assert.h"
-#include "config.h"
 #include "config_fixture.h"
 
 /* ---- kvp_parse_size ---- */
@@ -222,7 +222,7 @@ static void test_l1_size_limits_and_rounding(void **state)
 }
 
 /*
- * BUG (src/server/config.c, OPT_L1_SIZE in apply()): a size within 4095 bytes of 2^64 passes
+ * BUG (src/server/base/config.c, OPT_L1_SIZE in apply()): a size within 4095 bytes of 2^64 passes
  * kvp_parse_size() and the 1 MiB minimum, then "(v + 4095) & ~4095" wraps around to 0, so the
  * daemon is configured with a 0-byte pool and rc 0. Such a size cannot be rounded up to a page
  * multiple in 64 bits, so the only correct answer is -EINVAL with a message naming --l1-size.

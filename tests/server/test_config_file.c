@@ -17,9 +17,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/config.h"
+#include "base/config_file.h"
 #include "common/kvp_assert.h"
-#include "config.h"
-#include "config_file.h"
 #include "config_fixture.h"
 
 static char dir[64];

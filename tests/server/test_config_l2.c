@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/config.h"
 #include "common/kvp_assert.h"
-#include "config.h"
 #include "config_fixture.h"
 
 static void test_defaults(void **state)

@@ -21,12 +21,12 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "base/config.h"
 #include "common/kvp_assert.h"
-#include "config.h"
-#include "http.h"
+#include "core/stats.h"
+#include "http/http.h"
 #include "http_client.h"
 #include "server_fixture.h"
-#include "stats.h"
 
 static void test_parse_listen(void **state)
 {

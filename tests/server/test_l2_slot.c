@@ -1,13 +1,13 @@
 /*
- * test_l2_slot.c - Redis Cluster key slots (src/server/l2_cluster.h): CRC16 (XMODEM) known
+ * test_l2_slot.c - Redis Cluster key slots (src/server/l2/l2_cluster.h): CRC16 (XMODEM) known
  * vectors, hash tags, and the slots of kvpool's own key names.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/kvp_assert.h"
-#include "l2_cluster.h"
-#include "l2_value.h"
+#include "l2/l2_cluster.h"
+#include "l2/l2_value.h"
 
 static uint32_t slot(const char *key)
 {

@@ -1,5 +1,5 @@
 /*
- * test_l2_value.c - the L2 value format (src/server/l2_value.h): key names, the header, and the
+ * test_l2_value.c - the L2 value format (src/server/l2/l2_value.h): key names, the header, and the
  * checks that keep a truncated, corrupted, foreign or misplaced value from ever being served.
  */
 #include <stdbool.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/kvp_assert.h"
-#include "l2_value.h"
+#include "l2/l2_value.h"
 
 #define DATA 4096
 

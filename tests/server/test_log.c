@@ -1,6 +1,6 @@
 /*
- * test_log.c - the daemon's logger (src/server/log.h): line format (text, and json decoded with
- * jansson) and the per-call-site rate limit of log_warn_rl() and friends.
+ * test_log.c - the daemon's logger (src/server/base/log.h): line format (text, and json decoded
+ * with jansson) and the per-call-site rate limit of log_warn_rl() and friends.
  *
  * Log lines go to stderr with one write(2) each; every case redirects stderr into a pipe
  * (dup2) for the time of the calls, then reads back what was written and counts lines.
@@ -15,8 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "common/kvp_assert.h"
-#include "log.h"
 
 /* Captured stderr. */
 struct capture {

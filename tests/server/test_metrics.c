@@ -18,9 +18,9 @@
 #include <cmocka.h>
 
 #include "common/kvp_assert.h"
-#include "metrics.h"
+#include "core/stats.h"
+#include "http/metrics.h"
 #include "server_fixture.h"
-#include "stats.h"
 
 static char *metrics(struct kvp_server *s)
 {

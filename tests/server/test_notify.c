@@ -1,5 +1,5 @@
 /*
- * test_notify.c - the service-manager notifications (src/server/notify.h): the datagrams that
+ * test_notify.c - the service-manager notifications (src/server/base/notify.h): the datagrams that
  * arrive on the socket $NOTIFY_SOCKET names, as systemd would receive them, for a path socket and
  * an abstract one; nothing without $NOTIFY_SOCKET; one warning, not one per message, when the
  * socket is not there.
@@ -16,9 +16,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "base/log.h"
+#include "base/notify.h"
 #include "common/kvp_assert.h"
-#include "log.h"
-#include "notify.h"
 
 static char dir[64];
 static int sock = -1;

@@ -1,5 +1,5 @@
 /*
- * test_pool.c - the L1 page allocator (src/server/pool.h).
+ * test_pool.c - the L1 page allocator (src/server/core/pool.h).
  *
  * Directed cases cover sizing, page rounding, first-fit order, the error codes, coalescing of
  * neighbouring free runs, fragmentation, accounting and pools whose page count is not a multiple
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/kvp_assert.h"
-#include "pool.h"
+#include "core/pool.h"
 
 #define PG ((uint64_t)KVP_POOL_PAGE)
 
@@ -174,10 +174,10 @@ static void test_einval_for_zero(void **state)
 }
 
 /*
- * BUG (src/server/pool.c, kvp_pool_alloc(): "need = (len + KVP_POOL_PAGE - 1) / KVP_POOL_PAGE"):
- * for len > UINT64_MAX - 4095 the addition wraps, need becomes 0, and the call returns 0 with
- * an offset for an allocation of no pages. pool.h documents -ENOSPC when no free run is long
- * enough, which is the only correct answer for a length larger than any pool.
+ * BUG (src/server/core/pool.c, kvp_pool_alloc(): "need = (len + KVP_POOL_PAGE - 1) /
+ * KVP_POOL_PAGE"): for len > UINT64_MAX - 4095 the addition wraps, need becomes 0, and the call
+ * returns 0 with an offset for an allocation of no pages. pool.h documents -ENOSPC when no free run
+ * is long enough, which is the only correct answer for a length larger than any pool.
  */
 static void test_huge_length(void **state)
 {

@@ -1,5 +1,5 @@
 /*
- * test_registry_identity.c - instance identity in the registry (src/server/registry.h): an
+ * test_registry_identity.c - instance identity in the registry (src/server/core/registry.h): an
  * instance id names one registration of one connection. A namesake with any other identity
  * field is refused with -EEXIST naming the field, an identical one from another connection with
  * -EBUSY naming its pid, the owning connection gets its registration back, and keys come only

@@ -1,5 +1,5 @@
 /*
- * test_registry_table.c - the registry's table of instances (src/server/registry.h): handles
+ * test_registry_table.c - the registry's table of instances (src/server/core/registry.h): handles
  * are given out and looked up, a removed instance's handle stays stale even when its slot is
  * reused, closing a connection removes exactly its instances, and a full table refuses a new
  * instance with -ENOSPC while still answering the owner and refusing namesakes as usual.

@@ -1,6 +1,6 @@
 /*
  * test_registry_validate.c - what the registry decides about one registration
- * (src/server/registry.h): validation, with a message naming the bad field; the chunk shape
+ * (src/server/core/registry.h): validation, with a message naming the bad field; the chunk shape
  * derived from the request and the daemon's offer (MLA or not, every dtype, a chunk larger than
  * the pool); and the per-instance transport decision: shm only for a worker that says it mapped
  * the segment, inline otherwise, with the reason the daemon or the worker gave.

@@ -1,5 +1,5 @@
 /*
- * test_segment.c - the pool's memory (src/server/segment.h): shared segments under /dev/shm,
+ * test_segment.c - the pool's memory (src/server/core/segment.h): shared segments under /dev/shm,
  * their header page, the liveness lock that tells a running daemon from a dead one, private
  * memory, and the reservation of every page at creation.
  *
@@ -24,10 +24,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "common/kvp_assert.h"
-#include "log.h"
-#include "segment.h"
-#include "shm_gate.h"
+#include "core/segment.h"
+#include "core/shm_gate.h"
 
 #define MIB (1ull << 20)
 #define EXIT_SKIP 77
@@ -382,7 +382,7 @@ static void test_destroy_null_and_init(void **state)
 }
 
 /*
- * BUG (src/server/segment.c, kvp_segment_destroy(), "if (seg->fd >= 0) close(seg->fd)"):
+ * BUG (src/server/core/segment.c, kvp_segment_destroy(), "if (seg->fd >= 0) close(seg->fd)"):
  * segment.h promises that destroy is safe on a zeroed segment, but a zeroed struct has fd 0,
  * so destroy closes file descriptor 0, which belongs to someone else (stdin, or whatever the
  * daemon opened after stdin was closed). Expected: a zeroed segment owns no descriptor and

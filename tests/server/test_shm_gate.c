@@ -1,5 +1,5 @@
 /*
- * test_shm_gate.c - the /dev/shm capacity gate (src/server/shm_gate.h).
+ * test_shm_gate.c - the /dev/shm capacity gate (src/server/core/shm_gate.h).
  *
  * kvp_shm_gate_decide() is fed injected statvfs outcomes; its log lines are part of the
  * daemon's documented output, so they are compared exactly. kvp_shm_gate_probe() runs on real
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "common/kvp_assert.h"
-#include "shm_gate.h"
+#include "core/shm_gate.h"
 
 #define UNVERIFIABLE_PREFIX \
     "Cannot verify /dev/shm capacity required for SHM transport; disabling SHM mode."

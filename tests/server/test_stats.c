@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "common/kvp_assert.h"
-#include "stats.h"
+#include "core/stats.h"
 
 /* Every row of both maps, for checks that span them. */
 static const struct kvp_stat_desc *row(size_t i)

@@ -17,11 +17,11 @@
 #include <jansson.h>
 
 #include "common/kvp_assert.h"
+#include "core/stats.h"
+#include "http/status_json.h"
+#include "kvp/listener.h"
+#include "kvp/session.h"
 #include "server_fixture.h"
-#include "session.h"
-#include "sessions.h"
-#include "stats.h"
-#include "status.h"
 
 /* The status document of s, parsed; fails the test if it is not valid JSON. */
 static json_t *status(struct kvp_server *s)

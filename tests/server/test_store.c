@@ -1,5 +1,5 @@
 /*
- * test_store.c - the object store (src/server/store.h): reservation, commit, abort, lookup,
+ * test_store.c - the object store (src/server/core/store.h): reservation, commit, abort, lookup,
  * pins, LRU eviction and expiry of reservations.
  *
  * Every case builds a small store whose pool holds a known number of chunks, so that "full" and
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/kvp_assert.h"
-#include "store.h"
+#include "core/store.h"
 
 #define PG ((uint64_t)KVP_POOL_PAGE)
 #define CHUNK (2 * PG) /* bytes of one object */

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The structure of src/ stays what docs/ARCHITECTURE.md describes.
 
-1. No two modules include each other's headers: a module is a .c/.h pair (src/server/store.c
+1. No two modules include each other's headers: a module is a .c/.h pair (src/server/core/store.c
    and store.h); if a file of module A includes B's header, no file of B includes A's.
 2. src/common includes nothing from src/server or src/client: both sides build on it.
 3. No struct tag is defined twice with a body anywhere in src/ (one layout per name).
@@ -29,7 +29,8 @@ def main() -> int:
                     files[os.path.relpath(p, root)] = f.read()
 
     def resolve(frm: str, inc: str):
-        for cand in (os.path.join(os.path.dirname(frm), inc), os.path.join("src", inc)):
+        for cand in (os.path.join(os.path.dirname(frm), inc), os.path.join("src", inc),
+                     os.path.join("src", "server", inc)):
             cand = os.path.normpath(cand)
             if cand in files:
                 return cand

@@ -1,0 +1,294 @@
+/*
+ * log.c - formatting of log lines.
+ *
+ * Each line is formatted into a local buffer and written with a single write(2) (writev(2) for
+ * json) so that lines from concurrent connection threads never interleave. Logging never fails
+ * loudly: a log line that cannot be built or written is dropped. Text lines never allocate.
+ *
+ * json lines (--log-format json) are encoded by jansson, which allocates: every string is
+ * escaped as JSON requires, and bytes that are not UTF-8 (a client's name, say) become U+FFFD,
+ * so that every line parses. The message is the text line's, without time and level.
+ *
+ * Rate limiting (log_warn_rl and friends): every call site owns a static struct kvp_log_rl, so
+ * a flood of one kind of message (one per malformed connection, say) cannot push the others out
+ * of the log, and the first lines of a burst, the informative ones, always get through. Each
+ * site's counters are guarded by its own mutex; the list of sites with a pending count is a
+ * singly linked list guarded by list_lock. Lock order: list_lock, then a site's lock. A site is
+ * added to the list once, the first time it drops a line, and never removed (sites are static).
+ */
+#include "base/log.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Room for one message; a longer one is cut (text and json alike). */
+#define LINE_MAX_BYTES 2048
+
+enum kvp_log_level kvp_log_threshold = KVP_LOG_INFO;
+static enum kvp_log_format log_format = KVP_LOG_TEXT;
+
+static const char *const level_names[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
+static const char *const json_level_names[] = {"debug", "info", "warn", "error"};
+
+int kvp_log_parse_level(const char *s, enum kvp_log_level *out)
+{
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(s, json_level_names[i]) == 0) {
+            *out = (enum kvp_log_level)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+int kvp_log_parse_format(const char *s, enum kvp_log_format *out)
+{
+    if (strcmp(s, "text") == 0)
+        *out = KVP_LOG_TEXT;
+    else if (strcmp(s, "json") == 0)
+        *out = KVP_LOG_JSON;
+    else
+        return -EINVAL;
+    return 0;
+}
+
+void kvp_log_set_format(enum kvp_log_format format)
+{
+    /* jansson seeds its hash function on first use; do it here, before any thread exists. */
+    if (format == KVP_LOG_JSON)
+        json_object_seed(0);
+    log_format = format;
+}
+
+/* Length of the well-formed UTF-8 sequence at p (n bytes left), 0 if it is not one. The
+ * bounds are RFC 3629's: no overlong forms, no surrogates, nothing above U+10FFFF. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned char lo = 0x80, hi = 0xbf;
+    size_t len;
+
+    if (p[0] < 0x80)
+        return 1;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+        len = 2;
+    } else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+        len = 3;
+        lo = p[0] == 0xe0 ? 0xa0 : 0x80;
+        hi = p[0] == 0xed ? 0x9f : 0xbf;
+    } else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+        len = 4;
+        lo = p[0] == 0xf0 ? 0x90 : 0x80;
+        hi = p[0] == 0xf4 ? 0x8f : 0xbf;
+    } else {
+        return 0;
+    }
+    if (n < len || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0;
+    return len;
+}
+
+/* A JSON string of s[0, len): as it is when it is UTF-8, else with U+FFFD for each bad byte. */
+static json_t *json_text(const char *s, size_t len)
+{
+    json_t *j = json_stringn(s, len);
+    if (j)
+        return j;
+    char *fixed = malloc(len * 3 + 1);
+    if (!fixed)
+        return NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < len;) {
+        size_t k = utf8_len((const unsigned char *)s + i, len - i);
+        if (k) {
+            memcpy(fixed + n, s + i, k);
+            n += k;
+            i += k;
+        } else {
+            memcpy(fixed + n, "\xef\xbf\xbd", 3);
+            n += 3;
+            i++;
+        }
+    }
+    j = json_stringn(fixed, n);
+    free(fixed);
+    return j;
+}
+
+/* Writes one json line: ts, level, msg, pid, then the fields. Dropped if it cannot be built. */
+static void write_json(enum kvp_log_level level, const char *ts, const char *msg, size_t msg_len,
+                       const struct kvp_log_field *fields, size_t nfields)
+{
+    json_t *o = json_object();
+    if (!o)
+        return;
+    int bad = json_object_set_new(o, "ts", json_string(ts));
+    bad |= json_object_set_new(o, "level", json_string(json_level_names[level]));
+    bad |= json_object_set_new(o, "msg", json_text(msg, msg_len));
+    bad |= json_object_set_new(o, "pid", json_integer((json_int_t)getpid()));
+    for (size_t i = 0; i < nfields; i++) {
+        const struct kvp_log_field *f = &fields[i];
+        bad |= json_object_set_new(o, f->key,
+                                   f->str ? json_text(f->str, strlen(f->str))
+                                          : json_integer((json_int_t)f->num));
+    }
+    char *text = bad ? NULL : json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!text)
+        return;
+    struct iovec iov[2] = {{.iov_base = text, .iov_len = strlen(text)},
+                           {.iov_base = (void *)"\n", .iov_len = 1}};
+    int saved = errno;
+    ssize_t w = writev(STDERR_FILENO, iov, 2);
+    (void)w;
+    errno = saved;
+    free(text);
+}
+
+__attribute__((format(printf, 4, 0))) static void vlog(enum kvp_log_level level,
+                                                       const struct kvp_log_field *fields,
+                                                       size_t nfields, const char *fmt, va_list ap)
+{
+    char line[LINE_MAX_BYTES];
+    struct timespec ts;
+    struct tm tm;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(line, sizeof(line), "%Y-%m-%dT%H:%M:%S", &tm);
+    n += (size_t)snprintf(line + n, sizeof(line) - n, ".%03ldZ", ts.tv_nsec / 1000000);
+
+    if (log_format == KVP_LOG_JSON) {
+        char msg[LINE_MAX_BYTES];
+        int m = vsnprintf(msg, sizeof(msg), fmt, ap);
+        if (m >= 0)
+            write_json(level, line, msg, (size_t)m < sizeof(msg) ? (size_t)m : sizeof(msg) - 1,
+                       fields, nfields);
+        return;
+    }
+
+    n += (size_t)snprintf(line + n, sizeof(line) - n, " %s ", level_names[level]);
+    int m = vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+    if (m < 0)
+        return;
+    n += (size_t)m < sizeof(line) - n - 1 ? (size_t)m : sizeof(line) - n - 2;
+    line[n++] = '\n';
+
+    int saved = errno;
+    ssize_t w = write(STDERR_FILENO, line, n);
+    (void)w;
+    errno = saved;
+}
+
+void kvp_log_write(enum kvp_log_level level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, NULL, 0, fmt, ap);
+    va_end(ap);
+}
+
+void kvp_log_write_fields(enum kvp_log_level level, const struct kvp_log_field *fields, size_t n,
+                          const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, fields, n, fmt, ap);
+    va_end(ap);
+}
+
+uint64_t kvp_log_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kvp_log_rl *pending_sites;
+
+static void report(enum kvp_log_level level, const char *what, uint32_t n)
+{
+    const struct kvp_log_field f[] = {KVP_LOG_NUM("suppressed", n), KVP_LOG_STR("kind", what)};
+    kvp_log_write_fields(level, f, 2, "suppressed %" PRIu32 " similar message%s: \"%s\"", n,
+                         n == 1 ? "" : "s", what);
+}
+
+bool kvp_log_rl_admit(struct kvp_log_rl *rl, uint64_t now_ms)
+{
+    uint32_t dropped = 0;
+    bool admit, list = false;
+
+    pthread_mutex_lock(&rl->lock);
+    if (!rl->started || now_ms - rl->window_start_ms >= KVP_LOG_RL_WINDOW_MS) {
+        rl->started = true;
+        rl->window_start_ms = now_ms;
+        rl->passed = 0;
+        dropped = rl->suppressed;
+        rl->suppressed = 0;
+    }
+    admit = rl->passed < KVP_LOG_RL_BURST;
+    if (admit) {
+        rl->passed++;
+    } else {
+        rl->suppressed++;
+        list = rl->suppressed == 1;
+    }
+    pthread_mutex_unlock(&rl->lock);
+
+    if (dropped)
+        report(rl->level, rl->what, dropped);
+    if (list) {
+        pthread_mutex_lock(&list_lock);
+        if (!rl->listed) {
+            rl->listed = true;
+            rl->next = pending_sites;
+            pending_sites = rl;
+        }
+        pthread_mutex_unlock(&list_lock);
+    }
+    return admit;
+}
+
+/* Reports the sites whose window ended before now_ms (all of them when all is set). */
+static int flush(uint64_t now_ms, bool all)
+{
+    int lines = 0;
+
+    pthread_mutex_lock(&list_lock);
+    for (struct kvp_log_rl *rl = pending_sites; rl; rl = rl->next) {
+        uint32_t dropped = 0;
+        pthread_mutex_lock(&rl->lock);
+        if (rl->suppressed && (all || now_ms - rl->window_start_ms >= KVP_LOG_RL_WINDOW_MS)) {
+            dropped = rl->suppressed;
+            rl->suppressed = 0;
+        }
+        pthread_mutex_unlock(&rl->lock);
+        if (dropped) {
+            report(rl->level, rl->what, dropped);
+            lines++;
+        }
+    }
+    pthread_mutex_unlock(&list_lock);
+    return lines;
+}
+
+int kvp_log_rl_flush(uint64_t now_ms)
+{
+    return flush(now_ms, false);
+}
+
+int kvp_log_rl_flush_all(void)
+{
+    return flush(0, true);
+}

@@ -1,0 +1,85 @@
+/*
+ * daemon.h - the daemon's shared context: configuration, pool memory, store, registry, listener,
+ * the set of live connections, the HTTP endpoint and the L2 tier, and the few helpers every
+ * module of the daemon uses (threads, clocks). Every module that works on the daemon includes
+ * this header; only main.c includes server.h, the life cycle that builds and tears it down.
+ */
+#ifndef KVP_DAEMON_H
+#define KVP_DAEMON_H
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "base/config.h"
+#include "core/registry.h"
+#include "core/segment.h"
+#include "core/store.h"
+#include "core/transport.h"
+
+struct kvp_session;
+struct kvp_http;
+struct kvp_l2;
+
+struct kvp_server {
+    struct kvp_config cfg;
+    struct kvp_segment seg;
+    struct kvp_store store;
+    struct kvp_registry registry;
+    bool store_ready, registry_ready;
+    char shm_reason[KVP_MAX_REASON + 1]; /* why SHM is off, "" when on */
+    struct kvp_gate_seen gate;           /* what the capacity gate measured */
+    uint64_t started_mono_ms;            /* kvp_server_init(): uptime is counted from here */
+    int64_t started_wall_ms;
+    /* Set (release) once start-up is complete: from then on, until kvp_server_destroy(), the
+     * store, registry and segment may be read by the reporting threads (acquire). */
+    atomic_bool serving;
+    struct kvp_http *http; /* the HTTP endpoint (http.c), NULL with --http off */
+    struct kvp_l2 *l2;     /* the L2 tier (l2.h), NULL with --l2 off */
+
+    int lock_fd; /* <socket>.lock, flocked for our lifetime */
+    int listen_fd;
+    bool socket_bound; /* the socket file at cfg.socket_path is ours ... */
+    dev_t socket_dev;  /* ... as long as it is this inode */
+    ino_t socket_ino;
+    int wake_fds[2]; /* self-pipe: stop request and expiry wake-up */
+    atomic_bool stopping;
+
+    pthread_mutex_t conns_lock; /* guards conns, nconns, next_conn_id (session.c) */
+    pthread_cond_t conns_cv;    /* signalled when a connection thread exits */
+    struct kvp_session *conns;
+    uint32_t nconns;
+    uint64_t next_conn_id;
+
+    pthread_t expiry_thread;
+    bool expiry_started;
+    pthread_t warmup_thread;    /* reserves the rest of the pool (warmup.c) */
+    uint64_t reserved_at_start; /* seg.reserved before that thread started (it writes it) */
+    bool warmup_started;
+    pthread_mutex_t expiry_lock;
+    pthread_cond_t expiry_cv;
+};
+
+/* Milliseconds of CLOCK_MONOTONIC: the clock of reservation ages and their expiry. */
+uint64_t kvp_mono_ms(void);
+
+/* Nanoseconds of CLOCK_MONOTONIC: the clock of request latencies. */
+uint64_t kvp_mono_ns(void);
+
+/* Milliseconds since the epoch (CLOCK_REALTIME): the clock of the times the status shows. */
+int64_t kvp_wall_ms(void);
+
+/* Blocks SIGINT, SIGTERM, SIGHUP and SIGPIPE in the calling thread, saving its mask in *old, so
+ * that threads it creates (itself or through a library) leave the stop signals to the main
+ * thread; kvp_stop_signals_restore() puts the mask back. */
+void kvp_stop_signals_block(sigset_t *old);
+void kvp_stop_signals_restore(const sigset_t *old);
+
+/* pthread_create() with SIGINT, SIGTERM, SIGHUP and SIGPIPE blocked in the new thread, so that
+ * only the main thread handles the stop signals. Returns 0 or a positive errno. */
+int kvp_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
+
+#endif /* KVP_DAEMON_H */

@@ -1,0 +1,383 @@
+/*
+ * registry.c - instance table, registration validation and the per-instance transport choice.
+ *
+ * The transport rule (docs/PROTOCOL.md, REGISTER): the worker reports the transport it will
+ * actually use, after trying to map the segment itself, so the daemon never believes a worker
+ * is on SHM while it silently fell back. The daemon only overrides towards inline when it has
+ * no segment. Exactly one INFO line per new registration names the outcome.
+ *
+ * Identity rule: an instance id names one registration, owned by one connection. The keys of a
+ * request are derived from the registration its handle names (model, world size, rank,
+ * layout), so letting a namesake with another layout share it would serve one model's KV to
+ * another, and letting another connection adopt it would tie that worker to the first one's
+ * lifetime. Both are refused with a message naming the reason; only the owning connection may
+ * register the same parameters again (it gets its registration back) or use the handle.
+ *
+ * Threads: connection threads call in; r->lock guards the table and is a leaf lock. Callers
+ * get copies of instances, never pointers into the table, so an instance can be unregistered
+ * concurrently without dangling references.
+ */
+#include "core/registry.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "core/stats.h"
+
+/* The offer (SHM on or off, and why) is fixed at start-up; the table starts empty. */
+void kvp_registry_init(struct kvp_registry *r, const struct kvp_offer *offer)
+{
+    memset(r, 0, sizeof(*r));
+    r->offer = *offer;
+    pthread_mutex_init(&r->lock, NULL);
+}
+
+void kvp_registry_destroy(struct kvp_registry *r)
+{
+    pthread_mutex_destroy(&r->lock);
+}
+
+/*
+ * Every scalar of a registration comes from a worker: each is checked, in wire order, and the
+ * first bad one is named in the message so the operator can fix the worker's configuration.
+ */
+int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
+                          struct kvp_registration *inst, char *msg, size_t msg_size)
+{
+#define BAD(...)                              \
+    do {                                      \
+        snprintf(msg, msg_size, __VA_ARGS__); \
+        return -EINVAL;                       \
+    } while (0)
+
+    memset(inst, 0, sizeof(*inst));
+    if (!req->instance_id[0])
+        BAD("instance_id must not be empty");
+    if (!req->model_name[0])
+        BAD("model_name must not be empty");
+    if (req->world_size < 1)
+        BAD("world_size must be >= 1");
+    if (req->worker_rank >= req->world_size)
+        BAD("worker_rank %" PRIu32 " must be < world_size %" PRIu32, req->worker_rank,
+            req->world_size);
+    if (req->block_size < 1)
+        BAD("block_size must be >= 1");
+    if (req->num_layers < 1)
+        BAD("num_layers must be >= 1");
+    if (req->hidden_dim < 1)
+        BAD("hidden_dim must be >= 1");
+    if (req->use_mla > 1)
+        BAD("use_mla must be 0 or 1");
+    if (req->transport > KVP_WIRE_INLINE)
+        BAD("transport must be 0 (auto), 1 (shm) or 2 (inline)");
+    const struct kvp_dtype *dt = kvp_dtype_find(req->dtype);
+    if (!dt)
+        BAD("dtype '%s' is not supported (known: %s)", req->dtype, kvp_dtype_names());
+
+    int rc = kvp_chunk_layout(req->num_layers, r->offer.chunk_tokens, req->hidden_dim, dt->size,
+                              req->use_mla, r->offer.pool_size, &inst->layout);
+    if (rc)
+        BAD("num_layers x chunk_size x hidden_dim x dtype size: a chunk would not fit the "
+            "pool of %" PRIu64 " bytes",
+            r->offer.pool_size);
+#undef BAD
+    inst->req = *req;
+    inst->dtype_size = dt->size;
+    struct kvp_key_ns ns;
+    kvp_registration_key_ns(inst, NULL, 0, &ns);
+    if (kvp_key_seed(&ns, inst->seed)) {
+        snprintf(msg, msg_size, "cannot initialise hashing");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/*
+ * The worker reports what it will use after trying to map the segment itself; the daemon only
+ * refuses "shm" when it has no segment, and otherwise records the worker's choice and reason.
+ */
+int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
+                                  char *msg, size_t msg_size)
+{
+    const struct kvp_register_req *req = &inst->req;
+
+    if (req->transport == KVP_WIRE_SHM) {
+        if (!r->offer.shm_enabled) {
+            snprintf(msg, msg_size, "shm transport unavailable: %s", r->offer.shm_reason);
+            return -EOPNOTSUPP;
+        }
+        inst->transport = KVP_WIRE_SHM;
+        inst->reason[0] = '\0';
+        return 0;
+    }
+    inst->transport = KVP_WIRE_INLINE;
+    if (!r->offer.shm_enabled)
+        snprintf(inst->reason, sizeof(inst->reason), "%s", r->offer.shm_reason);
+    else if (req->reason[0])
+        snprintf(inst->reason, sizeof(inst->reason), "%s", req->reason);
+    else if (req->transport == KVP_WIRE_INLINE)
+        snprintf(inst->reason, sizeof(inst->reason), "requested by worker");
+    else
+        snprintf(inst->reason, sizeof(inst->reason), "worker did not map the segment");
+    return 0;
+}
+
+/* Slot index of instance id, or -1; caller holds the lock. */
+static int do_find_id(struct kvp_registry *r, const char *id)
+{
+    for (int i = 0; i < KVP_MAX_INSTANCES; i++)
+        if (r->slots[i].used && strcmp(r->slots[i].inst.req.instance_id, id) == 0)
+            return i;
+    return -1;
+}
+
+/* Slot of a handle, or -1; the generation check rejects handles of removed instances. */
+static int do_find_handle(struct kvp_registry *r, uint32_t handle)
+{
+    uint32_t i = handle & 0xffff;
+    if (i >= KVP_MAX_INSTANCES || !r->slots[i].used || r->slots[i].inst.handle != handle)
+        return -1;
+    return (int)i;
+}
+
+/* The one INFO line per registration that names the transport actually in use. */
+static void log_transport(const struct kvp_registration *inst, const struct kvp_offer *offer)
+{
+    if (inst->transport == KVP_WIRE_SHM && offer->memfd)
+        log_info("Instance %s non-GPU context using SHM transport (backend=memfd, "
+                 "pool_size=%" PRIu64 ")",
+                 inst->req.instance_id, offer->pool_size);
+    else if (inst->transport == KVP_WIRE_SHM)
+        log_info("Instance %s non-GPU context using SHM transport (shm_name=%s, "
+                 "pool_size=%" PRIu64 ")",
+                 inst->req.instance_id, offer->shm_name, offer->pool_size);
+    else
+        log_info("Instance %s non-GPU context using inline transport (%s)", inst->req.instance_id,
+                 inst->reason);
+}
+
+/*
+ * Names the first field in which registration want differs from have, in wire order, with
+ * both values. Returns true if one differs. The transport and its reason are not identity: a
+ * worker may ask for another transport and still gets its own registration back.
+ */
+static bool differs(const struct kvp_register_req *have, const struct kvp_register_req *want,
+                    char *msg, size_t msg_size)
+{
+#define STR_FIELD(f)                                                                       \
+    if (strcmp(have->f, want->f) != 0) {                                                   \
+        snprintf(msg, msg_size, "instance id %s is registered with " #f " '%s', not '%s'", \
+                 have->instance_id, have->f, want->f);                                     \
+        return true;                                                                       \
+    }
+#define U32_FIELD(f)                                                                   \
+    if (have->f != want->f) {                                                          \
+        snprintf(msg, msg_size,                                                        \
+                 "instance id %s is registered with " #f " %" PRIu32 ", not %" PRIu32, \
+                 have->instance_id, (uint32_t)have->f, (uint32_t)want->f);             \
+        return true;                                                                   \
+    }
+    STR_FIELD(model_name)
+    STR_FIELD(dtype)
+    U32_FIELD(world_size)
+    U32_FIELD(worker_rank)
+    U32_FIELD(block_size)
+    U32_FIELD(num_layers)
+    U32_FIELD(hidden_dim)
+    U32_FIELD(use_mla)
+#undef STR_FIELD
+#undef U32_FIELD
+    return false;
+}
+
+/*
+ * Logging happens after the lock is dropped: a log write is a syscall and must not stretch a
+ * critical section that every registration and request goes through.
+ */
+int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
+                     struct kvp_registration *inst, bool *existing, char *msg, size_t msg_size)
+{
+    *existing = false;
+    pthread_mutex_lock(&r->lock);
+    int i = do_find_id(r, inst->req.instance_id);
+    if (i >= 0) {
+        const struct kvp_registration *have = &r->slots[i].inst;
+        int rc = 0;
+        if (differs(&have->req, &inst->req, msg, msg_size)) {
+            rc = -EEXIST;
+        } else if (have->owner != owner) {
+            snprintf(msg, msg_size, "instance id %s in use by another connection, pid %" PRId32,
+                     have->req.instance_id, have->owner_pid);
+            rc = -EBUSY;
+        } else {
+            *inst = *have;
+            *existing = true;
+        }
+        pthread_mutex_unlock(&r->lock);
+        if (rc == 0)
+            log_warn("Instance %s is already registered by this connection; returning the "
+                     "existing registration",
+                     inst->req.instance_id);
+        return rc;
+    }
+    for (i = 0; i < KVP_MAX_INSTANCES && r->slots[i].used; i++)
+        ;
+    if (i == KVP_MAX_INSTANCES) {
+        pthread_mutex_unlock(&r->lock);
+        snprintf(msg, msg_size, "too many instances registered (max %d)", KVP_MAX_INSTANCES);
+        return -ENOSPC;
+    }
+    r->slots[i].used = true;
+    if (++r->slots[i].gen == 0)
+        r->slots[i].gen = 1;
+    inst->handle = ((uint32_t)r->slots[i].gen << 16) | (uint32_t)i;
+    inst->owner = owner;
+    inst->owner_pid = owner_pid;
+    r->slots[i].inst = *inst;
+    r->count++;
+    r->count_shm += inst->transport == KVP_WIRE_SHM;
+    struct kvp_instance_io *io = &r->slots[i].io;
+    atomic_store_explicit(&io->stored_chunks, 0, memory_order_relaxed);
+    atomic_store_explicit(&io->stored_bytes, 0, memory_order_relaxed);
+    atomic_store_explicit(&io->retrieved_chunks, 0, memory_order_relaxed);
+    atomic_store_explicit(&io->retrieved_bytes, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&r->lock);
+
+    KVP_COUNT(registrations, 1);
+    if (inst->transport == KVP_WIRE_SHM)
+        KVP_COUNT(registrations_shm, 1);
+    else
+        KVP_COUNT(registrations_inline, 1);
+    log_transport(inst, &r->offer);
+    return 0;
+}
+
+/* Returns a copy, so that a concurrent unregister can never leave the caller a dangling
+ * pointer. */
+int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_registration *out)
+{
+    pthread_mutex_lock(&r->lock);
+    int i = do_find_handle(r, handle);
+    if (i >= 0)
+        *out = r->slots[i].inst;
+    pthread_mutex_unlock(&r->lock);
+    return i >= 0 ? 0 : -ENOENT;
+}
+
+int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t owner,
+                           struct kvp_registration *out)
+{
+    pthread_mutex_lock(&r->lock);
+    int i = do_find_handle(r, handle);
+    if (i >= 0 && r->slots[i].inst.owner != owner)
+        i = -1;
+    if (i >= 0)
+        *out = r->slots[i].inst;
+    pthread_mutex_unlock(&r->lock);
+    return i >= 0 ? 0 : -ENOENT;
+}
+
+/* MLA layouts hold no per-rank heads, so all ranks of a model share one namespace. */
+void kvp_registration_key_ns(const struct kvp_registration *inst, const void *salt,
+                             uint32_t salt_len, struct kvp_key_ns *ns)
+{
+    *ns = (struct kvp_key_ns){
+        .model_name = inst->req.model_name,
+        .world_size = inst->req.world_size,
+        .rank = inst->req.use_mla ? KVP_RANK_SHARED : inst->req.worker_rank,
+        .dtype = inst->req.dtype,
+        .ndim = inst->layout.ndim,
+        .shape = inst->layout.shape,
+        .salt = salt,
+        .salt_len = salt_len,
+    };
+}
+
+int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why)
+{
+    char id[KVP_MAX_NAME + 1];
+    pthread_mutex_lock(&r->lock);
+    int i = do_find_handle(r, handle);
+    if (i >= 0) {
+        memcpy(id, r->slots[i].inst.req.instance_id, sizeof(id));
+        r->slots[i].used = false;
+        r->count--;
+        r->count_shm -= r->slots[i].inst.transport == KVP_WIRE_SHM;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (i < 0)
+        return -ENOENT;
+    log_info("Instance %s unregistered (%s)", id, why);
+    return 0;
+}
+
+/* Collects the handles first, then removes them one by one, so that each removal logs outside
+ * the lock. */
+uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner)
+{
+    uint32_t handles[KVP_MAX_INSTANCES], n = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < KVP_MAX_INSTANCES; i++)
+        if (r->slots[i].used && r->slots[i].inst.owner == owner)
+            handles[n++] = r->slots[i].inst.handle;
+    pthread_mutex_unlock(&r->lock);
+    uint32_t removed = 0;
+    for (uint32_t k = 0; k < n; k++)
+        removed += kvp_registry_remove(r, handles[k], "connection closed") == 0;
+    return removed;
+}
+
+uint32_t kvp_registry_count(struct kvp_registry *r)
+{
+    pthread_mutex_lock(&r->lock);
+    uint32_t n = r->count;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+void kvp_registry_count_transports(struct kvp_registry *r, uint32_t *total, uint32_t *shm)
+{
+    pthread_mutex_lock(&r->lock);
+    *total = r->count;
+    *shm = r->count_shm;
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* Relaxed: the counts order nothing; the status report reads them under the lock only to see
+ * the slot's registration consistently with them. */
+void kvp_registry_count_io(struct kvp_registry *r, uint32_t handle, bool store, uint64_t chunks,
+                           uint64_t bytes)
+{
+    uint32_t i = handle & 0xffff;
+    if (i >= KVP_MAX_INSTANCES || chunks == 0)
+        return;
+    struct kvp_instance_io *io = &r->slots[i].io;
+    atomic_fetch_add_explicit(store ? &io->stored_chunks : &io->retrieved_chunks, chunks,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(store ? &io->stored_bytes : &io->retrieved_bytes, bytes,
+                              memory_order_relaxed);
+}
+
+uint32_t kvp_registry_list(struct kvp_registry *r, struct kvp_instance_view *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < KVP_MAX_INSTANCES && n < cap; i++) {
+        if (!r->slots[i].used)
+            continue;
+        struct kvp_instance_io *io = &r->slots[i].io;
+        out[n] = (struct kvp_instance_view){
+            .reg = r->slots[i].inst,
+            .stored_chunks = atomic_load_explicit(&io->stored_chunks, memory_order_relaxed),
+            .stored_bytes = atomic_load_explicit(&io->stored_bytes, memory_order_relaxed),
+            .retrieved_chunks = atomic_load_explicit(&io->retrieved_chunks, memory_order_relaxed),
+            .retrieved_bytes = atomic_load_explicit(&io->retrieved_bytes, memory_order_relaxed),
+        };
+        n++;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}

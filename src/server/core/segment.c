@@ -1,0 +1,505 @@
+/*
+ * segment.c - creation and teardown of the pool's memory.
+ *
+ * Shared case, in order:
+ *   1. shm_open(O_CREAT|O_EXCL, 0600). If the name exists, open it and try a non-blocking
+ *      exclusive flock: if that fails a live daemon holds it and we refuse to start (-EBUSY); if
+ *      it succeeds the owner is dead (flocks die with their process), so the stale segment is
+ *      unlinked and creation is retried once. Liveness, not the name, decides.
+ *   2. flock(LOCK_EX) on our new segment, held until exit: this is what step 1 of the next
+ *      daemon tests.
+ *   3. ftruncate to the whole size (sparse) and mmap(MAP_SHARED) of it, then, in steps of
+ *      KVP_RESERVE_STEP bytes: posix_fallocate the step (EINTR retried) and populate and touch
+ *      its pages. On tmpfs this allocates every page, so a reserved page can never hit
+ *      ENOSPC/SIGBUS on a later write; failure (ENOSPC because /dev/shm was filled after the
+ *      capacity gate) of the first part unlinks the segment and the daemon goes inline. Only
+ *      the first KVP_RESERVE_FIRST bytes are reserved here, so that the daemon serves within a
+ *      second whatever the pool's size; kvp_segment_reserve_rest() does the rest on a thread of
+ *      its own (warmup.c) and reports each step, and the pool (pool.c) hands out only reserved
+ *      pages. A later failure leaves the pool at the part reserved so far. Steps make the
+ *      reservation observable (an INFO progress line every few seconds: bytes done, GB/s, time
+ *      left) and interruptible (a stop request between steps ends it with -ECANCELED).
+ *   4. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
+ *      it mapped this daemon's segment and not a namesake in another IPC namespace. The magic
+ *      is written last, after the lock: a segment with a valid header whose lock is free was
+ *      left by a dead daemon.
+ *
+ * memfd case: the same reservation and pre-faulting on an anonymous memfd, sized and then
+ * sealed against shrinking and growing before the reservation (which stays within the size); it has
+ * no name to collide with, nothing to unlink, and no /dev/shm size limit (the capacity gate checks
+ * available memory instead).
+ *
+ * Attach-only processes (workers) never unlink; only the owner does, in kvp_segment_destroy().
+ *
+ * Crash leftovers (kvp_segment_sweep): a SIGKILLed or OOM-killed daemon leaves its whole pool
+ * in /dev/shm, and with the default name kvpool_l1_pool_<pid> nobody would ever reuse it. At
+ * start-up, before the capacity gate, the daemon removes such segments: those of its euid whose
+ * liveness lock is free and that either carry a valid header or are older than
+ * KVP_SWEEP_MIN_AGE_S (a segment without a header that young may belong to a daemon that has
+ * just created it and not yet locked it).
+ *
+ * Threads: creation, sweep and destruction run on the main thread at start-up and shutdown;
+ * kvp_segment_reserve_rest() on the reservation thread, which shutdown joins before destroying.
+ */
+#include "core/segment.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "base/notify.h"
+#include "common/errors.h"
+#include "common/shm_name.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+static uint32_t progress_interval_ms = KVP_RESERVE_PROGRESS_MS;
+static const atomic_bool *reserve_cancel;
+
+void kvp_segment_set_reserve_control(uint32_t interval_ms, const atomic_bool *cancel)
+{
+    progress_interval_ms = interval_ms;
+    reserve_cancel = cancel;
+}
+
+static void write_header(struct kvp_segment *seg)
+{
+    kvp_seg_header_write(seg->base, seg->nonce, seg->size, (uint32_t)getpid());
+}
+
+/*
+ * Writes one byte of every page. MAP_POPULATE maps the pages, but on virtual machines the first
+ * write through a mapping still costs a fault-sized exit per page (measured: 0.4-0.9 GB/s for a
+ * first pass against 20-30 GB/s afterwards). The pool is all zeroes here, so writing zero is
+ * harmless, and the cost moves from the first requests to start-up. Not instrumented by TSan:
+ * a single-threaded first touch has nothing to check, and its shadow memory would add seconds
+ * per GiB to a sanitized daemon's start-up.
+ */
+__attribute__((no_sanitize_thread)) static void touch_pages(uint8_t *base, uint64_t size)
+{
+    for (uint64_t off = 0; off < size; off += 4096)
+        ((volatile uint8_t *)base)[off] = 0;
+
+    /*
+     * Kernel writes into the pool (the socket receive of an inline store) pay their own first
+     * touch per page on such machines; a read from /dev/zero over the (all-zero) pool takes
+     * that cost now. Best effort: on failure the pool is just slower the first time.
+     */
+    int zfd = open("/dev/zero", O_RDONLY | O_CLOEXEC);
+    for (uint64_t off = 0; zfd >= 0 && off < size;) {
+        size_t n = size - off < (1u << 20) ? (size_t)(size - off) : (size_t)(1u << 20);
+        /* The raw syscall keeps sanitizer interceptors from walking shadow memory of the
+         * whole pool; the kernel's write is not theirs to check. */
+        ssize_t r = syscall(SYS_read, zfd, base + off, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        off += (uint64_t)r;
+    }
+    if (zfd >= 0)
+        close(zfd);
+}
+
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/*
+ * Reserves and pre-faults base[from, to) in steps: for a file-backed mapping (fd >= 0) each step
+ * is first allocated with posix_fallocate. After each step seg->reserved moves on and on_step
+ * (when not NULL) hears of it. Logs progress at INFO every progress_interval_ms. Returns 0,
+ * -ECANCELED when a stop was requested, or the negative errno of posix_fallocate (why filled).
+ */
+static int reserve_steps(struct kvp_segment *seg, uint8_t *base, int fd, uint64_t from, uint64_t to,
+                         const char *what, kvp_reserve_cb on_step, void *arg, char *why,
+                         size_t why_size)
+{
+    struct timespec t0;
+    double last = 0;
+    bool reported = false;
+    char status[320];
+
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    log_info("Reserving %" PRIu64 " of %" PRIu64 " bytes for the pool (%s) %s", to - from,
+             seg->size, what, on_step ? "in the background" : "before serving");
+    for (uint64_t off = from; off < to;) {
+        uint64_t n = to - off < KVP_RESERVE_STEP ? to - off : KVP_RESERVE_STEP;
+        if (reserve_cancel && atomic_load(reserve_cancel)) {
+            snprintf(why, why_size, "stopped while reserving %s", what);
+            return -ECANCELED;
+        }
+        if (fd >= 0) {
+            int rc;
+            do {
+                rc = posix_fallocate(fd, (off_t)off, (off_t)n);
+            } while (rc == EINTR);
+            if (rc != 0) {
+                snprintf(why, why_size, "cannot reserve %" PRIu64 " bytes for %s: %s", to - off,
+                         what, kvp_strerror(-rc));
+                return -rc;
+            }
+        }
+        /* Best effort (EINVAL before Linux 5.14): touch_pages faults the pages in anyway. */
+        (void)madvise(base + off, n, MADV_POPULATE_WRITE);
+        touch_pages(base + off, n);
+        off += n;
+        seg->reserved = off;
+        if (on_step)
+            on_step(arg, off);
+
+        double t = seconds_since(&t0);
+        if (off < to && (t - last) * 1000 >= progress_interval_ms) {
+            double rate = t > 0 ? (double)(off - from) / t : 0;
+            snprintf(status, sizeof(status),
+                     "Reserving the pool: %" PRIu64 " of %" PRIu64 " bytes (%d%%), %.2f GB/s, "
+                     "about %.0f s left",
+                     off, seg->size, (int)(off * 100 / seg->size), rate / 1e9,
+                     rate > 0 ? (double)(to - off) / rate : 0.0);
+            log_info("%s", status);
+            /* Before serving, also what keeps a service manager's start-up timeout from
+             * killing us; afterwards just the status. */
+            if (on_step)
+                kvp_notify_status(status);
+            else
+                kvp_notify_progress(status);
+            last = t;
+            reported = true;
+        }
+    }
+    double t = seconds_since(&t0);
+    kvp_log(reported || on_step ? KVP_LOG_INFO : KVP_LOG_DEBUG,
+            "Reserved %" PRIu64 " bytes for the pool in %.1f s (%.2f GB/s)", to - from, t,
+            t > 0 ? (double)(to - from) / t / 1e9 : 0.0);
+    return 0;
+}
+
+/* The part of a size-byte segment reserved before the creation functions return. */
+static uint64_t first_part(uint64_t size)
+{
+    return size < KVP_RESERVE_FIRST ? size : KVP_RESERVE_FIRST;
+}
+
+/*
+ * Sizes fd to size bytes (sparse: nothing is allocated yet), maps it whole, reserves and
+ * pre-faults its first part and writes the header. On success seg owns fd and the mapping; on
+ * failure neither is touched.
+ */
+static int reserve_and_map(struct kvp_segment *seg, int fd, uint64_t size, const char *what,
+                           char *why, size_t why_size)
+{
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int rc = -errno;
+        snprintf(why, why_size, "cannot size %s: %s", what, kvp_strerror(rc));
+        return rc;
+    }
+    /* Only reserved pages are ever accessed: the pool hands out no slot beyond them. */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int rc = -errno;
+        snprintf(why, why_size, "cannot map %s: %s", what, kvp_strerror(-errno));
+        return rc;
+    }
+    seg->size = size;
+    int rc = reserve_steps(seg, p, fd, 0, first_part(size), what, NULL, NULL, why, why_size);
+    if (rc) {
+        munmap(p, size);
+        seg->size = seg->reserved = 0;
+        return rc;
+    }
+    seg->base = p;
+    seg->fd = fd;
+    seg->shared = true;
+    randombytes_buf(seg->nonce, sizeof(seg->nonce));
+    write_header(seg);
+    return 0;
+}
+
+int kvp_segment_reserve_rest(struct kvp_segment *seg, kvp_reserve_cb on_step, void *arg, char *why,
+                             size_t why_size)
+{
+    char what[160];
+    why[0] = '\0';
+    if (seg->memfd)
+        snprintf(what, sizeof(what), "the memfd segment");
+    else if (seg->shared)
+        snprintf(what, sizeof(what), "/dev/shm/%s", seg->name);
+    else
+        snprintf(what, sizeof(what), "private memory");
+    if (seg->reserved >= seg->size)
+        return 0;
+    return reserve_steps(seg, seg->base, seg->shared ? seg->fd : -1, seg->reserved, seg->size, what,
+                         on_step, arg, why, why_size);
+}
+
+/* Reads the owner pid recorded in an existing segment's header, 0 if unreadable. */
+static uint32_t header_pid(int fd)
+{
+    struct kvp_seg_header h;
+    ssize_t n = pread(fd, &h, sizeof(h), 0);
+    return n > 0 ? kvp_seg_header_pid(&h, (size_t)n) : 0;
+}
+
+/* Handles an existing name: -EBUSY if a live daemon holds it, 0 once a stale one is removed. */
+static int replace_stale(const char *path, char *why, size_t why_size)
+{
+    int fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+        int err = errno;
+        /* It vanished meanwhile: fine, retry the creation. */
+        if (err == ENOENT)
+            return 0;
+        snprintf(why, why_size, "cannot inspect existing segment /dev/shm%s: %s", path,
+                 kvp_strerror(-err));
+        return -err;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        uint32_t pid = header_pid(fd);
+        close(fd);
+        if (err == EWOULDBLOCK) {
+            snprintf(why, why_size,
+                     "segment /dev/shm%s is in use by a running kvpoold (pid %u); choose "
+                     "another --shm-name",
+                     path, pid);
+            return -EBUSY;
+        }
+        snprintf(why, why_size, "cannot lock /dev/shm%s: %s", path, kvp_strerror(-err));
+        return -err;
+    }
+    log_warn("Replacing stale segment /dev/shm%s left by a dead kvpoold (pid %u)", path,
+             header_pid(fd));
+    shm_unlink(path);
+    close(fd);
+    return 0;
+}
+
+int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_t size,
+                              uint32_t mode, char *why, size_t why_size)
+{
+    char path[130];
+    int fd = -1, rc;
+
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    why[0] = '\0';
+    snprintf(path, sizeof(path), "/%s", name);
+
+    for (int attempt = 0;; attempt++) {
+        fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            break;
+        if (errno != EEXIST || attempt > 0) {
+            rc = -errno;
+            snprintf(why, why_size, "cannot create /dev/shm%s: %s", path, kvp_strerror(-errno));
+            return rc;
+        }
+        rc = replace_stale(path, why, why_size);
+        if (rc)
+            return rc;
+    }
+    /*
+     * Between O_EXCL and this lock another daemon starting with the same name could see an
+     * unlocked file, take it for stale and unlink it. So after locking, check that the name
+     * still refers to our file; if it does not (or someone else holds the lock), we lost the
+     * race and refuse, leaving the name to the winner.
+     */
+    struct stat ours, named;
+    char dev_path[sizeof(path) + 8];
+    snprintf(dev_path, sizeof(dev_path), "/dev/shm%s", path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &ours) != 0 || stat(dev_path, &named) != 0 ||
+        ours.st_ino != named.st_ino || ours.st_dev != named.st_dev) {
+        close(fd);
+        snprintf(why, why_size,
+                 "segment /dev/shm%s was claimed by another kvpoold starting at the same time; "
+                 "choose another --shm-name",
+                 path);
+        return -EBUSY;
+    }
+
+    /* shm_open's mode is filtered by the umask; set the configured bits exactly. */
+    if (fchmod(fd, mode) != 0) {
+        rc = -errno;
+        snprintf(why, why_size, "cannot set mode %o on /dev/shm%s: %s", mode, path,
+                 kvp_strerror(-errno));
+        goto out_unlink;
+    }
+    char what[160];
+    snprintf(what, sizeof(what), "/dev/shm%s", path);
+    rc = reserve_and_map(seg, fd, size, what, why, why_size);
+    if (rc)
+        goto out_unlink;
+    snprintf(seg->name, sizeof(seg->name), "%s", name);
+    return 0;
+
+out_unlink:
+    shm_unlink(path);
+    close(fd);
+    return rc;
+}
+
+int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, size_t why_size)
+{
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    why[0] = '\0';
+    int fd = memfd_create("kvpool_l1_pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        int err = errno;
+        snprintf(why, why_size, "memfd_create: %s", kvp_strerror(-err));
+        return -err;
+    }
+    /* Sized, then sealed before anything else: the reservation allocates within the size,
+     * which the seals allow, and no worker holding the fd can resize it. */
+    int rc = 0;
+    if (ftruncate(fd, (off_t)size) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        rc = -errno;
+        snprintf(why, why_size, "cannot size and seal the memfd segment: %s", kvp_strerror(rc));
+    }
+    if (rc == 0)
+        rc = reserve_and_map(seg, fd, size, "the memfd segment", why, why_size);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    seg->memfd = true;
+    return 0;
+}
+
+int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size)
+{
+    char why[160];
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+    /* cppcheck-suppress invalidFunctionArg ; an anonymous mapping takes fd -1 */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    seg->size = size;
+    int rc = reserve_steps(seg, p, -1, 0, first_part(size), "private memory", NULL, NULL, why,
+                           sizeof(why));
+    if (rc) {
+        munmap(p, size);
+        *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+        return rc;
+    }
+    seg->base = p;
+    randombytes_buf(seg->nonce, sizeof(seg->nonce));
+    write_header(seg);
+    return 0;
+}
+
+void kvp_segment_destroy(struct kvp_segment *seg)
+{
+    if (!seg)
+        return;
+    if (seg->base)
+        munmap(seg->base, seg->size);
+    if (seg->shared && !seg->memfd && seg->name[0]) {
+        char path[130];
+        snprintf(path, sizeof(path), "/%s", seg->name);
+        shm_unlink(path);
+    }
+    /* Only a shared segment owns a descriptor; a zeroed struct's fd 0 is somebody else's. */
+    if (seg->shared && seg->fd >= 0)
+        close(seg->fd);
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+}
+
+/* A name the sweep may consider: the default kvpool_l1_pool_<pid>, or the configured name. */
+static bool sweep_candidate(const char *name, const char *own_name)
+{
+    size_t plen = strlen(KVP_SHM_PREFIX);
+    if (own_name && own_name[0] && strcmp(name, own_name) == 0)
+        return true;
+    if (strncmp(name, KVP_SHM_PREFIX, plen) != 0 || name[plen] == '\0')
+        return false;
+    for (const char *p = name + plen; *p; p++)
+        if (*p < '0' || *p > '9')
+            return false;
+    return true;
+}
+
+/* True when fd starts with the segment magic, which the owner writes after taking the lock. */
+static bool has_header(int fd)
+{
+    struct kvp_seg_header h;
+    ssize_t n = pread(fd, &h, sizeof(h), 0);
+    return n > 0 && kvp_seg_header_has_magic(&h, (size_t)n);
+}
+
+/*
+ * Removes one leftover if it is one: ours (euid), a regular file, its lock free, a header or
+ * old enough, and the name still refers to the file we locked. Returns its size, or 0 when it
+ * stays.
+ */
+static uint64_t sweep_one(int dfd, const char *dir, const char *name, bool own, uint32_t min_age_s)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct stat st, named;
+    uint64_t freed = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+        goto out_close;
+    if (!has_header(fd)) {
+        time_t newest = st.st_mtim.tv_sec > st.st_ctim.tv_sec ? st.st_mtim.tv_sec
+                                                              : st.st_ctim.tv_sec;
+        /* Possibly a daemon between O_EXCL and its flock: never lock it, or that daemon would
+         * take its own segment for a competitor's. */
+        if (time(NULL) - newest < (time_t)min_age_s)
+            goto out_close;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        goto out_close; /* a live daemon holds it */
+    if (fstatat(dfd, name, &named, AT_SYMLINK_NOFOLLOW) != 0 || named.st_ino != st.st_ino ||
+        named.st_dev != st.st_dev)
+        goto out_close; /* replaced meanwhile: not the file we judged */
+    uint32_t pid = header_pid(fd);
+    if (unlinkat(dfd, name, 0) != 0)
+        goto out_close;
+    freed = (uint64_t)st.st_size;
+    if (pid)
+        log_warn("%s stale segment %s/%s (%" PRIu64 " bytes) left by a dead kvpoold (pid %" PRIu32
+                 ")",
+                 own ? "Replacing" : "Removing", dir, name, freed, pid);
+    else
+        log_warn("%s stale segment %s/%s (%" PRIu64 " bytes) left by a kvpoold that died "
+                 "while creating it",
+                 own ? "Replacing" : "Removing", dir, name, freed);
+out_close:
+    close(fd); /* releases our lock, if taken */
+    return freed;
+}
+
+uint64_t kvp_segment_sweep(const char *dir, const char *own_name, uint32_t min_age_s)
+{
+    DIR *d = opendir(dir);
+    uint64_t freed = 0;
+    if (!d) {
+        log_debug("Cannot look for stale segments in %s: %s", dir, kvp_strerror(-errno));
+        return 0;
+    }
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and d is private to this call */
+    for (struct dirent *e = readdir(d); e; e = readdir(d))
+        if (sweep_candidate(e->d_name, own_name))
+            freed += sweep_one(dirfd(d), dir, e->d_name,
+                               own_name && strcmp(e->d_name, own_name) == 0, min_age_s);
+    closedir(d);
+    return freed;
+}

@@ -1,0 +1,106 @@
+/*
+ * snapshot.c - one copy of everything the daemon reports (see snapshot.h).
+ *
+ * Design. Reports are rendered from a copy, never from live structures, so that no lock is held
+ * while text is formatted and a slow reader (an HTTP client, a `kvpool stats`) can never delay a
+ * worker. Each owner is asked in turn, under its own lock, for a copy: the store for its gauges
+ * (kvp_store_get_gauges), the registry for its instances and their transfer counts, the server
+ * for its connection list. The locks are leaf locks and are taken one after the other, so the
+ * snapshot is a set of consistent parts rather than one instant: an instance may be counted in
+ * "instances" and have disconnected by the time the client list is copied. Counters and the
+ * latency histogram are relaxed atomic loads, no lock at all.
+ *
+ * Memory: the lists are allocated before any lock is taken, at their bound (KVP_MAX_INSTANCES
+ * instances, --max-clients clients), so a copy never allocates under a lock.
+ *
+ * Threads: any thread, once the server has started (the store and the registry exist).
+ */
+#include "core/snapshot.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/daemon.h"
+#include "kvp/session.h"
+#include "l2/l2.h"
+
+/* Copies the connection list; caller allocated out with room for cap entries. */
+static uint32_t copy_clients(struct kvp_server *s, struct kvp_client_view *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&s->conns_lock);
+    for (const struct kvp_session *c = s->conns; c && n < cap; c = c->next)
+        out[n++] = (struct kvp_client_view){
+            .id = c->id,
+            .pid = c->peer.pid,
+            .uid = c->peer.uid,
+            .connected_since_ms = c->connected_since_ms,
+        };
+    pthread_mutex_unlock(&s->conns_lock);
+    return n;
+}
+
+int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot *snap)
+{
+    struct kvp_store_gauges g;
+    uint32_t ninst, nshm;
+
+    *snap = (struct kvp_snapshot){.taken_ms = kvp_wall_ms(), .started_ms = s->started_wall_ms};
+    if (flags & KVP_SNAP_LISTS) {
+        /* The connection list may exceed --max-clients by nobody: conn_new() checks it. */
+        uint32_t max_clients = s->cfg.max_clients ? s->cfg.max_clients : 1;
+        snap->instances = malloc(sizeof(*snap->instances) * KVP_MAX_INSTANCES);
+        snap->clients = malloc(sizeof(*snap->clients) * max_clients);
+        if (!snap->instances || !snap->clients) {
+            kvp_snapshot_free(snap);
+            return -ENOMEM;
+        }
+        snap->ninstances = kvp_registry_list(&s->registry, snap->instances, KVP_MAX_INSTANCES);
+        snap->nclients = copy_clients(s, snap->clients, max_clients);
+    }
+
+    kvp_counters_read(snap->counters);
+    kvp_latency_read(snap->latency);
+
+    kvp_store_get_gauges(&s->store, &g);
+    kvp_registry_count_transports(&s->registry, &ninst, &nshm);
+    pthread_mutex_lock(&s->conns_lock);
+    uint32_t nconns = s->nconns;
+    pthread_mutex_unlock(&s->conns_lock);
+
+    /* Every gauge of KVP_GAUGE_MAP gets its value here: a new one must be added below. */
+    _Static_assert(KVP_NGAUGES == 19, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
+    uint64_t *v = snap->gauges;
+    v[KVP_GAUGE_pool_size] = g.pool_size;
+    v[KVP_GAUGE_pool_reserved] = g.pool_reserved;
+    v[KVP_GAUGE_pool_used] = g.pool_used;
+    v[KVP_GAUGE_pool_largest_free] = g.largest_free;
+    v[KVP_GAUGE_objects_committed] = g.committed;
+    v[KVP_GAUGE_objects_reserved] = g.reserved;
+    v[KVP_GAUGE_objects_expired] = g.expired;
+    v[KVP_GAUGE_objects_pinned] = g.pinned;
+    v[KVP_GAUGE_instances] = ninst;
+    v[KVP_GAUGE_instances_shm] = nshm;
+    v[KVP_GAUGE_instances_inline] = ninst - nshm;
+    v[KVP_GAUGE_connections] = nconns;
+    v[KVP_GAUGE_max_clients] = s->cfg.max_clients;
+    v[KVP_GAUGE_shm_enabled] = s->seg.shared;
+    v[KVP_GAUGE_chunk_tokens] = s->cfg.chunk_tokens;
+    v[KVP_GAUGE_uptime_seconds] = (kvp_mono_ms() - s->started_mono_ms) / 1000;
+    struct kvp_l2_gauges l2;
+    kvp_l2_get_gauges(s->l2, &l2);
+    v[KVP_GAUGE_l2_up] = l2.up;
+    v[KVP_GAUGE_l2_backlog_chunks] = l2.backlog_chunks;
+    v[KVP_GAUGE_l2_backlog_bytes] = l2.backlog_bytes;
+    return 0;
+}
+
+void kvp_snapshot_free(struct kvp_snapshot *snap)
+{
+    free(snap->instances);
+    free(snap->clients);
+    snap->instances = NULL;
+    snap->clients = NULL;
+    snap->ninstances = snap->nclients = 0;
+}

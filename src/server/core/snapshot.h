@@ -1,0 +1,53 @@
+/*
+ * snapshot.h - one copy of everything the daemon reports (counters, gauges, the latency
+ * histogram, the instances and the connected clients), taken with each lock held only for
+ * copying, so that the renderers (the STATS reply in handlers.c, status.c, metrics.c) format it
+ * without holding any lock.
+ */
+#ifndef KVP_SNAPSHOT_H
+#define KVP_SNAPSHOT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/registry.h"
+#include "core/stats.h"
+
+struct kvp_server;
+
+/* A connected client as the status report shows it. */
+struct kvp_client_view {
+    uint64_t id; /* connection id: what kvp_registration.owner names */
+    int32_t pid; /* peer credentials (SO_PEERCRED), -1 when unknown */
+    uint32_t uid;
+    int64_t connected_since_ms; /* wall clock, ms since the epoch */
+};
+
+struct kvp_snapshot {
+    int64_t taken_ms;   /* wall clock of the snapshot, ms since the epoch */
+    int64_t started_ms; /* wall clock of the daemon's start */
+    uint64_t counters[KVP_NCOUNTERS];
+    uint64_t gauges[KVP_NGAUGES];
+    struct kvp_latency_copy latency[KVP_OP_MAX_]; /* by opcode */
+
+    /* With KVP_SNAP_LISTS only (else NULL and 0). */
+    struct kvp_instance_view *instances;
+    uint32_t ninstances;
+    struct kvp_client_view *clients;
+    uint32_t nclients;
+};
+
+/* Flags of kvp_snapshot_take(). */
+#define KVP_SNAP_LISTS 1u /* also copy the instances and the clients */
+
+/*
+ * Takes a snapshot of s, which must have started (store and registry ready). Takes the store,
+ * registry and connection-list locks one after the other (never two at once), each for a copy.
+ * Returns 0, or -ENOMEM (nothing to free). Free with kvp_snapshot_free().
+ */
+int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot *snap);
+
+/* Frees the lists of a snapshot. Safe on a zeroed one. */
+void kvp_snapshot_free(struct kvp_snapshot *snap);
+
+#endif /* KVP_SNAPSHOT_H */

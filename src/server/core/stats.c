@@ -1,0 +1,87 @@
+/*
+ * stats.c - storage of the counters and of the request-latency histogram declared in stats.h,
+ * and the maps as data for the renderers.
+ *
+ * Threads: any thread increments, any thread reads; everything is a relaxed atomic, because no
+ * value orders any other memory. A reader may see one counter updated and its neighbour not yet:
+ * reports are a moment's approximation, never a synchronisation point. The histogram's count is
+ * derived from its buckets by the reader, so a rendering is internally consistent (the +Inf
+ * bucket equals _count) even though it races with recording.
+ */
+#include "core/stats.h"
+
+#include <ctype.h>
+#include <string.h>
+
+struct kvp_counters kvp_counters;
+
+const struct kvp_stat_desc kvp_counter_desc[KVP_NCOUNTERS] = {
+#define KVP_COUNTER_DESC(n, f, l, v, h) {#n, f, l, v, h},
+    KVP_COUNTER_MAP(KVP_COUNTER_DESC)
+#undef KVP_COUNTER_DESC
+};
+
+const struct kvp_stat_desc kvp_gauge_desc[KVP_NGAUGES] = {
+#define KVP_GAUGE_DESC(n, f, l, v, h) {#n, f, l, v, h},
+    KVP_GAUGE_MAP(KVP_GAUGE_DESC)
+#undef KVP_GAUGE_DESC
+};
+
+void kvp_counters_read(uint64_t *v)
+{
+#define KVP_COUNTER_READ(n, f, l, val, h) \
+    v[KVP_CTR_##n] = atomic_load_explicit(&kvp_counters.n, memory_order_relaxed);
+    KVP_COUNTER_MAP(KVP_COUNTER_READ)
+#undef KVP_COUNTER_READ
+}
+
+#define US 1000ull
+#define MS 1000000ull
+#define S 1000000000ull
+
+const uint64_t kvp_latency_bound_ns[KVP_LATENCY_BUCKETS] = {
+    50 * US, 100 * US, 250 * US, 500 * US, 1 * MS,   2500 * US, 5 * MS,    10 * MS,
+    25 * MS, 50 * MS,  100 * MS, 250 * MS, 500 * MS, 1 * S,     2500 * MS, 10 * S,
+};
+
+const char *const kvp_latency_bound_le[KVP_LATENCY_BUCKETS] = {
+    "5e-05", "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01",
+    "0.025", "0.05",   "0.1",     "0.25",   "0.5",   "1",      "2.5",   "10",
+};
+
+void kvp_op_label(uint16_t op, char *out, size_t size)
+{
+    const char *name = kvp_opcode_name(op);
+    size_t i = 0;
+    for (; name[i] && i + 1 < size; i++)
+        out[i] = (char)tolower((unsigned char)name[i]);
+    out[i] = '\0';
+}
+
+/* Indexed by opcode; slot 0 is never recorded. */
+static struct kvp_latency latency[KVP_OP_MAX_];
+
+void kvp_latency_record(uint16_t op, uint64_t ns)
+{
+    if (op == 0 || op >= KVP_OP_MAX_)
+        return;
+    int b = 0;
+    while (b < KVP_LATENCY_BUCKETS && ns > kvp_latency_bound_ns[b])
+        b++;
+    atomic_fetch_add_explicit(&latency[op].bucket[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&latency[op].sum_ns, ns, memory_order_relaxed);
+}
+
+void kvp_latency_read(struct kvp_latency_copy out[KVP_OP_MAX_])
+{
+    memset(&out[0], 0, sizeof(out[0]));
+    for (int op = 1; op < KVP_OP_MAX_; op++) {
+        struct kvp_latency_copy *c = &out[op];
+        c->count = 0;
+        for (int b = 0; b <= KVP_LATENCY_BUCKETS; b++) {
+            c->bucket[b] = atomic_load_explicit(&latency[op].bucket[b], memory_order_relaxed);
+            c->count += c->bucket[b];
+        }
+        c->sum_ns = atomic_load_explicit(&latency[op].sum_ns, memory_order_relaxed);
+    }
+}

@@ -1,0 +1,447 @@
+/*
+ * http.c - the daemon's HTTP endpoint (see http.h), on libmicrohttpd.
+ *
+ * Design. Operators' tools (Prometheus, a browser, curl, a container's liveness probe) read the
+ * daemon over HTTP; workers never do. So the endpoint is read-only, and nothing it does can slow
+ * the data path: every answer is rendered from a snapshot (snapshot.c) whose locks are held only
+ * to copy, and the text is formatted with no lock held. It has its own thread, so a slow or
+ * malicious HTTP client can at worst delay other HTTP clients, never a worker.
+ *
+ * Life cycle. kvp_server_start() calls kvp_http_start() before the pool is reserved (server.c,
+ * step 2b): a port that cannot be bound is a start-up error within a second, not after minutes
+ * of reservation, and during the reservation /api/healthcheck already answers 503 "starting".
+ * The socket is bound here (so the ERROR line can name the cause) and handed to libmicrohttpd.
+ * From the release store of s->serving on, the answers read the store and the registry; the
+ * endpoint is stopped in kvp_server_destroy() after the connections have closed (so that a probe
+ * sees 503 "stopping" meanwhile) and before the store and the registry are freed.
+ *
+ * Limits (every input an HTTP client controls): KVP_HTTP_MAX_CONNECTIONS connections at once,
+ * KVP_HTTP_MEMORY_LIMIT bytes for a request's line and headers (more is answered 431 or 414 by
+ * libmicrohttpd), KVP_HTTP_TIMEOUT_S seconds of inactivity (a slow or silent client is
+ * disconnected), strict HTTP/1.1 parsing, GET and HEAD only (anything else 405, an unknown path
+ * 404, both with a JSON body). A request body is never read.
+ *
+ * Security headers: no caching, no MIME sniffing; the page gets a Content-Security-Policy that
+ * allows nothing but its own inline style and script, identified by their SHA-256 (computed
+ * here from the embedded page, so editing the page needs no second edit), and fetches from its
+ * own origin.
+ *
+ * Threads: libmicrohttpd's one internal polling thread runs every request handler; it is
+ * created with the stop signals blocked, like every other thread of the daemon.
+ */
+#include "http/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+#include <sodium.h>
+
+#include "base/log.h"
+#include "common/errors.h"
+#include "core/daemon.h"
+#include "core/stats.h"
+#include "http/metrics.h"
+#include "http/status_json.h"
+#include "http/status_page.h"
+
+struct kvp_http {
+    struct MHD_Daemon *mhd;
+    struct kvp_server *srv;
+    uint16_t port;
+    char url[80]; /* http://ADDR:PORT/ as actually bound */
+    char csp[512];
+};
+
+/* ---- the --http value ---- */
+
+static int parse_port(const char *s, uint16_t *port)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 5 || strspn(s, "0123456789") != n)
+        return -EINVAL;
+    unsigned long v = strtoul(s, NULL, 10);
+    if (v > 65535)
+        return -EINVAL;
+    *port = (uint16_t)v;
+    return 0;
+}
+
+/* An explicit address is required for anything but loopback: binding elsewhere is a choice. */
+int kvp_http_parse_listen(const char *spec, struct kvp_http_listen *out)
+{
+    struct kvp_http_listen l;
+    char host[64] = "127.0.0.1";
+    const char *port_s = spec;
+    uint16_t port;
+
+    memset(&l, 0, sizeof(l));
+    if (strcmp(spec, "off") == 0) {
+        l.off = true;
+        goto done;
+    }
+    const char *colon = strrchr(spec, ':');
+    if (colon) {
+        size_t hl = (size_t)(colon - spec);
+        if (hl == 0 || hl >= sizeof(host))
+            return -EINVAL;
+        memcpy(host, spec, hl);
+        host[hl] = '\0';
+        port_s = colon + 1;
+    }
+    if (parse_port(port_s, &port))
+        return -EINVAL;
+    if (host[0] == '[') {
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&l.addr;
+        size_t n = strlen(host);
+        if (n < 3 || host[n - 1] != ']')
+            return -EINVAL;
+        host[n - 1] = '\0';
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons(port);
+        if (inet_pton(AF_INET6, host + 1, &a6->sin6_addr) != 1)
+            return -EINVAL;
+        l.addrlen = sizeof(*a6);
+        l.loopback = IN6_IS_ADDR_LOOPBACK(&a6->sin6_addr);
+    } else {
+        struct sockaddr_in *a4 = (struct sockaddr_in *)&l.addr;
+        if (strcmp(host, "localhost") == 0)
+            snprintf(host, sizeof(host), "127.0.0.1");
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons(port);
+        if (inet_pton(AF_INET, host, &a4->sin_addr) != 1)
+            return -EINVAL;
+        l.addrlen = sizeof(*a4);
+        l.loopback = (ntohl(a4->sin_addr.s_addr) >> 24) == 127;
+    }
+done:
+    if (out)
+        *out = l;
+    return 0;
+}
+
+/* http://ADDR:PORT/ for the log and the status. */
+static void format_url(const struct sockaddr_storage *ss, uint16_t port, char *out, size_t size)
+{
+    char a[INET6_ADDRSTRLEN] = "?";
+    if (ss->ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)ss)->sin6_addr, a, sizeof(a));
+        snprintf(out, size, "http://[%s]:%u/", a, (unsigned)port);
+    } else {
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)ss)->sin_addr, a, sizeof(a));
+        snprintf(out, size, "http://%s:%u/", a, (unsigned)port);
+    }
+}
+
+/* Binds and listens. Returns the socket, or a negative errno after the start-up ERROR line. */
+static int bind_listen(const struct kvp_http_listen *l, const char *spec, uint16_t *port)
+{
+    int fd = socket(l->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), err;
+    if (fd < 0) {
+        err = errno;
+        log_error("Cannot start: cannot create the HTTP socket for --http %s: %s", spec,
+                  kvp_strerror(-err));
+        return -err;
+    }
+    int one = 1;
+    /* A restart must not wait for the previous daemon's connections in TIME_WAIT. */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (l->addr.ss_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (bind(fd, (const struct sockaddr *)&l->addr, l->addrlen) != 0) {
+        err = errno;
+        close(fd);
+        if (err == EADDRINUSE)
+            log_error("Cannot start: the HTTP address %s is already in use (by another kvpoold or "
+                      "another service); choose another with --http ADDR:PORT, or --http off",
+                      spec);
+        else if (err == EACCES)
+            log_error("Cannot start: no permission to bind the HTTP address %s (ports below 1024 "
+                      "need privileges); choose another with --http ADDR:PORT",
+                      spec);
+        else if (err == EADDRNOTAVAIL)
+            log_error("Cannot start: the HTTP address %s is not an address of this host (--http)",
+                      spec);
+        else
+            log_error("Cannot start: cannot bind the HTTP address %s: %s", spec,
+                      kvp_strerror(-err));
+        return -err;
+    }
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (listen(fd, 64) != 0 || getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
+        err = errno;
+        close(fd);
+        log_error("Cannot start: cannot listen on the HTTP address %s: %s", spec,
+                  kvp_strerror(-err));
+        return -err;
+    }
+    *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                           : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
+}
+
+/* ---- the page's Content-Security-Policy ---- */
+
+/* 'sha256-<base64>' of the text between the first open tag and the next close tag. */
+static int inline_hash(const char *open, const char *close, char *out, size_t size)
+{
+    const char *page = (const char *)kvp_status_page;
+    size_t len = kvp_status_page_len;
+    const char *a = memmem(page, len, open, strlen(open));
+    if (!a)
+        return -EINVAL;
+    a += strlen(open);
+    const char *b = memmem(a, len - (size_t)(a - page), close, strlen(close));
+    if (!b)
+        return -EINVAL;
+    unsigned char h[crypto_hash_sha256_BYTES];
+    char b64[sodium_base64_ENCODED_LEN(crypto_hash_sha256_BYTES, sodium_base64_VARIANT_ORIGINAL)];
+    crypto_hash_sha256(h, (const unsigned char *)a, (unsigned long long)(b - a));
+    sodium_bin2base64(b64, sizeof(b64), h, sizeof(h), sodium_base64_VARIANT_ORIGINAL);
+    snprintf(out, size, "'sha256-%s'", b64);
+    return 0;
+}
+
+static int make_csp(char *out, size_t size)
+{
+    char script[64], style[64];
+    if (inline_hash("<script>", "</script>", script, sizeof(script)) ||
+        inline_hash("<style>", "</style>", style, sizeof(style)))
+        return -EINVAL;
+    snprintf(out, size,
+             "default-src 'none'; script-src %s; style-src %s; connect-src 'self'; "
+             "img-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+             script, style);
+    return 0;
+}
+
+/* ---- answers ---- */
+
+#define TYPE_JSON "application/json"
+
+/*
+ * Queues one response. mode says who owns body: MHD_RESPMEM_MUST_FREE hands a malloc'd body
+ * over (freed here if the response cannot be made), MHD_RESPMEM_PERSISTENT is static text.
+ */
+static enum MHD_Result reply(struct kvp_http *h, struct MHD_Connection *conn, unsigned status,
+                             const char *type, const char *body, size_t len,
+                             enum MHD_ResponseMemoryMode mode)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE)
+            free((void *)body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    if (strncmp(type, "text/html", 9) == 0) {
+        MHD_add_response_header(r, "Content-Security-Policy", h->csp);
+        MHD_add_response_header(r, "X-Frame-Options", "DENY");
+        MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    }
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    if (status >= 400)
+        KVP_COUNT(http_errors, 1);
+    enum MHD_Result rc = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result reply_static(struct kvp_http *h, struct MHD_Connection *conn,
+                                    unsigned status, const char *type, const char *text)
+{
+    return reply(h, conn, status, type, text, strlen(text), MHD_RESPMEM_PERSISTENT);
+}
+
+/* Serving: the store and the registry exist until kvp_http_stop(). */
+static bool serving(const struct kvp_http *h)
+{
+    return atomic_load_explicit(&h->srv->serving, memory_order_acquire);
+}
+
+static enum MHD_Result serve_health(struct kvp_http *h, struct MHD_Connection *conn)
+{
+    if (atomic_load(&h->srv->stopping))
+        return reply_static(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, TYPE_JSON,
+                            "{\"status\": \"unhealthy\", \"reason\": \"stopping\"}\n");
+    if (!serving(h))
+        return reply_static(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, TYPE_JSON,
+                            "{\"status\": \"unhealthy\", \"reason\": \"starting: the pool is "
+                            "being reserved\"}\n");
+    return reply_static(h, conn, MHD_HTTP_OK, TYPE_JSON, "{\"status\": \"healthy\"}\n");
+}
+
+static enum MHD_Result serve_status(struct kvp_http *h, struct MHD_Connection *conn)
+{
+    unsigned status = serving(h) ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
+    char *text = kvp_status_json(h->srv);
+    if (!text)
+        return reply_static(h, conn, MHD_HTTP_INTERNAL_SERVER_ERROR, TYPE_JSON,
+                            "{\"error\": \"out of memory\"}\n");
+    size_t len = strlen(text);
+    /* json_dumps() leaves no final newline; curl users like one. */
+    char *t = realloc(text, len + 2);
+    if (t) {
+        text = t;
+        text[len++] = '\n';
+        text[len] = '\0';
+    }
+    return reply(h, conn, status, TYPE_JSON, text, len, MHD_RESPMEM_MUST_FREE);
+}
+
+static enum MHD_Result serve_metrics(struct kvp_http *h, struct MHD_Connection *conn)
+{
+    size_t len = 0;
+    if (!serving(h))
+        return reply_static(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain; charset=utf-8",
+                            "kvpoold is starting: the pool is being reserved\n");
+    char *text = kvp_metrics_text(h->srv, &len);
+    if (!text)
+        return reply_static(h, conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "text/plain; charset=utf-8",
+                            "out of memory\n");
+    return reply(h, conn, MHD_HTTP_OK, KVP_METRICS_CONTENT_TYPE, text, len, MHD_RESPMEM_MUST_FREE);
+}
+
+/*
+ * Every request, called once its headers are in: answered at once, so a body (which no
+ * endpoint takes) is never read; libmicrohttpd then closes the connection.
+ */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **req_cls)
+{
+    struct kvp_http *h = cls;
+    (void)version;
+    (void)upload_data;
+    (void)upload_data_size;
+    (void)req_cls;
+
+    KVP_COUNT(http_requests, 1);
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return reply_static(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, TYPE_JSON,
+                            "{\"error\": \"method not allowed: kvpoold answers GET and HEAD\"}\n");
+    if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0)
+        return reply(h, conn, MHD_HTTP_OK, "text/html; charset=utf-8",
+                     (const char *)kvp_status_page, kvp_status_page_len, MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/api/healthcheck") == 0)
+        return serve_health(h, conn);
+    if (strcmp(url, "/api/status") == 0)
+        return serve_status(h, conn);
+    if (strcmp(url, "/metrics") == 0)
+        return serve_metrics(h, conn);
+    return reply_static(h, conn, MHD_HTTP_NOT_FOUND, TYPE_JSON,
+                        "{\"error\": \"not found: kvpoold serves /, /api/healthcheck, "
+                        "/api/status and /metrics\"}\n");
+}
+
+/* Paths are matched as sent: none of ours needs an escape, so "%2F" or "%00" never decodes
+ * into another path (or into a NUL that would end one early). */
+static size_t keep_escapes(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls;
+    (void)conn;
+    return strlen(s);
+}
+
+/* libmicrohttpd's own complaints (mostly about malformed requests): debug, rate-limited. */
+__attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char buf[256];
+    (void)cls;
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    buf[strcspn(buf, "\n")] = '\0';
+    kvp_log_rl(KVP_LOG_DEBUG, "HTTP: %s", buf);
+}
+
+/* ---- life cycle ---- */
+
+int kvp_http_start(struct kvp_server *s)
+{
+    struct kvp_http_listen l;
+    const char *spec = s->cfg.http;
+
+    if (kvp_http_parse_listen(spec, &l)) {
+        log_error("Cannot start: invalid --http '%s'", spec);
+        return -EINVAL;
+    }
+    if (l.off) {
+        log_debug("HTTP endpoint disabled (--http off)");
+        return 0;
+    }
+    struct kvp_http *h = calloc(1, sizeof(*h));
+    if (!h) {
+        log_error("Cannot start: out of memory for the HTTP endpoint");
+        return -ENOMEM;
+    }
+    h->srv = s;
+    if (sodium_init() < 0 || make_csp(h->csp, sizeof(h->csp))) {
+        log_error("Cannot start: the embedded status page has no style or script element to "
+                  "hash for its Content-Security-Policy");
+        free(h);
+        return -EINVAL;
+    }
+    int fd = bind_listen(&l, spec, &h->port);
+    if (fd < 0) {
+        free(h);
+        return fd;
+    }
+    format_url(&l.addr, h->port, h->url, sizeof(h->url));
+
+    /* The polling thread inherits this mask: only the main thread takes the stop signals. */
+    sigset_t old;
+    kvp_stop_signals_block(&old);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    if (l.addr.ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+                              mhd_log, h, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, h,
+                              MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)KVP_HTTP_MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
+                              (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                              (size_t)KVP_HTTP_MEMORY_LIMIT, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+                              MHD_OPTION_END);
+    kvp_stop_signals_restore(&old);
+    if (!h->mhd) {
+        close(fd);
+        log_error("Cannot start: cannot start the HTTP endpoint on %s", h->url);
+        free(h);
+        return -EIO;
+    }
+    s->http = h;
+    if (l.loopback)
+        log_info("HTTP endpoint on %s (status page; /api/healthcheck, /api/status, /metrics)",
+                 h->url);
+    else
+        log_warn("HTTP endpoint on %s is reachable from other hosts: it is unauthenticated and "
+                 "shows instance names, pids and usage to anyone who can connect "
+                 "(docs/SECURITY.md)",
+                 h->url);
+    return 0;
+}
+
+uint16_t kvp_http_port(const struct kvp_server *s)
+{
+    return s->http ? s->http->port : 0;
+}
+
+void kvp_http_stop(struct kvp_server *s)
+{
+    struct kvp_http *h = s->http;
+    if (!h)
+        return;
+    /* Closes the listening socket and every connection, and joins the thread. */
+    MHD_stop_daemon(h->mhd);
+    free(h);
+    s->http = NULL;
+}

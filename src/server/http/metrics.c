@@ -1,0 +1,108 @@
+/*
+ * metrics.c - the Prometheus text exposition format 0.0.4 (GET /metrics), from a snapshot.
+ *
+ * Design. Every metric comes from the maps of stats.h (kvp_counter_desc, kvp_gauge_desc), the
+ * same rows the STATS reply and the status JSON render, so the three reports cannot drift: a
+ * counter added to the map appears everywhere. A family is written once, HELP and TYPE first,
+ * then one sample per row of the family (rows of a family are adjacent in the map and differ by
+ * their label's value). Counters get the "_total" suffix; rows without a family (totals that are
+ * a sum of a labelled family) are left to sum() on the Prometheus side.
+ *
+ * The latency histogram is cumulative, as the format wants: each "le" bucket counts every
+ * request at most that long. The stored buckets are not cumulative (one increment per request),
+ * and _count is their sum, so the +Inf bucket always equals _count.
+ *
+ * Labels carry only fixed values (transport, cause, op, version): no worker-supplied string
+ * ever becomes a label, so the series count is bounded and nothing needs escaping.
+ *
+ * Threads: any thread, once the server has started; no lock is held while formatting.
+ */
+#include "http/metrics.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wire.h"
+#include "core/daemon.h"
+#include "core/snapshot.h"
+#include "core/stats.h"
+
+/* Writes the rows of one map; counter adds the "_total" suffix and the counter TYPE. */
+static void write_map(FILE *f, const struct kvp_stat_desc *desc, const uint64_t *v, uint32_t n,
+                      bool counter)
+{
+    const char *prev = NULL;
+    const char *suffix = counter ? "_total" : "";
+
+    for (uint32_t i = 0; i < n; i++) {
+        const struct kvp_stat_desc *d = &desc[i];
+        if (!d->family)
+            continue;
+        if (!prev || strcmp(prev, d->family) != 0) {
+            fprintf(f, "# HELP kvpool_%s%s %s\n", d->family, suffix, d->help);
+            fprintf(f, "# TYPE kvpool_%s%s %s\n", d->family, suffix, counter ? "counter" : "gauge");
+            prev = d->family;
+        }
+        if (d->label[0])
+            fprintf(f, "kvpool_%s%s{%s=\"%s\"} %" PRIu64 "\n", d->family, suffix, d->label,
+                    d->value, v[i]);
+        else
+            fprintf(f, "kvpool_%s%s %" PRIu64 "\n", d->family, suffix, v[i]);
+    }
+}
+
+static void write_latency(FILE *f, const struct kvp_snapshot *snap)
+{
+    fprintf(f, "# HELP kvpool_request_duration_seconds Time from the end of a request's header "
+               "to the end of its reply (body, payload and reply included), by opcode\n"
+               "# TYPE kvpool_request_duration_seconds histogram\n");
+    for (int op = 1; op < KVP_OP_MAX_; op++) {
+        const struct kvp_latency_copy *l = &snap->latency[op];
+        char name[32];
+        uint64_t cum = 0;
+
+        kvp_op_label((uint16_t)op, name, sizeof(name));
+        for (int b = 0; b < KVP_LATENCY_BUCKETS; b++) {
+            cum += l->bucket[b];
+            fprintf(f, "kvpool_request_duration_seconds_bucket{op=\"%s\",le=\"%s\"} %" PRIu64 "\n",
+                    name, kvp_latency_bound_le[b], cum);
+        }
+        fprintf(f, "kvpool_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
+                name, l->count);
+        fprintf(f, "kvpool_request_duration_seconds_sum{op=\"%s\"} %.9f\n", name,
+                (double)l->sum_ns / 1e9);
+        fprintf(f, "kvpool_request_duration_seconds_count{op=\"%s\"} %" PRIu64 "\n", name,
+                l->count);
+    }
+}
+
+char *kvp_metrics_text(struct kvp_server *s, size_t *len)
+{
+    struct kvp_snapshot snap;
+    char *text = NULL;
+    size_t size = 0;
+
+    if (kvp_snapshot_take(s, 0, &snap))
+        return NULL;
+    FILE *f = open_memstream(&text, &size);
+    if (!f)
+        return NULL;
+    fprintf(f,
+            "# HELP kvpool_build_info The version of kvpoold, as a label; the value is 1\n"
+            "# TYPE kvpool_build_info gauge\n"
+            "kvpool_build_info{version=\"%s\"} 1\n",
+            KVP_DAEMON_VERSION);
+    write_map(f, kvp_gauge_desc, snap.gauges, KVP_NGAUGES, false);
+    write_map(f, kvp_counter_desc, snap.counters, KVP_NCOUNTERS, true);
+    write_latency(f, &snap);
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad) {
+        free(text);
+        return NULL;
+    }
+    *len = size;
+    return text;
+}

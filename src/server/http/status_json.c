@@ -1,0 +1,293 @@
+/*
+ * status.c - the status JSON document (GET /api/status), built with jansson from a snapshot.
+ *
+ * Design. Everything comes from one snapshot (snapshot.c), taken before any text is made, and
+ * from what start-up fixed and never changes afterwards (configuration, the segment, the SHM
+ * decision and what the capacity gate measured). So no lock is held here, and a reader that is
+ * slow to take the document delays nobody.
+ *
+ * Field names are an interface (probes, dashboards, the `kvpool` command line): docs/HTTP.md
+ * lists each one. Fields are added, never renamed. Byte counts and counters are JSON integers;
+ * times are RFC 3339 strings in UTC; a value that does not apply is null rather than absent, so
+ * that a reader can tell "none" from "this daemon does not report it".
+ *
+ * Strings that come from workers (instance ids, model names, reasons) are not guaranteed to be
+ * UTF-8, which JSON requires: such a string is reported with every non-ASCII byte replaced by
+ * '?', rather than dropped.
+ *
+ * Threads: any thread, once the server has started.
+ */
+#include "http/status_json.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/wire.h"
+#include "core/daemon.h"
+#include "core/snapshot.h"
+#include "core/stats.h"
+#include "l2/l2.h"
+
+/* Building state: the first allocation failure makes the whole document fail. */
+struct doc {
+    bool bad;
+};
+
+/* Adds v to object o under key. Either may be NULL after a failed allocation: jansson then
+ * fails, and frees v. */
+static void put(struct doc *d, json_t *o, const char *key, json_t *v)
+{
+    if (json_object_set_new(o, key, v) != 0)
+        d->bad = true;
+}
+
+static void append(struct doc *d, json_t *a, json_t *v)
+{
+    if (json_array_append_new(a, v) != 0)
+        d->bad = true;
+}
+
+/* Counts never reach 2^63; clamping keeps a corrupt value from turning negative. */
+static json_t *jint(uint64_t v)
+{
+    return json_integer(v > INT64_MAX ? INT64_MAX : (json_int_t)v);
+}
+
+/* A string, with the non-ASCII bytes of one that is not valid UTF-8 replaced by '?'. */
+static json_t *jstr(const char *s)
+{
+    json_t *v = json_string(s);
+    if (v)
+        return v;
+    char *copy = strdup(s);
+    if (!copy)
+        return NULL;
+    for (char *p = copy; *p; p++)
+        if ((unsigned char)*p >= 0x80)
+            *p = '?';
+    v = json_string(copy);
+    free(copy);
+    return v;
+}
+
+/* A string, or null when it is empty. */
+static json_t *jstr_or_null(const char *s)
+{
+    return s && s[0] ? jstr(s) : json_null();
+}
+
+/* RFC 3339 in UTC with milliseconds: 2026-12-02T12:31:15.714Z. */
+static json_t *jtime(int64_t ms)
+{
+    char buf[40];
+    struct tm tm;
+    time_t t = (time_t)(ms / 1000);
+    if (!gmtime_r(&t, &tm))
+        return json_null();
+    size_t n = strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + n, sizeof(buf) - n, ".%03dZ", (int)(ms % 1000));
+    return json_string(buf);
+}
+
+static const char *backend_name(const struct kvp_config *cfg)
+{
+    if (!cfg->shm_enabled || cfg->shm_backend == KVP_SHM_NONE)
+        return "none";
+    return cfg->shm_backend == KVP_SHM_MEMFD ? "memfd" : "posix";
+}
+
+/* "shm": the daemon-wide decision, made once at start-up (transport.c). */
+static json_t *shm_object(struct doc *d, const struct kvp_server *s)
+{
+    json_t *o = json_object();
+    const struct kvp_gate_seen *g = &s->gate;
+    bool probed_ok = g->probed && g->probe.err == 0;
+
+    put(d, o, "enabled", json_boolean(s->seg.shared));
+    put(d, o, "backend", json_string(backend_name(&s->cfg)));
+    put(d, o, "name", jstr_or_null(s->seg.shared && !s->seg.memfd ? s->seg.name : ""));
+    put(d, o, "pool_size", jint(s->cfg.l1_size));
+    put(d, o, "segment_size", s->seg.shared ? jint(s->seg.size) : json_null());
+    put(d, o, "disabled_reason", jstr_or_null(s->seg.shared ? "" : s->shm_reason));
+    put(d, o, "dev_shm_free_bytes",
+        probed_ok && !g->memory ? jint(g->probe.free_bytes) : json_null());
+    put(d, o, "memory_available_bytes",
+        probed_ok && g->memory ? jint(g->probe.free_bytes) : json_null());
+    return o;
+}
+
+/* "l2": the L2 tier (l2.h), null with --l2 off. Its URL is the masked one (no password). */
+static json_t *l2_object(struct doc *d, const struct kvp_server *s, const struct kvp_snapshot *snap)
+{
+    if (!s->l2)
+        return json_null();
+    json_t *o = json_object();
+    put(d, o, "url", jstr(kvp_l2_name(s->l2)));
+    put(d, o, "up", json_boolean(snap->gauges[KVP_GAUGE_l2_up] != 0));
+    put(d, o, "backlog_chunks", jint(snap->gauges[KVP_GAUGE_l2_backlog_chunks]));
+    put(d, o, "backlog_bytes", jint(snap->gauges[KVP_GAUGE_l2_backlog_bytes]));
+    put(d, o, "queue_bytes", jint(s->cfg.l2_queue_bytes));
+    put(d, o, "connections", jint(s->cfg.l2_connections));
+    put(d, o, "ttl_s", jint(s->cfg.l2_ttl_s));
+    put(d, o, "timeout_ms", jint(s->cfg.l2_timeout_ms));
+    return o;
+}
+
+static json_t *pool_object(struct doc *d, const struct kvp_snapshot *snap)
+{
+    json_t *o = json_object();
+    const uint64_t *v = snap->gauges;
+    put(d, o, "capacity_bytes", jint(v[KVP_GAUGE_pool_size]));
+    put(d, o, "reserved_bytes", jint(v[KVP_GAUGE_pool_reserved]));
+    put(d, o, "warming", json_boolean(v[KVP_GAUGE_pool_reserved] < v[KVP_GAUGE_pool_size]));
+    put(d, o, "used_bytes", jint(v[KVP_GAUGE_pool_used]));
+    put(d, o, "largest_free_bytes", jint(v[KVP_GAUGE_pool_largest_free]));
+    put(d, o, "objects", jint(v[KVP_GAUGE_objects_committed]));
+    put(d, o, "reserved_objects", jint(v[KVP_GAUGE_objects_reserved]));
+    put(d, o, "expired_objects", jint(v[KVP_GAUGE_objects_expired]));
+    put(d, o, "pinned_objects", jint(v[KVP_GAUGE_objects_pinned]));
+    return o;
+}
+
+static json_t *instance_object(struct doc *d, const struct kvp_instance_view *iv)
+{
+    const struct kvp_registration *r = &iv->reg;
+    bool shm = r->transport == KVP_WIRE_SHM;
+    json_t *o = json_object();
+    json_t *shape = json_array();
+
+    for (uint32_t i = 0; i < r->layout.ndim && i < 4; i++)
+        append(d, shape, jint(r->layout.shape[i]));
+    put(d, o, "instance_id", jstr(r->req.instance_id));
+    put(d, o, "model_name", jstr(r->req.model_name));
+    put(d, o, "world_size", jint(r->req.world_size));
+    put(d, o, "worker_rank", jint(r->req.worker_rank));
+    put(d, o, "dtype", jstr(r->req.dtype));
+    put(d, o, "use_mla", json_boolean(r->req.use_mla));
+    put(d, o, "chunk_shape", shape);
+    put(d, o, "chunk_bytes", jint(r->layout.bytes));
+    put(d, o, "transport", json_string(shm ? "shm" : "inline"));
+    put(d, o, "fallback_reason", jstr_or_null(shm ? "" : r->reason));
+    put(d, o, "pid", r->owner_pid > 0 ? json_integer(r->owner_pid) : json_null());
+    put(d, o, "client_id", jint(r->owner));
+    put(d, o, "connected_since", jtime(r->connected_since_ms));
+    put(d, o, "stored_chunks", jint(iv->stored_chunks));
+    put(d, o, "stored_bytes", jint(iv->stored_bytes));
+    put(d, o, "retrieved_chunks", jint(iv->retrieved_chunks));
+    put(d, o, "retrieved_bytes", jint(iv->retrieved_bytes));
+    return o;
+}
+
+static json_t *clients_object(struct doc *d, const struct kvp_server *s,
+                              const struct kvp_snapshot *snap)
+{
+    json_t *o = json_object();
+    json_t *list = json_array();
+    for (uint32_t i = 0; i < snap->nclients; i++) {
+        const struct kvp_client_view *c = &snap->clients[i];
+        json_t *e = json_object();
+        uint32_t ninst = 0;
+        for (uint32_t k = 0; k < snap->ninstances; k++)
+            ninst += snap->instances[k].reg.owner == c->id;
+        put(d, e, "id", jint(c->id));
+        put(d, e, "pid", c->pid > 0 ? json_integer(c->pid) : json_null());
+        put(d, e, "uid", jint(c->uid));
+        put(d, e, "connected_since", jtime(c->connected_since_ms));
+        put(d, e, "instances", jint(ninst));
+        append(d, list, e);
+    }
+    put(d, o, "connected", jint(snap->gauges[KVP_GAUGE_connections]));
+    put(d, o, "max", jint(s->cfg.max_clients));
+    put(d, o, "list", list);
+    return o;
+}
+
+/* "counters" and "gauges": every row of the maps in stats.h, by its STATS name. */
+static json_t *map_object(struct doc *d, const struct kvp_stat_desc *desc, const uint64_t *v,
+                          uint32_t n)
+{
+    json_t *o = json_object();
+    for (uint32_t i = 0; i < n; i++)
+        put(d, o, desc[i].name, jint(v[i]));
+    return o;
+}
+
+/* "requests": per opcode (lower case, as the metrics' op label), count and total seconds. */
+static json_t *requests_object(struct doc *d, const struct kvp_snapshot *snap)
+{
+    json_t *o = json_object();
+    for (int op = 1; op < KVP_OP_MAX_; op++) {
+        char name[32];
+        kvp_op_label((uint16_t)op, name, sizeof(name));
+        json_t *e = json_object();
+        put(d, e, "count", jint(snap->latency[op].count));
+        put(d, e, "seconds_total", json_real((double)snap->latency[op].sum_ns / 1e9));
+        put(d, o, name, e);
+    }
+    return o;
+}
+
+/* Before start-up has finished there is no store to report on: who is starting, since when. */
+static char *starting_json(struct kvp_server *s)
+{
+    struct doc d = {.bad = false};
+    json_t *root = json_object();
+    put(&d, root, "version", json_string(KVP_DAEMON_VERSION));
+    put(&d, root, "state", json_string(atomic_load(&s->stopping) ? "stopping" : "starting"));
+    put(&d, root, "reason", json_string("start-up has not finished (the pool is being reserved)"));
+    put(&d, root, "pid", json_integer((json_int_t)getpid()));
+    put(&d, root, "started_at", jtime(s->started_wall_ms));
+    put(&d, root, "uptime_s", jint((kvp_mono_ms() - s->started_mono_ms) / 1000));
+    put(&d, root, "chunk_tokens", jint(s->cfg.chunk_tokens));
+    put(&d, root, "socket", jstr(s->cfg.socket_path));
+    char *text = d.bad ? NULL : json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return text;
+}
+
+char *kvp_status_json(struct kvp_server *s)
+{
+    struct kvp_snapshot snap;
+    struct doc d = {.bad = false};
+
+    /* Acquire: pairs with the release in kvp_server_start(), after which the store, the
+     * registry and the segment may be read. */
+    if (!atomic_load_explicit(&s->serving, memory_order_acquire))
+        return starting_json(s);
+    if (kvp_snapshot_take(s, KVP_SNAP_LISTS, &snap))
+        return NULL;
+    json_t *root = json_object();
+    json_t *instances = json_array();
+    for (uint32_t i = 0; i < snap.ninstances; i++)
+        append(&d, instances, instance_object(&d, &snap.instances[i]));
+
+    put(&d, root, "version", json_string(KVP_DAEMON_VERSION));
+    put(&d, root, "state", json_string(atomic_load(&s->stopping) ? "stopping" : "serving"));
+    put(&d, root, "pid", json_integer((json_int_t)getpid()));
+    put(&d, root, "started_at", jtime(snap.started_ms));
+    put(&d, root, "uptime_s", jint(snap.gauges[KVP_GAUGE_uptime_seconds]));
+    put(&d, root, "chunk_tokens", jint(s->cfg.chunk_tokens));
+    put(&d, root, "socket", jstr(s->cfg.socket_path));
+    put(&d, root, "pool", pool_object(&d, &snap));
+    put(&d, root, "shm", shm_object(&d, s));
+    put(&d, root, "l2", l2_object(&d, s, &snap));
+    put(&d, root, "instances", instances);
+    put(&d, root, "clients", clients_object(&d, s, &snap));
+    put(&d, root, "counters", map_object(&d, kvp_counter_desc, snap.counters, KVP_NCOUNTERS));
+    put(&d, root, "gauges", map_object(&d, kvp_gauge_desc, snap.gauges, KVP_NGAUGES));
+    put(&d, root, "requests", requests_object(&d, &snap));
+    kvp_snapshot_free(&snap);
+
+    char *text = d.bad ? NULL
+                       : json_dumps(root,
+                                    JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    json_decref(root);
+    return text;
+}

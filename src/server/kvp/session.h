@@ -1,0 +1,77 @@
+/*
+ * session.h - the daemon side of one client connection (a session), served by its own thread:
+ * framing, I/O with timeouts, and the reservations and pins ("holds", holds.h) the connection owns.
+ */
+#ifndef KVP_SESSION_H
+#define KVP_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "common/msg.h"
+#include "common/wire.h"
+#include "core/holds.h"
+#include "core/store.h"
+
+struct kvp_server;
+
+struct kvp_session {
+    struct kvp_server *srv;
+    int fd;
+    uint64_t id;
+    struct ucred peer;               /* set before the connection joins the server's list */
+    int64_t connected_since_ms;      /* wall clock of the accept */
+    struct kvp_session *prev, *next; /* server's connection list */
+
+    uint8_t *body; /* current request body */
+    size_t body_cap;
+    struct kvp_wbuf out; /* reply body being built */
+    char errmsg[KVP_MAX_ERRMSG + 1];
+
+    uint8_t *keys;               /* KVP_MAX_CHUNKS keys of the current request */
+    struct kvp_obj **objs;       /* KVP_MAX_CHUNKS */
+    uint32_t *idx;               /* KVP_MAX_CHUNKS */
+    struct kvp_wire_slot *slots; /* KVP_MAX_CHUNKS, a slots reply being encoded */
+
+    struct kvp_holds holds; /* reservations and pins of this connection */
+
+    bool noreply; /* the request being served is a commit sent with KVP_REQ_NOREPLY */
+    /* The first failure of a commit sent with KVP_REQ_NOREPLY, kept for the next request that
+     * expects a reply (deferred_status 0: none); later ones only count. */
+    int deferred_status;
+    uint16_t deferred_opcode;
+    uint64_t deferred_id;
+    uint32_t deferred_more;
+    char deferred_msg[KVP_MAX_ERRMSG + 1];
+
+    int cpu; /* CPU this connection's thread is bound to (placement.c), -1: none */
+    bool placement_off;
+};
+
+/* Receives exactly len bytes. Returns 0, -ECONNRESET on EOF, -ETIMEDOUT, or -errno. */
+int kvp_session_recv(struct kvp_session *c, void *buf, size_t len);
+
+/*
+ * Sends a reply: header (with status and payload_len), the body built in c->out (for status 0)
+ * or c->errmsg (status < 0), then the payload iovecs. Returns 0 or a negative errno.
+ */
+int kvp_session_reply(struct kvp_session *c, const struct kvp_header *req, int status,
+                      const struct iovec *payload, int npayload, uint64_t payload_len);
+
+/* Sends an empty success reply with fd attached (SCM_RIGHTS). Returns 0 or a negative errno. */
+int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, int fd);
+
+/* Waits for and reads a request header (KVP_HEADER_SIZE bytes). Idle time is unlimited; a
+ * started header is not. Returns 0, -ECONNRESET on EOF, -ETIMEDOUT, -ESHUTDOWN at a stop. */
+int kvp_session_recv_header(struct kvp_session *c, uint8_t *hdr);
+
+/* Allocates the per-request scratch buffers and the hold table. 0 or -ENOMEM (free still
+ * works). */
+int kvp_session_alloc_buffers(struct kvp_session *c);
+
+/* Frees a session whose holds are already released, and closes its socket. */
+void kvp_session_free(struct kvp_session *c);
+
+#endif /* KVP_SESSION_H */
