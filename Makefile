@@ -46,8 +46,14 @@ test:
 	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_CI_SECONDS)
 
-check test-quick: build
+check test-quick: build lmcache-env
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The real LMCache workers (0.5.6 and 0.5.5, torch 2.13.0 CPU) that the LMCache front end's tests
+# and benchmarks drive, in virtual environments under $(BUILD), created once (scripts/lmcache-env.sh).
+.PHONY: lmcache-env
+lmcache-env:
+	@scripts/lmcache-env.sh $(abspath $(BUILD))
 
 # Sanitizer builds. Python tests load libkvpool.so into an unsanitized interpreter: not run
 # there. scripts/sanitized-ctest.sh also fails on a report from any daemon a test started.

@@ -1,0 +1,61 @@
+#!/bin/sh
+# Create (once) the Python virtual environments that hold the real LMCache worker for the tests
+# and benchmarks of kvpoold's LMCache front end: one per supported LMCache release, each with the
+# CPU build of torch 2.13.0 (pinned: an unpinned torch would pull a multi-gigabyte CUDA build).
+#
+# Usage: scripts/lmcache-env.sh BUILD_DIR [VERSION...]   (default versions: 0.5.6 0.5.5)
+# Each environment is BUILD_DIR/venv-lmcache-VERSION; its python is
+# BUILD_DIR/venv-lmcache-VERSION/bin/python. Idempotent: an environment whose stamp file names
+# the same versions is left as it is, so `make test` pays for the download once per build tree
+# (pip's own cache makes a rebuilt tree quick). Safe to run concurrently (flock).
+# Nothing is installed into the system interpreter.
+set -eu
+
+TORCH_VERSION=2.13.0
+
+[ $# -ge 1 ] || { echo "usage: $0 BUILD_DIR [VERSION...]" >&2; exit 2; }
+build=$1
+shift
+[ $# -ge 1 ] || set -- 0.5.6 0.5.5
+mkdir -p "$build"
+py=${LMCACHE_ENV_PYTHON:-python3}
+
+for version in "$@"; do
+    venv="$build/venv-lmcache-$version"
+    stamp="$venv/.kvpool-stamp"
+    want="lmcache==$version torch==$TORCH_VERSION"
+    (
+        flock 9
+        if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+            exit 0
+        fi
+        echo "lmcache-env: creating $venv ($want)"
+        rm -rf "$venv"
+        "$py" -m venv "$venv"
+        # torch first and pinned, so that lmcache's own requirement on torch is already met by
+        # the CPU build on this machine and pip never resolves a newer (CUDA) one.
+        "$venv/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" || {
+            echo "lmcache-env: cannot install torch==$TORCH_VERSION into $venv" >&2
+            exit 1
+        }
+        "$venv/bin/pip" install --quiet --disable-pip-version-check \
+            "lmcache==$version" "torch==$TORCH_VERSION" || {
+            echo "lmcache-env: cannot install lmcache==$version into $venv" >&2
+            exit 1
+        }
+        "$venv/bin/python" - "$version" <<'EOF' || exit 1
+import sys
+import lmcache
+import torch
+from lmcache.v1.multiprocess.transfer_context.worker_transfer import (  # noqa: F401
+    EngineDrivenTransferContext,
+)
+
+got = getattr(lmcache, "__version__", "?")
+if not got.startswith(sys.argv[1]):
+    sys.exit("lmcache-env: installed lmcache %s, wanted %s" % (got, sys.argv[1]))
+print("lmcache-env: lmcache %s, torch %s" % (got, torch.__version__))
+EOF
+        echo "$want" > "$stamp"
+    ) 9>"$build/.lmcache-env.lock"
+done
