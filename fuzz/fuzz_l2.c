@@ -14,8 +14,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include "base/l2_url.h"
 #include "fuzz.h"
-#include "l2/l2_url.h"
 #include "l2/l2_value.h"
 
 static void url(const uint8_t *data, size_t size)

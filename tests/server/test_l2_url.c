@@ -1,6 +1,6 @@
 /*
  * test_l2_url.c - the --l2 URL parser, its masked form and the password file
- * (src/server/l2/l2_url.h).
+ * (src/server/base/l2_url.h).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/l2_url.h"
 #include "common/kvp_assert.h"
-#include "l2/l2_url.h"
 
 static void parse_ok(const char *url, struct kvp_l2_target *t)
 {

@@ -19,7 +19,7 @@
 
 #include "common/kvp_assert.h"
 #include "core/stats.h"
-#include "http/metrics.h"
+#include "report/metrics.h"
 #include "server_fixture.h"
 
 static char *metrics(struct kvp_server *s)

@@ -18,9 +18,9 @@
 
 #include "common/kvp_assert.h"
 #include "core/stats.h"
-#include "http/status_json.h"
 #include "kvp/listener.h"
 #include "kvp/session.h"
+#include "report/status_json.h"
 #include "server_fixture.h"
 
 /* The status document of s, parsed; fails the test if it is not valid JSON. */

@@ -26,10 +26,10 @@
 #include <unistd.h>
 
 #include "base/config_file.h"
+#include "base/l2_url.h"
 #include "common/shm_name.h"
 #include "common/socket_path.h"
 #include "http/http.h"
-#include "l2/l2_url.h"
 
 #define MIN_L1 (1ull << 20)
 #define MAX_L1 (1ull << 50) /* 1 PiB: far beyond any host, and rounding cannot overflow */

@@ -48,9 +48,9 @@
 #include "common/errors.h"
 #include "core/daemon.h"
 #include "core/stats.h"
-#include "http/metrics.h"
-#include "http/status_json.h"
 #include "http/status_page.h"
+#include "report/metrics.h"
+#include "report/status_json.h"
 
 struct kvp_http {
     struct MHD_Daemon *mhd;

@@ -25,13 +25,13 @@
 #include "common/layout.h"
 #include "common/msg.h"
 #include "core/daemon.h"
-#include "core/snapshot.h"
 #include "core/stats.h"
-#include "http/metrics.h"
-#include "http/status_json.h"
 #include "kvp/handlers.h"
 #include "kvp/session.h"
 #include "l2/l2.h"
+#include "report/metrics.h"
+#include "report/snapshot.h"
+#include "report/status_json.h"
 
 /* Sends an error reply with a formatted message. Returns the send result. */
 __attribute__((format(printf, 4, 5))) static int fail(struct kvp_session *c,

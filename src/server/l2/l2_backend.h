@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "l2/l2_url.h"
+#include "base/l2_url.h"
 
 struct kvp_l2_conn;
 

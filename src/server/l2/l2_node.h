@@ -16,7 +16,7 @@
 
 #include <hiredis/hiredis.h>
 
-#include "l2/l2_url.h"
+#include "base/l2_url.h"
 
 #define KVP_L2_CLUSTER_SLOTS 16384 /* key slots of a Redis Cluster */
 #define KVP_MAX_NODES 64 /* nodes of one cluster a connection keeps; slot_node is uint8_t */

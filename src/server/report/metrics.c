@@ -17,7 +17,7 @@
  *
  * Threads: any thread, once the server has started; no lock is held while formatting.
  */
-#include "http/metrics.h"
+#include "report/metrics.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -27,8 +27,8 @@
 
 #include "common/wire.h"
 #include "core/daemon.h"
-#include "core/snapshot.h"
 #include "core/stats.h"
+#include "report/snapshot.h"
 
 /* Writes the rows of one map; counter adds the "_total" suffix and the counter TYPE. */
 static void write_map(FILE *f, const struct kvp_stat_desc *desc, const uint64_t *v, uint32_t n,

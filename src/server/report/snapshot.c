@@ -15,7 +15,7 @@
  *
  * Threads: any thread, once the server has started (the store and the registry exist).
  */
-#include "core/snapshot.h"
+#include "report/snapshot.h"
 
 #include <errno.h>
 #include <stdlib.h>

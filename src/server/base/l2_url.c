@@ -6,7 +6,7 @@
  * parsing (so a bad URL stops the daemon with status 2 before anything starts) and again when
  * the tier starts. No allocation, no global state: any thread may call it.
  */
-#include "l2/l2_url.h"
+#include "base/l2_url.h"
 
 #include <errno.h>
 #include <fcntl.h>

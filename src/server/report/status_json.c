@@ -17,7 +17,7 @@
  *
  * Threads: any thread, once the server has started.
  */
-#include "http/status_json.h"
+#include "report/status_json.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -31,9 +31,9 @@
 
 #include "common/wire.h"
 #include "core/daemon.h"
-#include "core/snapshot.h"
 #include "core/stats.h"
 #include "l2/l2.h"
+#include "report/snapshot.h"
 
 /* Building state: the first allocation failure makes the whole document fail. */
 struct doc {
