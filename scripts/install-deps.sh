@@ -21,6 +21,9 @@ check_pkgs="clang libclang-rt-14-dev cppcheck flake8 mypy clang-format systemd"
 # also starts a Prometheus server on port 9090), and load the status page in a headless
 # chromium; curl is for the README's examples.
 build_pkgs="$build_pkgs libmicrohttpd-dev"
+# The LMCache-compatible front end links libzmq; its wire-level tests speak ZeroMQ and msgpack
+# from Debian's /usr/bin/python3.
+build_pkgs="$build_pkgs libzmq3-dev python3-zmq python3-msgpack"
 check_pkgs="$check_pkgs curl prometheus chromium"
 case "$group" in
 build) want="$build_pkgs" ;;
