@@ -46,7 +46,10 @@ int cmd_stats(struct cli *x, const struct cmd_opts *o)
     if (n < 0)
         return cli_failed(x, "stats", n);
     for (int i = 0; i < n && i < MAX_STATS; i++)
-        printf("%s %" PRIu64 "\n", st[i].name, st[i].value);
+    {
+        term_puts(stdout, st[i].name);
+        printf(" %" PRIu64 "\n", st[i].value);
+    }
     return EXIT_SUCCESS;
 }
 
@@ -61,7 +64,7 @@ int cmd_metrics(struct cli *x, const struct cmd_opts *o)
     int n = kvp_get_metrics(x->client, &text);
     if (n < 0)
         return cli_failed(x, "metrics", n);
-    fputs(text, stdout);
+    term_write(stdout, text, (size_t)n, TERM_LINES);
     if (n > 0 && text[n - 1] != '\n')
         putchar('\n');
     kvp_free(text);
@@ -138,17 +141,23 @@ int cmd_version(struct cli *x, const struct cmd_opts *o)
     }
     if (rc < 0) {
         const char *msg = kvp_last_error(NULL);
-        printf("kvpoold: not reachable at %s (%s)\n", x->path, msg[0] ? msg : kvp_strerror(rc));
+        printf("kvpoold: not reachable at %s (", x->path);
+        term_puts(stdout, msg[0] ? msg : kvp_strerror(rc));
+        printf(")\n");
         return EXIT_SUCCESS;
     }
     rc = kvp_get_status(x->client, &text);
     if (rc < 0) {
-        printf("kvpoold: unknown version at %s (%s)\n", x->path, kvp_last_error(x->client));
+        printf("kvpoold: unknown version at %s (", x->path);
+        term_puts(stdout, kvp_last_error(x->client));
+        printf(")\n");
         return EXIT_SUCCESS;
     }
     json_t *doc = json_loads(text, 0, &err);
     kvp_free(text);
-    printf("kvpoold %s at %s\n", jstr(doc, "version", "-"), x->path);
+    printf("kvpoold ");
+    term_puts(stdout, jstr(doc, "version", "-"));
+    printf(" at %s\n", x->path);
     json_decref(doc);
     return EXIT_SUCCESS;
 }

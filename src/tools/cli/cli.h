@@ -5,7 +5,7 @@
  *   main.c     the command table, the command line (global and command options), the help
  *   connect.c  reaching the daemon and saying why it could not be reached or a request failed
  *   fields.c   reading the status JSON's fields, and numbers in human units
- *   term.c     terminal-safe copies of the strings the daemon supplies
+ *   term.c     terminal-safe output of every string the daemon supplies
  *   status.c   `status` and `instances`: the views of the status JSON
  *   watch.c    `watch`: rates between two readings, redrawn every interval
  *   admin.c    `ping`, `stats`, `metrics`, `clear`, `version`
@@ -73,9 +73,25 @@ int64_t now_us(void); /* monotonic microseconds */
 
 /* ---- term.c ---- */
 
-/* Copies a string for a terminal into buf (size bytes): control characters (a worker chose
- * it) become '?'. Returns buf. */
+/* How term.c treats line breaks and tabs: one line (escaped like any control), lines of text
+ * (kept), or a JSON document (kept; every escape in JSON's \u00NN form, so that the document
+ * means what it meant). */
+enum term_mode { TERM_LINE, TERM_LINES, TERM_JSON };
+
+/* term_safe() turns each byte of a string into at most this many bytes. */
+#define TERM_ESCAPED_MAX(n) ((n) * 4 + 1)
+
+/* Copies s into buf (size bytes, NUL-terminated) with every terminal control made visible:
+ * C0 controls and DEL as \xNN, C1 controls (U+0080..U+009F) and the Unicode characters that
+ * reorder text as \uNNNN, bytes that are not UTF-8 as \xNN (term.c). An escape is never cut in
+ * half; a copy that does not fit ends with "...". Returns buf. */
 const char *term_safe(char *buf, size_t size, const char *s);
+
+/* Writes len bytes of s to f with the same escapes, in the given mode. */
+void term_write(FILE *f, const char *s, size_t len, enum term_mode mode);
+
+/* Writes the string s to f escaped as one line. */
+void term_puts(FILE *f, const char *s);
 
 /* ---- status.c ---- */
 

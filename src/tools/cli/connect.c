@@ -39,11 +39,13 @@ static int unreachable(const char *path, int rc)
     /* With NULL this is why kvp_client_open() failed. */
     const char *msg = kvp_last_error(NULL);
 
-    if (msg[0])
-        fprintf(stderr, "kvpool: cannot reach kvpoold at %s: %s (%s)\n", path, kvp_strerror(rc),
-                msg);
-    else
-        fprintf(stderr, "kvpool: cannot reach kvpoold at %s: %s\n", path, kvp_strerror(rc));
+    fprintf(stderr, "kvpool: cannot reach kvpoold at %s: %s", path, kvp_strerror(rc));
+    if (msg[0]) {
+        fputs(" (", stderr);
+        term_puts(stderr, msg);
+        fputc(')', stderr);
+    }
+    fputc('\n', stderr);
     return EXIT_CONNECT;
 }
 
@@ -65,8 +67,14 @@ int cli_failed(const struct cli *x, const char *what, int rc)
 {
     const char *msg = kvp_last_error(x->client);
 
-    fprintf(stderr, "kvpool: %s failed: %s%s%s%s\n", what, kvp_strerror(rc), msg[0] ? " (" : "",
-            msg, msg[0] ? ")" : "");
+    /* The daemon's message may quote what a worker chose (an instance id, a model name). */
+    fprintf(stderr, "kvpool: %s failed: %s", what, kvp_strerror(rc));
+    if (msg[0]) {
+        fputs(" (", stderr);
+        term_puts(stderr, msg);
+        fputc(')', stderr);
+    }
+    fputc('\n', stderr);
     return EXIT_DAEMON;
 }
 
@@ -83,8 +91,9 @@ json_t *cli_get_status(struct cli *x, bool quiet, int *code)
     json_t *doc = json_loads(text, 0, &err);
     kvp_free(text);
     if (!json_is_object(doc)) {
-        fprintf(stderr, "kvpool: the daemon's status is not a JSON object%s%s\n", doc ? "" : ": ",
-                doc ? "" : err.text);
+        fprintf(stderr, "kvpool: the daemon's status is not a JSON object%s", doc ? "" : ": ");
+        term_puts(stderr, doc ? "" : err.text);
+        fputc('\n', stderr);
         json_decref(doc);
         *code = EXIT_DAEMON;
         return NULL;

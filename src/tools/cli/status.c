@@ -14,18 +14,21 @@
 
 #include "cli.h"
 
-#define CELL 300 /* bytes of one table cell: a name (127), or a transport and its reason (255) */
+#define WORD 64                        /* a short escaped word: a version, a state, a transport */
+#define REASON TERM_ESCAPED_MAX(255)   /* an escaped reason (the daemon's are 255 bytes at most) */
+#define CELL (WORD + 3 + REASON)       /* one table cell: a name, or a transport and its reason */
 
 /* "kvpoold 1.0.0 at PATH: serving, pid 4863, up 2h 03m" */
 void print_headline(const struct cli *x, json_t *doc)
 {
-    char up[32] = "-";
+    char up[32] = "-", version[WORD], st[WORD];
     uint64_t v;
 
     if (jget(doc, "uptime_s", &v))
         human_duration(v, up, sizeof(up));
-    printf("kvpoold %s at %s: %s, pid %" PRIu64 ", up %s\n", jstr(doc, "version", "-"), x->path,
-           jstr(doc, "state", "-"), jnum(doc, "pid"), up);
+    printf("kvpoold %s at %s: %s, pid %" PRIu64 ", up %s\n",
+           term_safe(version, sizeof(version), jstr(doc, "version", "-")), x->path,
+           term_safe(st, sizeof(st), jstr(doc, "state", "-")), jnum(doc, "pid"), up);
 }
 
 /*
@@ -54,7 +57,7 @@ static const char *const col_title[] = {"ID",  "MODEL",  "RANK",      "DTYPE",  
 /* The text of one cell. The transport comes with the fallback reason when it is inline. */
 static void cell(json_t *inst, enum col col, char *buf, size_t size)
 {
-    char tmp[CELL];
+    char tmp[REASON], word[WORD];
     uint64_t v;
 
     switch (col) {
@@ -87,11 +90,12 @@ static void cell(json_t *inst, enum col col, char *buf, size_t size)
         human_bytes((double)jnum(inst, "retrieved_bytes"), buf, size);
         break;
     case C_TRANSPORT:
+        term_safe(word, sizeof(word), jstr(inst, "transport", "-"));
         term_safe(tmp, sizeof(tmp), jstr(inst, "fallback_reason", ""));
         if (tmp[0])
-            snprintf(buf, size, "%.8s (%.255s)", jstr(inst, "transport", "-"), tmp);
+            snprintf(buf, size, "%s (%s)", word, tmp);
         else
-            snprintf(buf, size, "%s", jstr(inst, "transport", "-"));
+            snprintf(buf, size, "%s", word);
         break;
     }
 }
@@ -158,7 +162,7 @@ void print_status(const struct cli *x, json_t *doc)
     json_t *pool = jobj(doc, "pool"), *shm = jobj(doc, "shm"), *clients = jobj(doc, "clients");
     json_t *counters = jobj(doc, "counters");
     json_t *list = json_object_get(doc, "instances");
-    char a[32], b[32], c[32], reason[CELL];
+    char a[32], b[32], c[32], reason[CELL], word[WORD];
 
     print_headline(x, doc);
     if (!pool) {
@@ -172,13 +176,15 @@ void print_status(const struct cli *x, json_t *doc)
     printf("\nChunk size: %" PRIu64 " tokens\n", jnum(doc, "chunk_tokens"));
     if (shm && json_is_true(json_object_get(shm, "enabled"))) {
         const char *backend = jstr(shm, "backend", "-");
-        if (strcmp(backend, "memfd") == 0)
+        if (strcmp(backend, "memfd") == 0) {
             printf("SHM:        enabled, memfd segment of %s (passed to workers over the socket)\n",
                    human_bytes((double)jnum(shm, "segment_size"), a, sizeof(a)));
-        else
-            printf("SHM:        enabled, %s segment /dev/shm/%s of %s\n", backend,
-                   jstr(shm, "name", "-"),
+        } else {
+            term_safe(reason, sizeof(reason), jstr(shm, "name", "-"));
+            printf("SHM:        enabled, %s segment /dev/shm/%s of %s\n",
+                   term_safe(word, sizeof(word), backend), reason,
                    human_bytes((double)jnum(shm, "segment_size"), a, sizeof(a)));
+        }
     } else {
         term_safe(reason, sizeof(reason), jstr(shm, "disabled_reason", "-"));
         printf("SHM:        disabled: %s (every worker uses the inline transport)\n", reason);
@@ -207,7 +213,8 @@ void print_status(const struct cli *x, json_t *doc)
     }
 }
 
-/* --json prints the daemon's document as it came, for jq and scripts. */
+/* --json prints the daemon's document as it came, for jq and scripts, with any terminal
+ * control inside its strings in JSON's \u00NN form (which jq reads back as the same text). */
 int cmd_status(struct cli *x, const struct cmd_opts *o)
 {
     int code = cli_connect(x);
@@ -218,7 +225,7 @@ int cmd_status(struct cli *x, const struct cmd_opts *o)
         int n = kvp_get_status(x->client, &text);
         if (n < 0)
             return cli_failed(x, "status", n);
-        fputs(text, stdout);
+        term_write(stdout, text, (size_t)n, TERM_JSON);
         if (n == 0 || text[n - 1] != '\n')
             putchar('\n');
         kvp_free(text);

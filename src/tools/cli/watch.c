@@ -201,11 +201,13 @@ int cmd_watch(struct cli *x, const struct cmd_opts *o)
                 return code;
             /* Keep watching: the library reconnects at the next call if the daemon restarts. */
             const char *msg = kvp_last_error(x->client);
-            printf("%skvpoold at %s: not answering: %s; trying again every %.1f s\n",
+            printf("%skvpoold at %s: not answering: ",
                    tty     ? "\033[H\033[2J"
                    : first ? ""
                            : "\n",
-                   x->path, msg[0] ? msg : "-", o->interval);
+                   x->path);
+            term_puts(stdout, msg[0] ? msg : "-");
+            printf("; trying again every %.1f s\n", o->interval);
             fflush(stdout);
             prev.valid = false;
             continue;
