@@ -41,22 +41,28 @@ static void test_controls_are_escaped(void **state)
         const char *in, *out;
     } cases[] = {
         {"plain-id_0", "plain-id_0"},
-        {"a\x1b[2Jb", "a\\x1b[2Jb"},                   /* ESC, clear screen */
-        {"bell\x07", "bell\\x07"},                     /* C0 */
-        {"del\x7f", "del\\x7f"},                       /* DEL */
-        {"nl\ntab\t", "nl\\x0atab\\x09"},              /* one line: no break survives */
-        {"csi\xc2\x9b" "31m", "csi\\u009b31m"},        /* U+009B CSI, UTF-8 */
-        {"osc\xc2\x9d" "0;x", "osc\\u009d0;x"},        /* U+009D OSC, UTF-8 */
-        {"c1\xc2\x80\xc2\x9f", "c1\\u0080\\u009f"},    /* both ends of C1 */
-        {"raw\x9b" "31m", "raw\\x9b31m"},              /* a raw 0x9b is not UTF-8 */
-        {"bidi\xe2\x80\xae", "bidi\\u202e"},           /* RIGHT-TO-LEFT OVERRIDE */
-        {"iso\xe2\x81\xa6", "iso\\u2066"},             /* LEFT-TO-RIGHT ISOLATE */
-        {"ls\xe2\x80\xa8", "ls\\u2028"},               /* LINE SEPARATOR */
+        {"a\x1b[2Jb", "a\\x1b[2Jb"},      /* ESC, clear screen */
+        {"bell\x07", "bell\\x07"},        /* C0 */
+        {"del\x7f", "del\\x7f"},          /* DEL */
+        {"nl\ntab\t", "nl\\x0atab\\x09"}, /* one line: no break survives */
+        {"csi\xc2\x9b"
+         "31m",
+         "csi\\u009b31m"}, /* U+009B CSI, UTF-8 */
+        {"osc\xc2\x9d"
+         "0;x",
+         "osc\\u009d0;x"},                          /* U+009D OSC, UTF-8 */
+        {"c1\xc2\x80\xc2\x9f", "c1\\u0080\\u009f"}, /* both ends of C1 */
+        {"raw\x9b"
+         "31m",
+         "raw\\x9b31m"},                     /* a raw 0x9b is not UTF-8 */
+        {"bidi\xe2\x80\xae", "bidi\\u202e"}, /* RIGHT-TO-LEFT OVERRIDE */
+        {"iso\xe2\x81\xa6", "iso\\u2066"},   /* LEFT-TO-RIGHT ISOLATE */
+        {"ls\xe2\x80\xa8", "ls\\u2028"},     /* LINE SEPARATOR */
         {"caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x99\x82", "caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x99\x82"},
-        {"nbsp\xc2\xa0", "nbsp\xc2\xa0"},              /* U+00A0 is printable */
-        {"over\xc0\x9b", "over\\xc0\\x9b"},            /* overlong encodings are not UTF-8 */
-        {"sur\xed\xa0\x80", "sur\\xed\\xa0\\x80"},     /* nor are surrogates */
-        {"cut\xe2\x80", "cut\\xe2\\x80"},              /* a sequence cut short */
+        {"nbsp\xc2\xa0", "nbsp\xc2\xa0"},          /* U+00A0 is printable */
+        {"over\xc0\x9b", "over\\xc0\\x9b"},        /* overlong encodings are not UTF-8 */
+        {"sur\xed\xa0\x80", "sur\\xed\\xa0\\x80"}, /* nor are surrogates */
+        {"cut\xe2\x80", "cut\\xe2\\x80"},          /* a sequence cut short */
         {"", ""},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -79,12 +85,14 @@ static void test_lines(void **state)
 static void test_json(void **state)
 {
     (void)state;
-    const char *in = "{\n  \"id\": \"a\xc2\x9b" "b\\u001b\"\n}\n";
+    const char *in = "{\n  \"id\": \"a\xc2\x9b"
+                     "b\\u001b\"\n}\n";
     assert_string_equal(written(in, strlen(in), TERM_JSON),
                         "{\n  \"id\": \"a\\u009bb\\u001b\"\n}\n");
     json_t *doc = json_loads(written(in, strlen(in), TERM_JSON), 0, NULL);
     assert_non_null(doc);
-    assert_string_equal(json_string_value(json_object_get(doc, "id")), "a\xc2\x9b" "b\x1b");
+    assert_string_equal(json_string_value(json_object_get(doc, "id")), "a\xc2\x9b"
+                                                                       "b\x1b");
     json_decref(doc);
     /* A raw byte that is not UTF-8 reads as Latin-1, and the result is valid JSON. */
     assert_string_equal(written("\"\x9b\"", 3, TERM_JSON), "\"\\u009b\"");

@@ -45,8 +45,7 @@ int cmd_stats(struct cli *x, const struct cmd_opts *o)
     int n = kvp_stats(x->client, st, MAX_STATS);
     if (n < 0)
         return cli_failed(x, "stats", n);
-    for (int i = 0; i < n && i < MAX_STATS; i++)
-    {
+    for (int i = 0; i < n && i < MAX_STATS; i++) {
         term_puts(stdout, st[i].name);
         printf(" %" PRIu64 "\n", st[i].value);
     }
@@ -142,7 +141,7 @@ int cmd_version(struct cli *x, const struct cmd_opts *o)
     if (rc < 0) {
         const char *msg = kvp_last_error(NULL);
         printf("kvpoold: not reachable at %s (", x->path);
-        term_puts(stdout, msg[0] ? msg : kvp_strerror(rc));
+        term_puts(stdout, cli_connect_reason(x->path, rc, msg));
         printf(")\n");
         return EXIT_SUCCESS;
     }

@@ -52,6 +52,11 @@ int cli_resolve_socket(const char *opt, char *buf, size_t size);
  * on stderr naming the socket and the reason. */
 int cli_connect(struct cli *x);
 
+/* Why connecting to path failed with rc, as one phrase that does not repeat the path (callers
+ * name it): the library's message msg past its own mention of the path, or kvp_strerror(rc)
+ * when there is no message. */
+const char *cli_connect_reason(const char *path, int rc, const char *msg);
+
 /* One line on stderr about a request that failed once connected, with the daemon's (or the
  * library's) message. Returns EXIT_DAEMON. */
 int cli_failed(const struct cli *x, const char *what, int rc);
@@ -62,11 +67,11 @@ json_t *cli_get_status(struct cli *x, bool quiet, int *code);
 
 /* ---- fields.c ---- */
 
-json_t *jobj(json_t *o, const char *key);               /* member object, or NULL */
-bool jget(json_t *o, const char *key, uint64_t *v);     /* member non-negative integer */
-uint64_t jnum(json_t *o, const char *key);              /* member integer, or 0 */
-const char *jstr(json_t *o, const char *key, const char *def); /* member string, or def */
-const char *human_bytes(double v, char *buf, size_t size);     /* 1536 -> "1.50 KiB" */
+json_t *jobj(json_t *o, const char *key);                       /* member object, or NULL */
+bool jget(json_t *o, const char *key, uint64_t *v);             /* member non-negative integer */
+uint64_t jnum(json_t *o, const char *key);                      /* member integer, or 0 */
+const char *jstr(json_t *o, const char *key, const char *def);  /* member string, or def */
+const char *human_bytes(double v, char *buf, size_t size);      /* 1536 -> "1.50 KiB" */
 const char *human_duration(uint64_t s, char *buf, size_t size); /* 7384 -> "2h 03m" */
 const char *percent(uint64_t part, uint64_t whole, char *buf, size_t size); /* "12.5%" */
 int64_t now_us(void); /* monotonic microseconds */
@@ -79,7 +84,7 @@ int64_t now_us(void); /* monotonic microseconds */
 enum term_mode { TERM_LINE, TERM_LINES, TERM_JSON };
 
 /* term_safe() turns each byte of a string into at most this many bytes. */
-#define TERM_ESCAPED_MAX(n) ((n) * 4 + 1)
+#define TERM_ESCAPED_MAX(n) ((n)*4 + 1)
 
 /* Copies s into buf (size bytes, NUL-terminated) with every terminal control made visible:
  * C0 controls and DEL as \xNN, C1 controls (U+0080..U+009F) and the Unicode characters that

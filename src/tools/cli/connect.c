@@ -32,19 +32,30 @@ int cli_resolve_socket(const char *opt, char *buf, size_t size)
     return 0;
 }
 
-/* Prints why the daemon could not be reached, naming the socket, with the library's message
- * when it has one. Returns EXIT_CONNECT. */
+const char *cli_connect_reason(const char *path, int rc, const char *msg)
+{
+    if (!msg || !msg[0])
+        return kvp_strerror(rc);
+    /* "cannot connect to PATH: No such file or directory", "refusing PATH: the process
+     * listening there runs as uid 0...": the caller names the socket already, so what follows
+     * "PATH: " is the reason. */
+    const char *p = strstr(msg, path);
+    size_t n = strlen(path);
+    if (p && n && !memchr(msg, ':', (size_t)(p - msg)) && p[n] == ':' && p[n + 1] == ' ' &&
+        p[n + 2])
+        return p + n + 2;
+    return msg;
+}
+
+/* Prints why the daemon could not be reached: the socket once, and the reason once. Returns
+ * EXIT_CONNECT. */
 static int unreachable(const char *path, int rc)
 {
     /* With NULL this is why kvp_client_open() failed. */
     const char *msg = kvp_last_error(NULL);
 
-    fprintf(stderr, "kvpool: cannot reach kvpoold at %s: %s", path, kvp_strerror(rc));
-    if (msg[0]) {
-        fputs(" (", stderr);
-        term_puts(stderr, msg);
-        fputc(')', stderr);
-    }
+    fprintf(stderr, "kvpool: cannot reach kvpoold at %s: ", path);
+    term_puts(stderr, cli_connect_reason(path, rc, msg));
     fputc('\n', stderr);
     return EXIT_CONNECT;
 }

@@ -2,7 +2,8 @@
  * main.c - the `kvpool` command line: kvpoold's state at a glance, its metrics, a live view,
  * and emptying the cache.
  *
- *   kvpool [--socket PATH] [--timeout MS] COMMAND [OPTIONS]
+ *   kvpool [--socket PATH] [--timeout MS] COMMAND [OPTIONS]   (global options may follow the
+ *                                                             command too)
  *
  *   status [--json]                  pool, SHM decision, one line per instance and transport
  *   instances                        a table of the registered instances
@@ -169,7 +170,7 @@ static void usage(FILE *f)
     }
     fprintf(f,
             "\n"
-            "Options:\n"
+            "Options (before or after the command):\n"
             "  -s, --socket PATH  daemon socket (default: $KVPOOL_SOCKET if set, else\n"
             "                     $XDG_RUNTIME_DIR/kvpool/kvpool.sock, else\n"
             "                     /tmp/kvpool-<uid>/kvpool.sock; here: %s)\n"
@@ -196,24 +197,41 @@ static int bad_option(const char *cmd, int opt, char **argv)
     return usage_error("%s%sunknown option '%s'", cmd, cmd[0] ? ": " : "", arg);
 }
 
+/* --socket (-s) or --timeout (-t) with its value, wherever it stands on the command line.
+ * Returns 0 or EXIT_USAGE after saying what is wrong. */
+static int global_option(struct cli *x, int opt, const char *arg)
+{
+    if (opt == 's') {
+        if (!arg[0])
+            return usage_error("--socket needs a path");
+        x->socket_opt = arg;
+    } else if (parse_timeout(arg, &x->opts.timeout_ms) < 0) {
+        return usage_error("invalid timeout '%s': expected milliseconds >= 1", arg);
+    }
+    return 0;
+}
+
 /*
- * Parses a command's options (argv[0] is the command's name) into *o. Returns 0, or EXIT_USAGE
- * after one line about what is wrong: an option the command does not take, a bad value, an
- * operand.
+ * Parses a command's options (argv[0] is the command's name) into *o, and the global options
+ * given after the command into *x (`kvpool ping --socket X` is `kvpool --socket X ping`; the
+ * later one wins). Returns 0, or EXIT_USAGE after one line about what is wrong: an option the
+ * command does not take, a bad value, an operand.
  */
-static int parse_command(const struct command *cmd, int argc, char **argv, struct cmd_opts *o)
+static int parse_command(const struct command *cmd, int argc, char **argv, struct cmd_opts *o,
+                         struct cli *x)
 {
     static const struct option longopts[] = {
         {"json", no_argument, NULL, 'j'},           {"once", no_argument, NULL, '1'},
         {"interval", required_argument, NULL, 'n'}, {"yes", no_argument, NULL, 'y'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},           {"socket", required_argument, NULL, 's'},
+        {"timeout", required_argument, NULL, 't'},  {NULL, 0, NULL, 0},
     };
-    int opt;
+    int opt, rc;
 
     *o = (struct cmd_opts){.interval = 1.0};
     optind = 0; /* glibc: start a new scan */
     opterr = 0;
-    while ((opt = getopt_long(argc, argv, "+:n:yh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "+:n:yhs:t:", longopts, NULL)) != -1) {
         unsigned need = opt == 'j'   ? O_JSON
                         : opt == '1' ? O_ONCE
                         : opt == 'n' ? O_INTERVAL
@@ -223,6 +241,11 @@ static int parse_command(const struct command *cmd, int argc, char **argv, struc
             return bad_option(cmd->name, opt, argv);
         if (opt == 'h') {
             o->help = true;
+            continue;
+        }
+        if (opt == 's' || opt == 't') {
+            if ((rc = global_option(x, opt, optarg)) != 0)
+                return rc;
             continue;
         }
         if (!(cmd->opts & need))
@@ -263,18 +286,15 @@ int main(int argc, char **argv)
     struct cmd_opts o;
     int opt, rc;
 
-    /* '+': stop at the command, so that nothing after it is taken for a global option. */
+    /* '+': stop at the command; what follows it is the command's (parse_command(), which takes
+     * the global options there too). */
     opterr = 0;
     while ((opt = getopt_long(argc, argv, "+:s:t:h", longopts, NULL)) != -1) {
         switch (opt) {
         case 's':
-            if (!optarg[0])
-                return usage_error("--socket needs a path");
-            x.socket_opt = optarg;
-            break;
         case 't':
-            if (parse_timeout(optarg, &x.opts.timeout_ms) < 0)
-                return usage_error("invalid timeout '%s': expected milliseconds >= 1", optarg);
+            if ((rc = global_option(&x, opt, optarg)) != 0)
+                return rc;
             break;
         case 'h':
             usage(stdout);
@@ -297,7 +317,7 @@ int main(int argc, char **argv)
             cmd = &commands[i];
     if (!cmd)
         return usage_error("unknown command '%s'", argv[optind]);
-    rc = parse_command(cmd, argc - optind, argv + optind, &o);
+    rc = parse_command(cmd, argc - optind, argv + optind, &o, &x);
     if (rc)
         return rc;
     if (o.help) {

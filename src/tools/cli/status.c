@@ -14,9 +14,9 @@
 
 #include "cli.h"
 
-#define WORD 64                        /* a short escaped word: a version, a state, a transport */
-#define REASON TERM_ESCAPED_MAX(255)   /* an escaped reason (the daemon's are 255 bytes at most) */
-#define CELL (WORD + 3 + REASON)       /* one table cell: a name, or a transport and its reason */
+#define WORD 64                      /* a short escaped word: a version, a state, a transport */
+#define REASON TERM_ESCAPED_MAX(255) /* an escaped reason (the daemon's are 255 bytes at most) */
+#define CELL (WORD + 3 + REASON)     /* one table cell: a name, or a transport and its reason */
 
 /* "kvpoold 1.0.0 at PATH: serving, pid 4863, up 2h 03m" */
 void print_headline(const struct cli *x, json_t *doc)

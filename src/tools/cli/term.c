@@ -57,10 +57,10 @@ static size_t utf8_decode(const unsigned char *s, size_t len, unsigned *cp)
     for (size_t i = 2; i < n; i++)
         if ((s[i] & 0xc0) != 0x80)
             return 0;
-    *cp = n == 2   ? (s[0] & 0x1fu) << 6 | (s[1] & 0x3fu)
-          : n == 3 ? (s[0] & 0x0fu) << 12 | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu)
-                   : (s[0] & 0x07u) << 18 | (s[1] & 0x3fu) << 12 | (s[2] & 0x3fu) << 6 |
-                         (s[3] & 0x3fu);
+    *cp = n == 2 ? (s[0] & 0x1fu) << 6 | (s[1] & 0x3fu)
+          : n == 3
+              ? (s[0] & 0x0fu) << 12 | (s[1] & 0x3fu) << 6 | (s[2] & 0x3fu)
+              : (s[0] & 0x07u) << 18 | (s[1] & 0x3fu) << 12 | (s[2] & 0x3fu) << 6 | (s[3] & 0x3fu);
     return n;
 }
 
