@@ -104,6 +104,11 @@ void term_puts(FILE *f, const char *s);
 void print_headline(const struct cli *x, json_t *doc);
 /* "3.00 MiB of 4.00 MiB used (75.0%), 48 objects (2 pinned, 1 reserved)" */
 void print_pool(json_t *pool);
+/* Bytes of the text l2_line() makes: a URL and a reason, escaped, and a few words. */
+#define L2_LINE (2 * TERM_ESCAPED_MAX(255) + 128)
+/* The L2 tier's line after its label into buf: "redis://host:6379 up (backlog 3 chunks, 24.0
+ * KiB)", "... down: <reason> (...)", or "off". Returns false when the status has no "l2". */
+bool l2_line(json_t *doc, char *buf, size_t size);
 /* The summary of `kvpool status`. */
 void print_status(const struct cli *x, json_t *doc);
 /* Counts the instances of a list by transport. */

@@ -3,9 +3,9 @@
  * its status JSON (STATUS in docs/PROTOCOL.md, the same document as GET /api/status).
  *
  * Design. A headline (version, socket, state, pid, uptime), then one line per concern (pool,
- * chunk size, SHM, clients, totals) and a table of the instances whose columns are as wide as
- * their widest cell. `status --json` prints the document as it came, for jq and scripts. Every
- * string the daemon supplies goes through term.c before it is printed. The headline and the
+ * chunk size, SHM, the L2 tier, clients, totals) and a table of the instances whose columns are as
+ * wide as their widest cell. `status --json` prints the document as it came, for jq and scripts.
+ * Every string the daemon supplies goes through term.c before it is printed. The headline and the
  * pool line are shared with `watch` (watch.c).
  */
 #include <inttypes.h>
@@ -47,6 +47,40 @@ void print_pool(json_t *pool)
     if (json_is_true(json_object_get(pool, "warming")))
         printf(", %s of %s reserved so far",
                human_bytes((double)jnum(pool, "reserved_bytes"), res, sizeof(res)), cap);
+}
+
+/*
+ * The L2 tier after its label: "redis://10.0.0.5:6379 up (backlog 3 chunks, 24.0 KiB)",
+ * "unix:///run/redis.sock down: Connection refused (backlog 0 chunks, 0 B)", or "off" when the
+ * daemon runs without one ("l2": null). "state" ("up", "down", "auth_failed") and "reason" come
+ * from newer daemons; without them "up" (a boolean) decides between up and down. The URL is the
+ * daemon's masked one (no password). Returns false when the status has no "l2" at all (an older
+ * daemon): nothing to print.
+ */
+bool l2_line(json_t *doc, char *buf, size_t size)
+{
+    json_t *l2 = json_object_get(doc, "l2");
+    char url[REASON], state[WORD], reason[REASON], backlog[32];
+    const char *st;
+
+    if (!l2)
+        return false;
+    if (!json_is_object(l2)) {
+        snprintf(buf, size, "off");
+        return true;
+    }
+    st = jstr(l2, "state", NULL);
+    if (!st)
+        st = json_is_true(json_object_get(l2, "up")) ? "up" : "down";
+    else if (strcmp(st, "auth_failed") == 0)
+        st = "authentication failed";
+    term_safe(url, sizeof(url), jstr(l2, "url", "-"));
+    term_safe(state, sizeof(state), st);
+    term_safe(reason, sizeof(reason), jstr(l2, "reason", ""));
+    snprintf(buf, size, "%s %s%s%s (backlog %" PRIu64 " chunks, %s)", url, state,
+             reason[0] ? ": " : "", reason, jnum(l2, "backlog_chunks"),
+             human_bytes((double)jnum(l2, "backlog_bytes"), backlog, sizeof(backlog)));
+    return true;
 }
 
 /* Columns of the instance tables. */
@@ -162,7 +196,7 @@ void print_status(const struct cli *x, json_t *doc)
     json_t *pool = jobj(doc, "pool"), *shm = jobj(doc, "shm"), *clients = jobj(doc, "clients");
     json_t *counters = jobj(doc, "counters");
     json_t *list = json_object_get(doc, "instances");
-    char a[32], b[32], c[32], reason[CELL], word[WORD];
+    char a[32], b[32], c[32], reason[CELL], word[WORD], line[L2_LINE];
 
     print_headline(x, doc);
     if (!pool) {
@@ -189,6 +223,8 @@ void print_status(const struct cli *x, json_t *doc)
         term_safe(reason, sizeof(reason), jstr(shm, "disabled_reason", "-"));
         printf("SHM:        disabled: %s (every worker uses the inline transport)\n", reason);
     }
+    if (l2_line(doc, line, sizeof(line)))
+        printf("L2:         %s\n", line);
     if (clients)
         printf("Clients:    %" PRIu64 " connected (max %" PRIu64 ")\n", jnum(clients, "connected"),
                jnum(clients, "max"));

@@ -116,7 +116,7 @@ static double sum2(double a, double b)
 static void print_frame(const struct cli *x, json_t *doc, const struct sample *prev,
                         const struct sample *cur)
 {
-    char a[32], b[32], c[32], d[48];
+    char a[32], b[32], c[32], d[48], l2[L2_LINE];
     json_t *pool = jobj(doc, "pool"), *gauges = jobj(doc, "gauges");
     time_t now = time(NULL);
     struct tm tm;
@@ -158,6 +158,8 @@ static void print_frame(const struct cli *x, json_t *doc, const struct sample *p
         print_pool(pool);
         putchar('\n');
     }
+    if (l2_line(doc, l2, sizeof(l2)))
+        printf("L2          %s\n", l2);
     json_t *list = json_object_get(doc, "instances");
     size_t nshm = 0, ninl = 0;
     count_transports(list, &nshm, &ninl);
