@@ -21,8 +21,10 @@ thread for parallel transfers: ctypes releases the GIL during library calls.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import logging
+import os
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Union
@@ -132,6 +134,12 @@ class Client:
                 rc, "connect to %s" % where, _lib.strerror(rc), message, connecting=True
             )
         self._h = handle.value
+        # The socket the library connects (and reconnects) to, resolved the same way.
+        if socket_path:
+            self._socket = socket_path
+        else:
+            from . import default_socket_path  # the package imports this module first
+            self._socket = default_socket_path()
         self._lock = threading.RLock()
         self._contexts: Set[Context] = set()
         self._pool_arrays = _WeakTracker()
@@ -142,7 +150,11 @@ class Client:
 
     def _error(self, rc: int, op: str) -> Error:
         msg = text(self._lib.kvp_last_error(self._h)) if self._h else ""
-        return from_code(rc, op, _lib.strerror(rc), msg)
+        # -ENOENT is the daemon's "unknown instance, reservation or pin", or a reconnect's "no
+        # socket there" (the library reconnects at the start of a call after a lost
+        # connection). The socket's absence tells them apart; the message is not read.
+        connecting = rc == -errno.ENOENT and not os.path.exists(self._socket)
+        return from_code(rc, op, _lib.strerror(rc), msg, connecting=connecting)
 
     def _call(self, op: str, fn: Callable[..., Any], *args: Any) -> int:
         """Calls a library function taking the client lock; raises on a negative return."""

@@ -6,6 +6,7 @@ Three configurations run the same round-trip tests:
   - inline daemon: daemon started with --shm-name "" (auto must fall back to inline).
 """
 
+import errno
 import gc
 import logging
 import os
@@ -553,6 +554,26 @@ class TestDaemonGone(unittest.TestCase):
             self.assertIsInstance(cm.exception, ConnectionError)
         finally:
             d.cleanup()
+
+    def test_max_clients(self):
+        # A daemon that serves --max-clients connections already refuses the next one: the
+        # daemon is there but unavailable to this process, like a refused connect.
+        with Daemon(extra=["--max-clients", "1"]) as d:
+            first = None
+            for _ in range(200):  # the start-up check's connection may not have left yet
+                try:
+                    first = d.client(timeout=5.0)
+                    break
+                except kvpool.DaemonUnavailable:
+                    time.sleep(0.05)
+            self.assertIsNotNone(first)
+            with self.assertRaises(kvpool.DaemonUnavailable) as cm:
+                d.client(timeout=5.0)
+            self.assertEqual(cm.exception.errno, errno.EUSERS)
+            self.assertIsInstance(cm.exception, ConnectionError)
+            self.assertIn("--max-clients", str(cm.exception))
+            first.ping()
+            first.close()
 
     def test_daemon_stops(self):
         for transport in ("auto", "inline"):
