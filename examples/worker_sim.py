@@ -97,7 +97,7 @@ class Worker:
 
     def register(self, client, name):
         a = self.args
-        return client.register(name, "worker-sim-model", world_size=1, worker_rank=0,
+        return client.register(name, model_name="worker-sim-model", world_size=1, worker_rank=0,
                                num_layers=a.layers, hidden_dim=a.heads * a.head_dim,
                                dtype="bfloat16", block_size=a.block_size,
                                use_mla=a.layout == "MLA", transport=a.transport)

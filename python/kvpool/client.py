@@ -184,11 +184,16 @@ class Client:
         n = self._call("stats", self._lib.kvp_stats, self._h, buf, cap)
         return {text(s.name): int(s.value) for s in buf[:min(n, cap)]}
 
-    def register(self, instance_id: Union[str, int], model_name: str, world_size: int,
+    def register(self, instance_id: Union[str, int], *, model_name: str, world_size: int,
                  worker_rank: int, num_layers: int, hidden_dim: int, dtype: DTypeLike,
                  block_size: int = 16, use_mla: bool = False,
                  transport: str = "auto") -> Context:
         """Registers a KV layout and returns its :class:`Context`.
+
+        Every argument but ``instance_id`` is keyword-only, so that two integers of the layout
+        (``num_layers`` and ``hidden_dim``, ``world_size`` and ``worker_rank``) cannot be
+        swapped without a trace: ``client.register("rank0", model_name="llama-3-8b",
+        world_size=2, worker_rank=0, num_layers=32, hidden_dim=1024, dtype="bfloat16")``.
 
         ``instance_id``: a str, or an int (LMCache's workers use their pid), sent as
         ``str(instance_id)``; any other type raises :class:`TypeError`.

@@ -75,7 +75,7 @@ class _Base(_DaemonPerClass):
         args = dict(world_size=1, worker_rank=0, num_layers=LAYERS, hidden_dim=HIDDEN,
                     dtype=dtype, transport=self.transport)
         args.update(kw)
-        return self.client.register(iid, "test-model", **args)
+        return self.client.register(iid, model_name="test-model", **args)
 
     def chunks(self, n, ctx=None):
         ctx = ctx or self.ctx
@@ -319,10 +319,12 @@ class _RoundTrips(_Base):
     def test_unregistered_instance(self):
         # A second context of the same id shares the daemon's registration.
         iid = "py-shared-%d" % random.randrange(1 << 30)
-        a = self.client.register(iid, "m", 1, 0, LAYERS, HIDDEN, "float16",
+        a = self.client.register(iid, model_name="m", world_size=1, worker_rank=0,
+                                 num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16",
                                  transport=self.transport)
         with self.assertLogs("kvpool", logging.WARNING):
-            b = self.client.register(iid, "m", 1, 0, LAYERS, HIDDEN, "float16",
+            b = self.client.register(iid, model_name="m", world_size=1, worker_rank=0,
+                                     num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16",
                                      transport=self.transport)
         self.assertTrue(b.existing)
         a.unregister()
@@ -338,15 +340,17 @@ class _RoundTrips(_Base):
         toks = random_tokens(32)
         before = self.daemon.stats()
         with self.daemon.client() as c:
-            with c.register("py-cm-%d" % random.randrange(1 << 30), "m", 1, 0, LAYERS, HIDDEN,
-                            "float16", transport=self.transport) as ctx:
+            with c.register("py-cm-%d" % random.randrange(1 << 30), model_name="m",
+                            world_size=1, worker_rank=0, num_layers=LAYERS, hidden_dim=HIDDEN,
+                            dtype="float16", transport=self.transport) as ctx:
                 ctx.store(toks, [os.urandom(ctx.chunk_bytes)])
                 self.assertEqual(self.daemon.stats()["instances"], before["instances"] + 1)
             self.assertFalse(ctx.registered)
             with self.assertRaises(kvpool.ClosedError):
                 ctx.lookup(toks)
-            ctx2 = c.register("py-cm2-%d" % random.randrange(1 << 30), "m", 1, 0, LAYERS,
-                              HIDDEN, "float16", transport=self.transport)
+            ctx2 = c.register("py-cm2-%d" % random.randrange(1 << 30), model_name="m",
+                              world_size=1, worker_rank=0, num_layers=LAYERS, hidden_dim=HIDDEN,
+                              dtype="float16", transport=self.transport)
             plan = ctx2.prepare_store(random_tokens(32))  # left open on purpose
             self.assertEqual(len(plan[1]), 2)
             self.assertEqual(self.daemon.stats()["objects_reserved"],
@@ -402,8 +406,9 @@ class TestShm(_RoundTrips):
         data = self.chunks(1)
         self.ctx.store(toks, data)
         c = self.daemon.client()
-        ctx = c.register("py-outlive-%d" % random.randrange(1 << 30), "test-model", 1, 0,
-                         LAYERS, HIDDEN, "bfloat16")
+        ctx = c.register("py-outlive-%d" % random.randrange(1 << 30), model_name="test-model",
+                         world_size=1, worker_rank=0, num_layers=LAYERS, hidden_dim=HIDDEN,
+                         dtype="bfloat16")
         ctx.store(toks, data)
         plan = ctx.prepare_retrieve(toks)
         view = plan[0]
@@ -467,7 +472,8 @@ class TestIdentity(_DaemonPerClass):
     """Instance ids: int or str, one registration per id and connection, clear conflicts."""
 
     def register(self, client, iid, model="llama-3-8b", num_layers=LAYERS, hidden_dim=HIDDEN):
-        return client.register(iid, model, 1, 0, num_layers, hidden_dim, "float16")
+        return client.register(iid, model_name=model, world_size=1, worker_rank=0,
+                               num_layers=num_layers, hidden_dim=hidden_dim, dtype="float16")
 
     def test_int_instance_id(self):
         iid = 1000000 + random.randrange(1 << 30)  # like a worker's pid
@@ -579,7 +585,8 @@ class TestDaemonGone(unittest.TestCase):
         for transport in ("auto", "inline"):
             with Daemon() as d:
                 c = d.client(timeout=5.0)
-                ctx = c.register("py-gone", "m", 1, 0, LAYERS, HIDDEN, "float16",
+                ctx = c.register("py-gone", model_name="m", world_size=1, worker_rank=0,
+                                 num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16",
                                  transport=transport)
                 toks = random_tokens(16)
                 ctx.store(toks, [os.urandom(ctx.chunk_bytes)])
@@ -631,8 +638,10 @@ class TestPagedRoundTrip(unittest.TestCase):
                     src_table = rng.permutation(nblk + 3)[:nblk].astype(np.int32)
                     dst_table = list(rng.permutation(nblk + 5)[:nblk])
                     ctx = c.register("py-paged-%s-%s-%s-%d" % (transport, layout, kv_first, bs),
-                                     "m", 1, 0, layers, heads * hd, "bfloat16", block_size=bs,
-                                     use_mla=layout == "MLA", transport=transport)
+                                     model_name="m", world_size=1, worker_rank=0,
+                                     num_layers=layers, hidden_dim=heads * hd, dtype="bfloat16",
+                                     block_size=bs, use_mla=layout == "MLA",
+                                     transport=transport)
                     toks = random_tokens(ntok)
                     self.assertEqual(ctx.store_paged(toks, src_cache, src_table), 4)
                     self.assertEqual(ctx.store_paged(toks, src_cache, src_table), 0)  # cached

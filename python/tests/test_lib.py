@@ -5,6 +5,7 @@ Discovery tests run in subprocesses, because the binding loads the library once 
 
 import ctypes
 import errno
+import inspect
 import os
 import shutil
 import subprocess
@@ -250,6 +251,20 @@ class TestStructLayouts(unittest.TestCase):
                 want["%s.%s" % (name, field)] = getattr(cls, field).offset
         got = {k: int(v) for k, v in (line.split() for line in out.splitlines())}
         self.assertEqual(got, want)
+
+
+class TestRegisterSignature(unittest.TestCase):
+    def test_keyword_only_past_the_id(self):
+        # Seven positional values let num_layers and hidden_dim trade places unnoticed.
+        params = inspect.signature(kvpool.Client.register).parameters
+        positional = [n for n, p in params.items()
+                      if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        self.assertEqual(positional, ["self", "instance_id"])
+        for name in ("model_name", "world_size", "worker_rank", "num_layers", "hidden_dim",
+                     "dtype", "block_size", "use_mla", "transport"):
+            self.assertIs(params[name].kind, inspect.Parameter.KEYWORD_ONLY, name)
+        with self.assertRaises(TypeError):
+            kvpool.Client.register(object(), "rank0", "m", 1, 0, 32, 1024, "float16")
 
 
 class TestErrors(unittest.TestCase):
