@@ -241,6 +241,30 @@ class _RoundTrips(_Base):
             kvcontext._BATCH_BYTES = saved
 
     @needs_numpy
+    def test_arrays_of_another_dtype_or_shape(self):
+        # The byte count matches in every case; only the chunk's shape and the context's dtype
+        # (bfloat16: uint16 in numpy) make a chunk.
+        toks = random_tokens(16)
+        shape = self.ctx.chunk_shape  # (2, LAYERS, 16, HIDDEN)
+        good = np.arange(int(np.prod(shape)), dtype=np.uint16).reshape(shape)
+        swapped = good.reshape(shape[0], shape[3], shape[2], shape[1])
+        cases = [(good.astype(np.float16), "dtype float16"), (good.astype(np.int16), "dtype int16"),
+                 (good.view(np.float32).reshape(-1), "dtype float32"),
+                 (good.reshape(-1), "shape"), (swapped, "shape"), (good.view(np.uint8), "dtype")]
+        for arr, word in cases:
+            self.assertEqual(arr.nbytes, self.ctx.chunk_bytes)
+            with self.assertRaises(kvpool.InvalidArgument) as cm:
+                self.ctx.store(toks, [arr])
+            self.assertIsInstance(cm.exception, ValueError)
+            self.assertIn(word, str(cm.exception))
+            with self.assertRaises(kvpool.InvalidArgument):
+                self.ctx.retrieve(toks, out=[arr.copy()])
+        self.assertEqual(self.ctx.lookup(toks), 0)
+        self.assertEqual(self.ctx.store(toks, [good]), 1)
+        # Untyped buffers are raw bytes, checked by size.
+        self.assertEqual(self.ctx.store(toks, [memoryview(good).cast("B")]), 0)
+
+    @needs_numpy
     def test_numpy(self):
         toks = random_tokens(32)
         arrs = [np.random.randint(0, 1 << 16, self.ctx.chunk_shape).astype(np.uint16)
