@@ -11,6 +11,8 @@ import gc
 import logging
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -621,6 +623,41 @@ class TestDaemonGone(unittest.TestCase):
                 with self.assertRaises(kvpool.Error):
                     ctx.retrieve(toks, as_numpy=False)
                 c.close()
+
+
+class TestExampleErrors(unittest.TestCase):
+    """examples/worker_sim.py ends an expected failure with one line and exit status 2."""
+
+    WORKER_SIM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
+                              "examples", "worker_sim.py")
+
+    def run_sim(self, *args):
+        p = subprocess.run([sys.executable, self.WORKER_SIM] + list(args), capture_output=True,
+                           text=True, timeout=120)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(p.stderr.count("\n"), 1, p.stderr)
+        self.assertTrue(p.stderr.startswith("worker_sim: "), p.stderr)
+        return p.stderr
+
+    def test_no_daemon(self):
+        d = Daemon()
+        try:
+            err = self.run_sim("--socket", d.socket)
+            self.assertIn(d.socket, err)
+            self.assertIn("--spawn-daemon", err)
+        finally:
+            d.cleanup()
+
+    def test_no_shm(self):
+        with Daemon(shm=False) as d:
+            err = self.run_sim("--socket", d.socket, "--transport", "shm")
+            self.assertIn("KVP_ENOSHM", err)
+            self.assertIn("--transport auto", err)
+
+    def test_daemon_binary_missing(self):
+        err = self.run_sim("--spawn-daemon", "/nonexistent/kvpoold")
+        self.assertIn("cannot start /nonexistent/kvpoold", err)
 
 
 @needs_numpy
