@@ -356,9 +356,10 @@ class Context:
 
         ``chunks``: one buffer per chunk (buffer-protocol objects, numpy arrays, torch CPU
         tensors or ``(address, nbytes)`` tuples), each exactly ``chunk_bytes`` bytes and
-        C-contiguous; an array or a tensor of ``chunk_shape`` and the context's dtype (or the
-        unsigned integer of its size), else :class:`kvpool.InvalidArgument`; covering tokens ``[start, start + len(chunks) * chunk_size)``, which
-        must lie inside ``token_ids``. Cached chunks are skipped.
+        C-contiguous, covering tokens ``[start, start + len(chunks) * chunk_size)``, which
+        must lie inside ``token_ids``. An array or a tensor must have ``chunk_shape`` and the
+        context's dtype (or the unsigned integer of its size), else
+        :class:`kvpool.InvalidArgument`. Cached chunks are skipped.
 
         Returns the number of chunks newly stored, or a :data:`StoreResult` when ``details``.
         Same call on both transports (shm: one copy into the pool).
