@@ -134,7 +134,7 @@ FORMAT_FILES = $(shell find src tests bench fuzz include -name '*.[ch]' 2>/dev/n
 
 lint: deps-check
 	cppcheck $(CPPCHECK_FLAGS) src fuzz tests bench
-	cd python && $(LINT_PYTHON) -m flake8 kvpool tests ../examples
+	cd python && $(LINT_PYTHON) -m flake8 kvpool tests ../examples build_backend
 	cd python && $(LINT_PYTHON) -m mypy
 
 format: deps-check

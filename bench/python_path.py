@@ -94,9 +94,10 @@ class PythonPath:
             self.ctx.unregister()
             self.ctx = None
         layers, hidden, dtype = pick_layout(chunk, self.chunk_tokens)
-        self.ctx = self.client.register("bench-python-%d" % chunk, "kvpool-bench", world_size=1,
-                                        worker_rank=0, num_layers=layers, hidden_dim=hidden,
-                                        dtype=dtype, block_size=16, transport="shm")
+        self.ctx = self.client.register("bench-python-%d" % chunk, model_name="kvpool-bench",
+                                        world_size=1, worker_rank=0, num_layers=layers,
+                                        hidden_dim=hidden, dtype=dtype, block_size=16,
+                                        transport="shm")
         if self.ctx.chunk_bytes != chunk:
             raise RuntimeError("instance has %d-byte chunks, not %d" % (self.ctx.chunk_bytes,
                                                                         chunk))

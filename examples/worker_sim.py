@@ -15,7 +15,8 @@ Options: --layout NHD|HND|MLA, --transport auto|shm|inline, --prompt-tokens N, -
 --daemon-log (show the spawned daemon's log).
 Runs on any Python 3.8+. The paged caches are numpy arrays when the interpreter has numpy, else
 memoryviews over bytearrays (with a one-line note saying so). Exit status 0 on success, 1 on a
-mismatch.
+mismatch, 2 when it cannot run (no daemon on the socket, no shared memory with --transport shm,
+no libkvpool.so, a daemon that does not start): one line on stderr says why.
 """
 
 import argparse
@@ -97,7 +98,7 @@ class Worker:
 
     def register(self, client, name):
         a = self.args
-        return client.register(name, "worker-sim-model", world_size=1, worker_rank=0,
+        return client.register(name, model_name="worker-sim-model", world_size=1, worker_rank=0,
                                num_layers=a.layers, hidden_dim=a.heads * a.head_dim,
                                dtype="bfloat16", block_size=a.block_size,
                                use_mla=a.layout == "MLA", transport=a.transport)
@@ -120,8 +121,32 @@ def spawn_daemon(binary, show_log):
         except kvpool.DaemonUnavailable:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                sys.exit("kvpoold did not start")
+                proc.wait()
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise CannotRun("%s did not start (run it with --daemon-log to see why)"
+                                % binary)
             time.sleep(0.05)
+
+
+class CannotRun(Exception):
+    """The simulation cannot run here; the message says why in one line."""
+
+
+# What to try next, for the errors a user of this example meets first.
+HINTS = (
+    (kvpool.DaemonUnavailable, "start kvpoold, or pass --socket PATH or --spawn-daemon KVPOOLD"),
+    (kvpool.ShmUnavailable, "the daemon offers no shared memory here: try --transport auto"),
+    (kvpool.LibraryError, "build the project, or point $KVPOOL_LIB at libkvpool.so"),
+)
+
+
+def one_line(e):
+    """The exception as one line, with a hint where there is one."""
+    text = " ".join(str(e).split())
+    for cls, hint in HINTS:
+        if isinstance(e, cls):
+            return "%s (%s)" % (text, hint)
+    return text
 
 
 def main():
@@ -147,10 +172,17 @@ def main():
 
     proc = tmp = None
     sock = args.socket
-    if args.spawn_daemon:
-        proc, sock, tmp = spawn_daemon(args.spawn_daemon, args.daemon_log)
     try:
+        if args.spawn_daemon:
+            proc, sock, tmp = spawn_daemon(args.spawn_daemon, args.daemon_log)
         return simulate(args, sock)
+    except (kvpool.Error, CannotRun) as e:
+        print("worker_sim: %s" % one_line(e), file=sys.stderr)
+        return 2
+    except OSError as e:  # the daemon binary cannot be started
+        print("worker_sim: cannot start %s: %s" % (args.spawn_daemon, e.strerror or e),
+              file=sys.stderr)
+        return 2
     finally:
         if proc:
             proc.send_signal(signal.SIGTERM)

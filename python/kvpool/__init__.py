@@ -5,8 +5,8 @@ See docs/python.md for the guide. Quick start::
 
     import kvpool
     with kvpool.Client() as client:
-        ctx = client.register("rank0", "my-model", world_size=1, worker_rank=0,
-                              num_layers=32, hidden_dim=1024, dtype="bfloat16")
+        ctx = client.register("rank0", model_name="my-model", world_size=1,
+                              worker_rank=0, num_layers=32, hidden_dim=1024, dtype="bfloat16")
         n = ctx.lookup(token_ids)
         ctx.store(token_ids, chunks)                 # one buffer per chunk
         got = ctx.retrieve(token_ids)                # list of the leading cached chunks

@@ -21,8 +21,10 @@ thread for parallel transfers: ctypes releases the GIL during library calls.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import logging
+import os
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Union
@@ -132,6 +134,12 @@ class Client:
                 rc, "connect to %s" % where, _lib.strerror(rc), message, connecting=True
             )
         self._h = handle.value
+        # The socket the library connects (and reconnects) to, resolved the same way.
+        if socket_path:
+            self._socket = socket_path
+        else:
+            from . import default_socket_path  # the package imports this module first
+            self._socket = default_socket_path()
         self._lock = threading.RLock()
         self._contexts: Set[Context] = set()
         self._pool_arrays = _WeakTracker()
@@ -142,7 +150,11 @@ class Client:
 
     def _error(self, rc: int, op: str) -> Error:
         msg = text(self._lib.kvp_last_error(self._h)) if self._h else ""
-        return from_code(rc, op, _lib.strerror(rc), msg)
+        # -ENOENT is the daemon's "unknown instance, reservation or pin", or a reconnect's "no
+        # socket there" (the library reconnects at the start of a call after a lost
+        # connection). The socket's absence tells them apart; the message is not read.
+        connecting = rc == -errno.ENOENT and not os.path.exists(self._socket)
+        return from_code(rc, op, _lib.strerror(rc), msg, connecting=connecting)
 
     def _call(self, op: str, fn: Callable[..., Any], *args: Any) -> int:
         """Calls a library function taking the client lock; raises on a negative return."""
@@ -172,11 +184,16 @@ class Client:
         n = self._call("stats", self._lib.kvp_stats, self._h, buf, cap)
         return {text(s.name): int(s.value) for s in buf[:min(n, cap)]}
 
-    def register(self, instance_id: Union[str, int], model_name: str, world_size: int,
+    def register(self, instance_id: Union[str, int], *, model_name: str, world_size: int,
                  worker_rank: int, num_layers: int, hidden_dim: int, dtype: DTypeLike,
                  block_size: int = 16, use_mla: bool = False,
                  transport: str = "auto") -> Context:
         """Registers a KV layout and returns its :class:`Context`.
+
+        Every argument but ``instance_id`` is keyword-only, so that two integers of the layout
+        (``num_layers`` and ``hidden_dim``, ``world_size`` and ``worker_rank``) cannot be
+        swapped without a trace: ``client.register("rank0", model_name="llama-3-8b",
+        world_size=2, worker_rank=0, num_layers=32, hidden_dim=1024, dtype="bfloat16")``.
 
         ``instance_id``: a str, or an int (LMCache's workers use their pid), sent as
         ``str(instance_id)``; any other type raises :class:`TypeError`.

@@ -24,7 +24,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal,
                     Optional, Set, Tuple, Type, Union, overload)
 
 from . import _lib
-from ._buffers import NUMPY_DTYPES, address_of, new_chunk, np, numpy_missing, torch_dtype
+from ._buffers import (NUMPY_DTYPES, address_of, is_tensor, new_chunk, np, numpy_missing,
+                       torch_dtype)
 from .errors import ClosedError, Error, InvalidArgument, ShmUnavailable
 from ._types import BlockTable, Buffer, NewChunk, ReadMemory, Salt, TokenIds, WriteMemory
 from .plans import RetrievePlan, StorePlan, _PlanBase
@@ -226,6 +227,29 @@ class Context:
                 if self._inst is not None and self.client._h is not None:
                     self._load_info()
 
+    def _check_typed(self, obj: object, what: str) -> None:
+        """A numpy array or a torch tensor handed in as a chunk must be one: the chunk's shape
+        and the context's dtype (numpy's stand-in for bfloat16 and float8, ``uint16`` /
+        ``uint8``, as :meth:`as_numpy` makes), or the unsigned integer of the element's size
+        (the raw bits). A byte count that happens to match is not enough: a float32 array of
+        half as many elements, or the layers and the hidden size swapped, would be stored as
+        garbage. Raises :class:`kvpool.InvalidArgument` (a ValueError). Untyped buffers
+        (bytes, bytearray, memoryview, ``(address, nbytes)``) are checked by size only."""
+        if np is not None and isinstance(obj, np.ndarray):
+            shape, dtype = tuple(obj.shape), obj.dtype.name
+        elif is_tensor(obj):
+            shape, dtype = tuple(obj.shape), str(obj.dtype)[len("torch."):]
+        else:
+            return
+        allowed = (self.dtype, NUMPY_DTYPES.get(self.dtype, self.dtype),
+                   "uint%d" % (8 * self.dtype_size))
+        if dtype not in allowed:
+            raise InvalidArgument("%s: dtype %s, the context's is %s (or %s for the raw bits)"
+                                  % (what, dtype, self.dtype, allowed[2]))
+        if shape != self.chunk_shape:
+            raise InvalidArgument("%s: shape %s, a chunk is %s"
+                                  % (what, shape, self.chunk_shape))
+
     def _range(self, key: _Key, start: int, end: Optional[int]) -> Tuple[int, int, int]:
         """Returns (start, end, nchunks) with end rounded down to a chunk boundary. The rule
         is the library's (kvp_chunk_count, shared with the daemon): a bad range raises its
@@ -333,7 +357,9 @@ class Context:
         ``chunks``: one buffer per chunk (buffer-protocol objects, numpy arrays, torch CPU
         tensors or ``(address, nbytes)`` tuples), each exactly ``chunk_bytes`` bytes and
         C-contiguous, covering tokens ``[start, start + len(chunks) * chunk_size)``, which
-        must lie inside ``token_ids``. Cached chunks are skipped.
+        must lie inside ``token_ids``. An array or a tensor must have ``chunk_shape`` and the
+        context's dtype (or the unsigned integer of its size), else
+        :class:`kvpool.InvalidArgument`. Cached chunks are skipped.
 
         Returns the number of chunks newly stored, or a :data:`StoreResult` when ``details``.
         Same call on both transports (shm: one copy into the pool).
@@ -350,6 +376,7 @@ class Context:
             with ExitStack() as stack:
                 ptrs = (ctypes.c_void_p * len(chunks))()
                 for i, ch in enumerate(chunks):
+                    self._check_typed(ch, "chunk %d" % i)
                     addr, n = stack.enter_context(address_of(ch, False, "chunk %d" % i))
                     if n != self.chunk_bytes:
                         raise InvalidArgument("chunk %d has %d bytes, chunk_bytes is %d"
@@ -418,6 +445,7 @@ class Context:
         with ExitStack() as stack:
             ptrs = (ctypes.c_void_p * len(out))()
             for i, buf in enumerate(out):
+                self._check_typed(buf, "out[%d]" % i)
                 addr, n = stack.enter_context(address_of(buf, True, "out[%d]" % i))
                 if n != self.chunk_bytes:
                     raise InvalidArgument("out[%d] has %d bytes, chunk_bytes is %d"

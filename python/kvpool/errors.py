@@ -11,7 +11,8 @@ Where a Python built-in exception means the same thing, the subclass also derive
 
 Names of codes come from the library (``kvp_err_name()``), and so do kvpool's own codes:
 ``errors.KVP_EPEER`` and its siblings are read from the loaded libkvpool.so on first use. Which
-exception class a code raises is this module's policy (``_BY_CODE``, ``_BY_KVP_NAME``).
+exception class a code raises is this module's policy, one table by the code's name
+(``_CLASSES``); the text of a message never decides it.
 """
 
 from __future__ import annotations
@@ -199,39 +200,36 @@ class InstanceBusy(InstanceConflict):
     message names that connection's pid; the id is free again once that worker has closed."""
 
 
-_BY_CODE: Dict[int, Type[Error]] = {
-    -_errno.EINVAL: InvalidArgument,
-    -_errno.EOVERFLOW: InvalidArgument,
-    -_errno.ENOENT: NotFound,
-    -_errno.ECONNREFUSED: DaemonUnavailable,
-    -_errno.ECONNRESET: DaemonUnavailable,
-    -_errno.EPIPE: DaemonUnavailable,
-    -_errno.ENOTCONN: DaemonUnavailable,
-    -_errno.ECONNABORTED: DaemonUnavailable,
-    -_errno.ESHUTDOWN: DaemonUnavailable,
-    -_errno.ETIMEDOUT: Timeout,
-    -_errno.ENOSPC: NoSpace,
-    -_errno.ENOMEM: NoSpace,
-    -_errno.E2BIG: TooBig,
-    -_errno.EMFILE: TooBig,
-    -_errno.ENAMETOOLONG: TooBig,
-    -_errno.EPROTO: ProtocolError,
-    -_errno.EPROTONOSUPPORT: ProtocolError,
-    -_errno.EOPNOTSUPP: ShmUnavailable,
-    -_errno.EEXIST: InstanceExists,
-    -_errno.EBUSY: InstanceBusy,
-    -_errno.EPERM: UntrustedDaemon,
-    -_errno.ESTALE: Stale,
-}
-
-# How the library's message for a call that found the connection lost and could not make a new
-# one begins (src/client/reconnect.c): its -ENOENT then means "no socket", not "unknown
-# instance".
-_RECONNECT_FAILED = "lost the connection to kvpoold and could not reconnect"
-
-# kvpool's own codes by the library's name for them (kvp_codes()); a test checks that every
-# code the library has is here.
-_BY_KVP_NAME: Dict[str, Type[Error]] = {
+# The one table: which exception class each return code raises, by the code's symbolic name.
+# An errno name stands for the negative errno of that name (Python's errno module gives its
+# value); a KVP_E name for kvpool's own code of that name (the loaded library gives its value,
+# kvp_codes()). A code that is not here raises Error itself. Only the code decides, never the
+# text of a message.
+_CLASSES: Dict[str, Type[Error]] = {
+    "EINVAL": InvalidArgument,
+    "EOVERFLOW": InvalidArgument,
+    "ENOENT": NotFound,  # DaemonUnavailable when it comes from a connect (from_code)
+    "ECONNREFUSED": DaemonUnavailable,
+    "ECONNRESET": DaemonUnavailable,
+    "EPIPE": DaemonUnavailable,
+    "ENOTCONN": DaemonUnavailable,
+    "ECONNABORTED": DaemonUnavailable,
+    "ESHUTDOWN": DaemonUnavailable,
+    "EACCES": DaemonUnavailable,  # only a connect: no permission on the socket
+    "EUSERS": DaemonUnavailable,  # the daemon serves --max-clients connections already
+    "ETIMEDOUT": Timeout,
+    "ENOSPC": NoSpace,
+    "ENOMEM": NoSpace,
+    "E2BIG": TooBig,
+    "EMFILE": TooBig,
+    "ENAMETOOLONG": TooBig,
+    "EPROTO": ProtocolError,
+    "EPROTONOSUPPORT": ProtocolError,
+    "EOPNOTSUPP": ShmUnavailable,
+    "EEXIST": InstanceExists,
+    "EBUSY": InstanceBusy,
+    "EPERM": UntrustedDaemon,
+    "ESTALE": Stale,
     "KVP_EPROTO": ProtocolError,
     "KVP_EVERSION": ProtocolError,
     "KVP_EBADSLOT": BadSlot,
@@ -241,21 +239,38 @@ _BY_KVP_NAME: Dict[str, Type[Error]] = {
 }
 
 
+# The errno half of _CLASSES by value.
+_CLASS_BY_ERRNO: Dict[int, Type[Error]] = {
+    getattr(_errno, name): cls for name, cls in _CLASSES.items()
+    if not name.startswith("KVP_E") and hasattr(_errno, name)
+}
+
+
+def exception_class(code: int) -> Type[Error]:
+    """The exception class that return code ``code`` raises (``_CLASSES``), :class:`Error` for
+    a code the table does not name."""
+    if code >= 0:
+        return Error
+    name = code_name(code)
+    if name.startswith("KVP_E"):
+        return _CLASSES.get(name, Error)
+    return _CLASS_BY_ERRNO.get(-code, Error)
+
+
 def from_code(code: int, op: str, strerror: str, message: str = "",
               connecting: bool = False) -> Error:
     """Builds the exception for return code ``code`` of operation ``op``.
 
-    ``strerror`` is the library's description of the code and ``message`` the daemon's text.
-    While connecting, or reconnecting after the daemon went away, -ENOENT means "no socket"
-    rather than "unknown instance".
+    ``strerror`` is the library's description of the code and ``message`` the daemon's text
+    (part of the exception's text and its ``message``; it never changes the class).
+    ``connecting``: the call failed while connecting to the socket, where -ENOENT means "no
+    socket" rather than "unknown instance, reservation or pin" (:class:`DaemonUnavailable`
+    instead of :class:`NotFound`). The client knows: at kvp_client_open(), or when the socket
+    is not there (a reconnect that found no daemon, see Client).
     """
     name = code_name(code)
-    cls = _BY_CODE.get(code)
-    if cls is None:
-        cls = _BY_KVP_NAME.get(name, Error)
-    if message.startswith(_RECONNECT_FAILED):
-        connecting = True
-    if connecting and code in (-_errno.ENOENT, -_errno.EACCES):
+    cls = exception_class(code)
+    if connecting and code == -_errno.ENOENT:
         cls = DaemonUnavailable
     text = "%s: %s (%s)" % (op, strerror, name)
     if message:

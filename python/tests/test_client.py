@@ -6,10 +6,13 @@ Three configurations run the same round-trip tests:
   - inline daemon: daemon started with --shm-name "" (auto must fall back to inline).
 """
 
+import errno
 import gc
 import logging
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -74,7 +77,7 @@ class _Base(_DaemonPerClass):
         args = dict(world_size=1, worker_rank=0, num_layers=LAYERS, hidden_dim=HIDDEN,
                     dtype=dtype, transport=self.transport)
         args.update(kw)
-        return self.client.register(iid, "test-model", **args)
+        return self.client.register(iid, model_name="test-model", **args)
 
     def chunks(self, n, ctx=None):
         ctx = ctx or self.ctx
@@ -240,6 +243,30 @@ class _RoundTrips(_Base):
             kvcontext._BATCH_BYTES = saved
 
     @needs_numpy
+    def test_arrays_of_another_dtype_or_shape(self):
+        # The byte count matches in every case; only the chunk's shape and the context's dtype
+        # (bfloat16: uint16 in numpy) make a chunk.
+        toks = random_tokens(16)
+        shape = self.ctx.chunk_shape  # (2, LAYERS, 16, HIDDEN)
+        good = np.arange(int(np.prod(shape)), dtype=np.uint16).reshape(shape)
+        swapped = good.reshape(shape[0], shape[3], shape[2], shape[1])
+        cases = [(good.astype(np.float16), "dtype float16"), (good.astype(np.int16), "dtype int16"),
+                 (good.view(np.float32).reshape(-1), "dtype float32"),
+                 (good.reshape(-1), "shape"), (swapped, "shape"), (good.view(np.uint8), "dtype")]
+        for arr, word in cases:
+            self.assertEqual(arr.nbytes, self.ctx.chunk_bytes)
+            with self.assertRaises(kvpool.InvalidArgument) as cm:
+                self.ctx.store(toks, [arr])
+            self.assertIsInstance(cm.exception, ValueError)
+            self.assertIn(word, str(cm.exception))
+            with self.assertRaises(kvpool.InvalidArgument):
+                self.ctx.retrieve(toks, out=[arr.copy()])
+        self.assertEqual(self.ctx.lookup(toks), 0)
+        self.assertEqual(self.ctx.store(toks, [good]), 1)
+        # Untyped buffers are raw bytes, checked by size.
+        self.assertEqual(self.ctx.store(toks, [memoryview(good).cast("B")]), 0)
+
+    @needs_numpy
     def test_numpy(self):
         toks = random_tokens(32)
         arrs = [np.random.randint(0, 1 << 16, self.ctx.chunk_shape).astype(np.uint16)
@@ -318,10 +345,12 @@ class _RoundTrips(_Base):
     def test_unregistered_instance(self):
         # A second context of the same id shares the daemon's registration.
         iid = "py-shared-%d" % random.randrange(1 << 30)
-        a = self.client.register(iid, "m", 1, 0, LAYERS, HIDDEN, "float16",
+        a = self.client.register(iid, model_name="m", world_size=1, worker_rank=0,
+                                 num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16",
                                  transport=self.transport)
         with self.assertLogs("kvpool", logging.WARNING):
-            b = self.client.register(iid, "m", 1, 0, LAYERS, HIDDEN, "float16",
+            b = self.client.register(iid, model_name="m", world_size=1, worker_rank=0,
+                                     num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16",
                                      transport=self.transport)
         self.assertTrue(b.existing)
         a.unregister()
@@ -337,15 +366,17 @@ class _RoundTrips(_Base):
         toks = random_tokens(32)
         before = self.daemon.stats()
         with self.daemon.client() as c:
-            with c.register("py-cm-%d" % random.randrange(1 << 30), "m", 1, 0, LAYERS, HIDDEN,
-                            "float16", transport=self.transport) as ctx:
+            with c.register("py-cm-%d" % random.randrange(1 << 30), model_name="m",
+                            world_size=1, worker_rank=0, num_layers=LAYERS, hidden_dim=HIDDEN,
+                            dtype="float16", transport=self.transport) as ctx:
                 ctx.store(toks, [os.urandom(ctx.chunk_bytes)])
                 self.assertEqual(self.daemon.stats()["instances"], before["instances"] + 1)
             self.assertFalse(ctx.registered)
             with self.assertRaises(kvpool.ClosedError):
                 ctx.lookup(toks)
-            ctx2 = c.register("py-cm2-%d" % random.randrange(1 << 30), "m", 1, 0, LAYERS,
-                              HIDDEN, "float16", transport=self.transport)
+            ctx2 = c.register("py-cm2-%d" % random.randrange(1 << 30), model_name="m",
+                              world_size=1, worker_rank=0, num_layers=LAYERS, hidden_dim=HIDDEN,
+                              dtype="float16", transport=self.transport)
             plan = ctx2.prepare_store(random_tokens(32))  # left open on purpose
             self.assertEqual(len(plan[1]), 2)
             self.assertEqual(self.daemon.stats()["objects_reserved"],
@@ -401,8 +432,9 @@ class TestShm(_RoundTrips):
         data = self.chunks(1)
         self.ctx.store(toks, data)
         c = self.daemon.client()
-        ctx = c.register("py-outlive-%d" % random.randrange(1 << 30), "test-model", 1, 0,
-                         LAYERS, HIDDEN, "bfloat16")
+        ctx = c.register("py-outlive-%d" % random.randrange(1 << 30), model_name="test-model",
+                         world_size=1, worker_rank=0, num_layers=LAYERS, hidden_dim=HIDDEN,
+                         dtype="bfloat16")
         ctx.store(toks, data)
         plan = ctx.prepare_retrieve(toks)
         view = plan[0]
@@ -466,7 +498,8 @@ class TestIdentity(_DaemonPerClass):
     """Instance ids: int or str, one registration per id and connection, clear conflicts."""
 
     def register(self, client, iid, model="llama-3-8b", num_layers=LAYERS, hidden_dim=HIDDEN):
-        return client.register(iid, model, 1, 0, num_layers, hidden_dim, "float16")
+        return client.register(iid, model_name=model, world_size=1, worker_rank=0,
+                               num_layers=num_layers, hidden_dim=hidden_dim, dtype="float16")
 
     def test_int_instance_id(self):
         iid = 1000000 + random.randrange(1 << 30)  # like a worker's pid
@@ -554,11 +587,32 @@ class TestDaemonGone(unittest.TestCase):
         finally:
             d.cleanup()
 
+    def test_max_clients(self):
+        # A daemon that serves --max-clients connections already refuses the next one: the
+        # daemon is there but unavailable to this process, like a refused connect.
+        with Daemon(extra=["--max-clients", "1"]) as d:
+            first = None
+            for _ in range(200):  # the start-up check's connection may not have left yet
+                try:
+                    first = d.client(timeout=5.0)
+                    break
+                except kvpool.DaemonUnavailable:
+                    time.sleep(0.05)
+            self.assertIsNotNone(first)
+            with self.assertRaises(kvpool.DaemonUnavailable) as cm:
+                d.client(timeout=5.0)
+            self.assertEqual(cm.exception.errno, errno.EUSERS)
+            self.assertIsInstance(cm.exception, ConnectionError)
+            self.assertIn("--max-clients", str(cm.exception))
+            first.ping()
+            first.close()
+
     def test_daemon_stops(self):
         for transport in ("auto", "inline"):
             with Daemon() as d:
                 c = d.client(timeout=5.0)
-                ctx = c.register("py-gone", "m", 1, 0, LAYERS, HIDDEN, "float16",
+                ctx = c.register("py-gone", model_name="m", world_size=1, worker_rank=0,
+                                 num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16",
                                  transport=transport)
                 toks = random_tokens(16)
                 ctx.store(toks, [os.urandom(ctx.chunk_bytes)])
@@ -569,6 +623,41 @@ class TestDaemonGone(unittest.TestCase):
                 with self.assertRaises(kvpool.Error):
                     ctx.retrieve(toks, as_numpy=False)
                 c.close()
+
+
+class TestExampleErrors(unittest.TestCase):
+    """examples/worker_sim.py ends an expected failure with one line and exit status 2."""
+
+    WORKER_SIM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
+                              "examples", "worker_sim.py")
+
+    def run_sim(self, *args):
+        p = subprocess.run([sys.executable, self.WORKER_SIM] + list(args), capture_output=True,
+                           text=True, timeout=120)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertEqual(p.stderr.count("\n"), 1, p.stderr)
+        self.assertTrue(p.stderr.startswith("worker_sim: "), p.stderr)
+        return p.stderr
+
+    def test_no_daemon(self):
+        d = Daemon()
+        try:
+            err = self.run_sim("--socket", d.socket)
+            self.assertIn(d.socket, err)
+            self.assertIn("--spawn-daemon", err)
+        finally:
+            d.cleanup()
+
+    def test_no_shm(self):
+        with Daemon(shm=False) as d:
+            err = self.run_sim("--socket", d.socket, "--transport", "shm")
+            self.assertIn("KVP_ENOSHM", err)
+            self.assertIn("--transport auto", err)
+
+    def test_daemon_binary_missing(self):
+        err = self.run_sim("--spawn-daemon", "/nonexistent/kvpoold")
+        self.assertIn("cannot start /nonexistent/kvpoold", err)
 
 
 @needs_numpy
@@ -610,8 +699,10 @@ class TestPagedRoundTrip(unittest.TestCase):
                     src_table = rng.permutation(nblk + 3)[:nblk].astype(np.int32)
                     dst_table = list(rng.permutation(nblk + 5)[:nblk])
                     ctx = c.register("py-paged-%s-%s-%s-%d" % (transport, layout, kv_first, bs),
-                                     "m", 1, 0, layers, heads * hd, "bfloat16", block_size=bs,
-                                     use_mla=layout == "MLA", transport=transport)
+                                     model_name="m", world_size=1, worker_rank=0,
+                                     num_layers=layers, hidden_dim=heads * hd, dtype="bfloat16",
+                                     block_size=bs, use_mla=layout == "MLA",
+                                     transport=transport)
                     toks = random_tokens(ntok)
                     self.assertEqual(ctx.store_paged(toks, src_cache, src_table), 4)
                     self.assertEqual(ctx.store_paged(toks, src_cache, src_table), 0)  # cached

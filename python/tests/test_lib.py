@@ -5,6 +5,7 @@ Discovery tests run in subprocesses, because the binding loads the library once 
 
 import ctypes
 import errno
+import inspect
 import os
 import shutil
 import subprocess
@@ -252,6 +253,20 @@ class TestStructLayouts(unittest.TestCase):
         self.assertEqual(got, want)
 
 
+class TestRegisterSignature(unittest.TestCase):
+    def test_keyword_only_past_the_id(self):
+        # Seven positional values let num_layers and hidden_dim trade places unnoticed.
+        params = inspect.signature(kvpool.Client.register).parameters
+        positional = [n for n, p in params.items()
+                      if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        self.assertEqual(positional, ["self", "instance_id"])
+        for name in ("model_name", "world_size", "worker_rank", "num_layers", "hidden_dim",
+                     "dtype", "block_size", "use_mla", "transport"):
+            self.assertIs(params[name].kind, inspect.Parameter.KEYWORD_ONLY, name)
+        with self.assertRaises(TypeError):
+            kvpool.Client.register(object(), "rank0", "m", 1, 0, 32, 1024, "float16")
+
+
 class TestErrors(unittest.TestCase):
     def make(self, code, **kw):
         return errors.from_code(code, "op", "desc", "the daemon's message", **kw)
@@ -287,6 +302,27 @@ class TestErrors(unittest.TestCase):
         self.assertEqual(self.make(-errno.EINVAL).name, "EINVAL")
         # While connecting, -ENOENT means "no socket", not "no such instance".
         self.assertIs(type(self.make(-errno.ENOENT, connecting=True)), kvpool.DaemonUnavailable)
+
+    def test_the_message_never_decides(self):
+        # The class comes from the code alone: a message that reads like a lost connection, or
+        # like anything else, changes the text, never the class.
+        messages = ["", "the daemon's message",
+                    "lost the connection to kvpoold and could not reconnect: cannot connect to "
+                    "/run/kvpool.sock: No such file or directory",
+                    "too many clients connected (--max-clients)", "unknown instance handle 0x1"]
+        codes = [-getattr(errno, n) for n in errors._CLASSES if not n.startswith("KVP_E")]
+        codes += list(errors.kvp_codes().values()) + [-errno.EXDEV]
+        for code in codes:
+            classes = {type(errors.from_code(code, "op", "desc", m)) for m in messages}
+            self.assertEqual(len(classes), 1, (code, classes))
+            self.assertEqual(classes, {errors.exception_class(code)})
+        # Whether -ENOENT came from a connect is the caller's knowledge, passed explicitly.
+        self.assertIs(type(self.make(-errno.ENOENT)), kvpool.NotFound)
+
+    def test_every_errno_name_is_an_errno(self):
+        for name in errors._CLASSES:
+            if not name.startswith("KVP_E"):
+                self.assertTrue(hasattr(errno, name), name)
 
     def test_raise_and_catch(self):
         with self.assertRaises(TimeoutError):
@@ -346,10 +382,11 @@ class TestErrorNames(unittest.TestCase):
     def test_every_library_code_has_a_class(self):
         # Drift: a code added to KVP_ERRNO_MAP needs its exception class in errors.py (and a
         # name there that the library no longer has is stale).
-        self.assertEqual(sorted(errors.kvp_codes()), sorted(errors._BY_KVP_NAME))
+        kvp_names = [n for n in errors._CLASSES if n.startswith("KVP_E")]
+        self.assertEqual(sorted(errors.kvp_codes()), sorted(kvp_names))
         for name, code in errors.kvp_codes().items():
             e = errors.from_code(code, "op", "desc")
-            self.assertIs(type(e), errors._BY_KVP_NAME[name])
+            self.assertIs(type(e), errors._CLASSES[name])
             self.assertEqual(e.name, name)
 
     def test_a_library_with_other_names(self):

@@ -69,7 +69,8 @@ class TestBinding(_NoNumpy):
                 import kvpool
                 assert kvpool._buffers.np is None
                 with kvpool.Client(%r) as c:
-                    ctx = c.register("no-numpy", "m", 1, 0, 2, 8, "bfloat16")
+                    ctx = c.register("no-numpy", model_name="m", world_size=1, worker_rank=0,
+                                     num_layers=2, hidden_dim=8, dtype="bfloat16")
                     toks = list(range(ctx.chunk_size))
                     ctx.store(toks, [bytes(ctx.chunk_bytes)])
                     got = ctx.retrieve(toks)

@@ -38,7 +38,7 @@ class PipelineTest(unittest.TestCase):
         cls.daemon.cleanup()
 
     def context(self, client, iid):
-        ctx = client.register(iid, "test-model", world_size=1, worker_rank=0,
+        ctx = client.register(iid, model_name="test-model", world_size=1, worker_rank=0,
                               num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16",
                               transport="shm")
         self.assertEqual(ctx.transport, "shm")

@@ -42,7 +42,7 @@ class ReconnectTest(unittest.TestCase):
         self.daemon.cleanup()
 
     def register(self, iid, transport):
-        return self.client.register(iid, "test-model", world_size=1, worker_rank=0,
+        return self.client.register(iid, model_name="test-model", world_size=1, worker_rank=0,
                                     num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16",
                                     transport=transport)
 

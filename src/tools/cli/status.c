@@ -1,0 +1,297 @@
+/*
+ * status.c - `kvpool status` and `kvpool instances`: the daemon's state at a glance, made from
+ * its status JSON (STATUS in docs/PROTOCOL.md, the same document as GET /api/status).
+ *
+ * Design. A headline (version, socket, state, pid, uptime), then one line per concern (pool,
+ * chunk size, SHM, the L2 tier, clients, totals) and a table of the instances whose columns are as
+ * wide as their widest cell. `status --json` prints the document as it came, for jq and scripts.
+ * Every string the daemon supplies goes through term.c before it is printed. The headline and the
+ * pool line are shared with `watch` (watch.c).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define WORD 64                      /* a short escaped word: a version, a state, a transport */
+#define REASON TERM_ESCAPED_MAX(255) /* an escaped reason (the daemon's are 255 bytes at most) */
+#define CELL (WORD + 3 + REASON)     /* one table cell: a name, or a transport and its reason */
+
+/* "kvpoold 1.0.0 at PATH: serving, pid 4863, up 2h 03m" */
+void print_headline(const struct cli *x, json_t *doc)
+{
+    char up[32] = "-", version[WORD], st[WORD];
+    uint64_t v;
+
+    if (jget(doc, "uptime_s", &v))
+        human_duration(v, up, sizeof(up));
+    printf("kvpoold %s at %s: %s, pid %" PRIu64 ", up %s\n",
+           term_safe(version, sizeof(version), jstr(doc, "version", "-")), x->path,
+           term_safe(st, sizeof(st), jstr(doc, "state", "-")), jnum(doc, "pid"), up);
+}
+
+/*
+ * "3.00 MiB of 4.00 MiB used (75.0%), 48 objects (2 pinned, 1 reserved)", and while the daemon
+ * still reserves the pool in the background ", 256 MiB of 4.00 GiB reserved so far".
+ */
+void print_pool(json_t *pool)
+{
+    char used[32], cap[32], pct[16], res[32];
+    uint64_t u = jnum(pool, "used_bytes"), c = jnum(pool, "capacity_bytes");
+
+    printf("%s of %s used (%s), %" PRIu64 " objects (%" PRIu64 " pinned, %" PRIu64 " reserved)",
+           human_bytes((double)u, used, sizeof(used)), human_bytes((double)c, cap, sizeof(cap)),
+           percent(u, c, pct, sizeof(pct)), jnum(pool, "objects"), jnum(pool, "pinned_objects"),
+           jnum(pool, "reserved_objects"));
+    if (json_is_true(json_object_get(pool, "warming")))
+        printf(", %s of %s reserved so far",
+               human_bytes((double)jnum(pool, "reserved_bytes"), res, sizeof(res)), cap);
+}
+
+/*
+ * The L2 tier after its label: "redis://10.0.0.5:6379 up (backlog 3 chunks, 24.0 KiB)",
+ * "unix:///run/redis.sock down: Connection refused (backlog 0 chunks, 0 B)", or "off" when the
+ * daemon runs without one ("l2": null). "state" ("up", "down", "auth_failed") and "reason" come
+ * from newer daemons; without them "up" (a boolean) decides between up and down. The URL is the
+ * daemon's masked one (no password). Returns false when the status has no "l2" at all (an older
+ * daemon): nothing to print.
+ */
+bool l2_line(json_t *doc, char *buf, size_t size)
+{
+    json_t *l2 = json_object_get(doc, "l2");
+    char url[REASON], state[WORD], reason[REASON], backlog[32];
+    const char *st;
+
+    if (!l2)
+        return false;
+    if (!json_is_object(l2)) {
+        snprintf(buf, size, "off");
+        return true;
+    }
+    st = jstr(l2, "state", NULL);
+    if (!st)
+        st = json_is_true(json_object_get(l2, "up")) ? "up" : "down";
+    else if (strcmp(st, "auth_failed") == 0)
+        st = "authentication failed";
+    term_safe(url, sizeof(url), jstr(l2, "url", "-"));
+    term_safe(state, sizeof(state), st);
+    term_safe(reason, sizeof(reason), jstr(l2, "reason", ""));
+    snprintf(buf, size, "%s %s%s%s (backlog %" PRIu64 " chunks, %s)", url, state,
+             reason[0] ? ": " : "", reason, jnum(l2, "backlog_chunks"),
+             human_bytes((double)jnum(l2, "backlog_bytes"), backlog, sizeof(backlog)));
+    return true;
+}
+
+/* Columns of the instance tables. */
+enum col { C_ID, C_MODEL, C_RANK, C_DTYPE, C_CHUNK, C_PID, C_STORED, C_RETRIEVED, C_TRANSPORT };
+static const char *const col_title[] = {"ID",  "MODEL",  "RANK",      "DTYPE",    "CHUNK",
+                                        "PID", "STORED", "RETRIEVED", "TRANSPORT"};
+
+/* The text of one cell. The transport comes with the fallback reason when it is inline. */
+static void cell(json_t *inst, enum col col, char *buf, size_t size)
+{
+    char tmp[REASON], word[WORD];
+    uint64_t v;
+
+    switch (col) {
+    case C_ID:
+        term_safe(buf, size, jstr(inst, "instance_id", "-"));
+        break;
+    case C_MODEL:
+        term_safe(buf, size, jstr(inst, "model_name", "-"));
+        break;
+    case C_RANK:
+        snprintf(buf, size, "%" PRIu64 "/%" PRIu64, jnum(inst, "worker_rank"),
+                 jnum(inst, "world_size"));
+        break;
+    case C_DTYPE:
+        term_safe(buf, size, jstr(inst, "dtype", "-"));
+        break;
+    case C_CHUNK:
+        human_bytes((double)jnum(inst, "chunk_bytes"), buf, size);
+        break;
+    case C_PID:
+        if (jget(inst, "pid", &v))
+            snprintf(buf, size, "%" PRIu64, v);
+        else
+            snprintf(buf, size, "-");
+        break;
+    case C_STORED:
+        human_bytes((double)jnum(inst, "stored_bytes"), buf, size);
+        break;
+    case C_RETRIEVED:
+        human_bytes((double)jnum(inst, "retrieved_bytes"), buf, size);
+        break;
+    case C_TRANSPORT:
+        term_safe(word, sizeof(word), jstr(inst, "transport", "-"));
+        term_safe(tmp, sizeof(tmp), jstr(inst, "fallback_reason", ""));
+        if (tmp[0])
+            snprintf(buf, size, "%s (%s)", word, tmp);
+        else
+            snprintf(buf, size, "%s", word);
+        break;
+    }
+}
+
+/* A table of the instances with the given columns, each as wide as its widest cell. */
+static void print_instance_table(json_t *list, const enum col *cols, size_t ncols,
+                                 const char *indent)
+{
+    int width[C_TRANSPORT + 1] = {0};
+    char buf[CELL];
+    size_t i;
+    json_t *inst;
+
+    for (size_t k = 0; k < ncols; k++)
+        width[cols[k]] = (int)strlen(col_title[cols[k]]);
+    json_array_foreach(list, i, inst)
+    {
+        for (size_t k = 0; k < ncols; k++) {
+            cell(inst, cols[k], buf, sizeof(buf));
+            if ((int)strlen(buf) > width[cols[k]])
+                width[cols[k]] = (int)strlen(buf);
+        }
+    }
+    /* The last column is not padded: no trailing blanks. */
+    fputs(indent, stdout);
+    for (size_t k = 0; k < ncols; k++) {
+        if (k + 1 < ncols)
+            printf("%-*s  ", width[cols[k]], col_title[cols[k]]);
+        else
+            printf("%s\n", col_title[cols[k]]);
+    }
+    json_array_foreach(list, i, inst)
+    {
+        fputs(indent, stdout);
+        for (size_t k = 0; k < ncols; k++) {
+            cell(inst, cols[k], buf, sizeof(buf));
+            if (k + 1 < ncols)
+                printf("%-*s  ", width[cols[k]], buf);
+            else
+                printf("%s\n", buf);
+        }
+    }
+}
+
+/* Counts the instances of a list by transport. */
+void count_transports(json_t *list, size_t *shm, size_t *inl)
+{
+    size_t i;
+    json_t *inst;
+
+    *shm = *inl = 0;
+    json_array_foreach(list, i, inst)
+    {
+        if (strcmp(jstr(inst, "transport", ""), "shm") == 0)
+            (*shm)++;
+        else
+            (*inl)++;
+    }
+}
+
+/* The readable summary of `kvpool status`. */
+void print_status(const struct cli *x, json_t *doc)
+{
+    json_t *pool = jobj(doc, "pool"), *shm = jobj(doc, "shm"), *clients = jobj(doc, "clients");
+    json_t *counters = jobj(doc, "counters");
+    json_t *list = json_object_get(doc, "instances");
+    char a[32], b[32], c[32], reason[CELL], word[WORD], line[L2_LINE];
+
+    print_headline(x, doc);
+    if (!pool) {
+        /* A daemon still starting has no pool yet: say why, and nothing more. */
+        term_safe(reason, sizeof(reason), jstr(doc, "reason", "-"));
+        printf("  %s\n", reason);
+        return;
+    }
+    printf("Pool:       ");
+    print_pool(pool);
+    printf("\nChunk size: %" PRIu64 " tokens\n", jnum(doc, "chunk_tokens"));
+    if (shm && json_is_true(json_object_get(shm, "enabled"))) {
+        const char *backend = jstr(shm, "backend", "-");
+        if (strcmp(backend, "memfd") == 0) {
+            printf("SHM:        enabled, memfd segment of %s (passed to workers over the socket)\n",
+                   human_bytes((double)jnum(shm, "segment_size"), a, sizeof(a)));
+        } else {
+            term_safe(reason, sizeof(reason), jstr(shm, "name", "-"));
+            printf("SHM:        enabled, %s segment /dev/shm/%s of %s\n",
+                   term_safe(word, sizeof(word), backend), reason,
+                   human_bytes((double)jnum(shm, "segment_size"), a, sizeof(a)));
+        }
+    } else {
+        term_safe(reason, sizeof(reason), jstr(shm, "disabled_reason", "-"));
+        printf("SHM:        disabled: %s (every worker uses the inline transport)\n", reason);
+    }
+    if (l2_line(doc, line, sizeof(line)))
+        printf("L2:         %s\n", line);
+    if (clients)
+        printf("Clients:    %" PRIu64 " connected (max %" PRIu64 ")\n", jnum(clients, "connected"),
+               jnum(clients, "max"));
+    if (counters) {
+        uint64_t stored = jnum(counters, "store_bytes_shm") + jnum(counters, "store_bytes_inline");
+        uint64_t got = jnum(counters, "retrieve_bytes_shm") +
+                       jnum(counters, "retrieve_bytes_inline");
+        printf("Totals:     %s stored, %s retrieved, %" PRIu64 " evictions, lookup hit ratio %s\n",
+               human_bytes((double)stored, a, sizeof(a)), human_bytes((double)got, b, sizeof(b)),
+               jnum(counters, "evictions"),
+               percent(jnum(counters, "lookup_hit_chunks"), jnum(counters, "lookup_chunks"), c,
+                       sizeof(c)));
+    }
+    if (!json_is_array(list))
+        return;
+    size_t nshm, ninl;
+    count_transports(list, &nshm, &ninl);
+    printf("Instances:  %zu (%zu shm, %zu inline)\n", json_array_size(list), nshm, ninl);
+    if (json_array_size(list) > 0) {
+        static const enum col cols[] = {C_ID, C_MODEL, C_RANK, C_PID, C_TRANSPORT};
+        print_instance_table(list, cols, sizeof(cols) / sizeof(cols[0]), "  ");
+    }
+}
+
+/* --json prints the daemon's document as it came, for jq and scripts, with any terminal
+ * control inside its strings in JSON's \u00NN form (which jq reads back as the same text). */
+int cmd_status(struct cli *x, const struct cmd_opts *o)
+{
+    int code = cli_connect(x);
+    if (code)
+        return code;
+    if (o->json) {
+        char *text = NULL;
+        int n = kvp_get_status(x->client, &text);
+        if (n < 0)
+            return cli_failed(x, "status", n);
+        term_write(stdout, text, (size_t)n, TERM_JSON);
+        if (n == 0 || text[n - 1] != '\n')
+            putchar('\n');
+        kvp_free(text);
+        return EXIT_SUCCESS;
+    }
+    json_t *doc = cli_get_status(x, false, &code);
+    if (!doc)
+        return code;
+    print_status(x, doc);
+    json_decref(doc);
+    return EXIT_SUCCESS;
+}
+
+int cmd_instances(struct cli *x, const struct cmd_opts *o)
+{
+    static const enum col cols[] = {C_ID,  C_MODEL,  C_RANK,      C_DTYPE,    C_CHUNK,
+                                    C_PID, C_STORED, C_RETRIEVED, C_TRANSPORT};
+    int code = cli_connect(x);
+
+    (void)o;
+    if (code)
+        return code;
+    json_t *doc = cli_get_status(x, false, &code);
+    if (!doc)
+        return code;
+    json_t *list = json_object_get(doc, "instances");
+    if (json_array_size(list) == 0)
+        printf("No instance is registered.\n");
+    else
+        print_instance_table(list, cols, sizeof(cols) / sizeof(cols[0]), "");
+    json_decref(doc);
+    return EXIT_SUCCESS;
+}
