@@ -18,21 +18,44 @@
 
 #include "common/chunk_hash.h"
 #include "common/layout.h"
-#include "common/msg.h"
+#include "common/wire.h" /* the limits: KVP_MAX_NAME, KVP_MAX_REASON */
 
 #define KVP_MAX_INSTANCES 1024
 
+/* How an instance's chunks travel. A registration asks for AUTO, SHM or INLINE; the registry
+ * settles on SHM or INLINE (kvp_registry_choose_transport()). */
+enum kvp_reg_transport { KVP_REG_AUTO = 0, KVP_REG_SHM = 1, KVP_REG_INLINE = 2 };
+
+/*
+ * What a worker declares when it registers, whatever protocol carried it: its instance id, the
+ * identity of its keys (model, world size, rank, dtype, MLA), its KV layout and the transport it
+ * will use. A front end fills it from its own request; the registry validates every field.
+ */
+struct kvp_reg_spec {
+    char instance_id[KVP_MAX_NAME + 1];
+    char model_name[KVP_MAX_NAME + 1];
+    char dtype[KVP_MAX_NAME + 1];
+    uint32_t world_size, worker_rank, block_size, num_layers, hidden_dim;
+    uint8_t use_mla;                 /* 0 or 1 */
+    uint8_t transport;               /* enum kvp_reg_transport: what the worker will use */
+    char reason[KVP_MAX_REASON + 1]; /* why the worker chose inline, or "" */
+};
+
+/* Longest front-end name ("kvpool", "lmcache") a registration records. */
+#define KVP_MAX_FRONTEND 15
+
+/* A registered instance: the worker's declaration, its owner and what the daemon derived. */
 struct kvp_registration {
     uint32_t handle;
-    uint64_t owner;    /* connection id that registered it */
-    int32_t owner_pid; /* that connection's peer pid (SO_PEERCRED), -1 if unknown */
-    struct kvp_register_req req;
+    uint64_t owner;             /* id of the owner (owner.h) that registered it */
+    int32_t owner_pid;          /* that owner's peer pid, -1 if unknown */
+    int64_t connected_since_ms; /* wall clock (ms since the epoch) the owner connected */
+    char frontend[KVP_MAX_FRONTEND + 1]; /* the protocol that registered it: "kvpool", ... */
+    struct kvp_reg_spec spec;
     struct kvp_chunk_layout layout;
     uint32_t dtype_size;
-    uint8_t transport; /* KVP_WIRE_SHM or KVP_WIRE_INLINE */
+    uint8_t transport; /* KVP_REG_SHM or KVP_REG_INLINE */
     char reason[KVP_MAX_REASON + 1];
-    int64_t connected_since_ms; /* wall clock (ms since the epoch) the owner connected; set by
-                                   the caller of kvp_registry_add() */
     /* The key chain's seed for requests without a salt, computed once at registration
      * (kvp_registration_key_ns() with no salt). */
     uint8_t seed[KVP_KEY_SIZE];
@@ -81,10 +104,10 @@ void kvp_registry_destroy(struct kvp_registry *r);
 
 /*
  * Validates a registration: 0, or -EINVAL with a message naming the field in msg (-ENOMEM when
- * hashing cannot start). On success fills layout, dtype size and the unsalted key seed into
- * *inst (not yet registered).
+ * hashing cannot start). On success copies spec into *inst and fills layout, dtype size and the
+ * unsalted key seed (not yet registered; the owner fields are the caller's).
  */
-int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
+int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spec *spec,
                           struct kvp_registration *inst, char *msg, size_t msg_size);
 
 /*
@@ -96,8 +119,9 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
                                   char *msg, size_t msg_size);
 
 /*
- * Registers *inst for connection owner, whose peer process is owner_pid, and logs the transport
- * line. If the instance id is already registered:
+ * Registers *inst for the owner its owner fields name (owner, owner_pid, connected_since_ms,
+ * frontend: filled by the caller) and logs the transport line. If the instance id is already
+ * registered:
  *   - with another model_name, world_size, worker_rank, block_size, num_layers, hidden_dim,
  *     dtype or use_mla: -EEXIST, msg names the first differing field with both values;
  *   - identically, by another connection: -EBUSY, msg names that connection's pid;
@@ -106,8 +130,8 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
  * A refusal changes nothing in the table. Returns 0, -EEXIST, -EBUSY or -ENOSPC (table full);
  * msg is set on every error.
  */
-int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
-                     struct kvp_registration *inst, bool *existing, char *msg, size_t msg_size);
+int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, bool *existing,
+                     char *msg, size_t msg_size);
 
 /* Copies the instance of handle. Returns 0 or -ENOENT. */
 int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_registration *out);

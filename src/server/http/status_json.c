@@ -159,18 +159,18 @@ static json_t *pool_object(struct doc *d, const struct kvp_snapshot *snap)
 static json_t *instance_object(struct doc *d, const struct kvp_instance_view *iv)
 {
     const struct kvp_registration *r = &iv->reg;
-    bool shm = r->transport == KVP_WIRE_SHM;
+    bool shm = r->transport == KVP_REG_SHM;
     json_t *o = json_object();
     json_t *shape = json_array();
 
     for (uint32_t i = 0; i < r->layout.ndim && i < 4; i++)
         append(d, shape, jint(r->layout.shape[i]));
-    put(d, o, "instance_id", jstr(r->req.instance_id));
-    put(d, o, "model_name", jstr(r->req.model_name));
-    put(d, o, "world_size", jint(r->req.world_size));
-    put(d, o, "worker_rank", jint(r->req.worker_rank));
-    put(d, o, "dtype", jstr(r->req.dtype));
-    put(d, o, "use_mla", json_boolean(r->req.use_mla));
+    put(d, o, "instance_id", jstr(r->spec.instance_id));
+    put(d, o, "model_name", jstr(r->spec.model_name));
+    put(d, o, "world_size", jint(r->spec.world_size));
+    put(d, o, "worker_rank", jint(r->spec.worker_rank));
+    put(d, o, "dtype", jstr(r->spec.dtype));
+    put(d, o, "use_mla", json_boolean(r->spec.use_mla));
     put(d, o, "chunk_shape", shape);
     put(d, o, "chunk_bytes", jint(r->layout.bytes));
     put(d, o, "transport", json_string(shm ? "shm" : "inline"));

@@ -108,16 +108,41 @@ static int handle_stats(struct kvp_session *c, const struct kvp_header *h)
     return ok(c, h);
 }
 
+/* The wire's transport values are the registry's (KVP_WIRE_* and KVP_REG_*). */
+_Static_assert((int)KVP_WIRE_AUTO == (int)KVP_REG_AUTO && (int)KVP_WIRE_SHM == (int)KVP_REG_SHM &&
+                   (int)KVP_WIRE_INLINE == (int)KVP_REG_INLINE,
+               "wire and registry transports differ");
+
+/* The registry's declaration of a worker, from REGISTER's body (the values are checked by
+ * kvp_registry_validate()). */
+static void spec_of(const struct kvp_register_req *req, struct kvp_reg_spec *spec)
+{
+    memset(spec, 0, sizeof(*spec));
+    memcpy(spec->instance_id, req->instance_id, sizeof(spec->instance_id));
+    memcpy(spec->model_name, req->model_name, sizeof(spec->model_name));
+    memcpy(spec->dtype, req->dtype, sizeof(spec->dtype));
+    spec->world_size = req->world_size;
+    spec->worker_rank = req->worker_rank;
+    spec->block_size = req->block_size;
+    spec->num_layers = req->num_layers;
+    spec->hidden_dim = req->hidden_dim;
+    spec->use_mla = req->use_mla;
+    spec->transport = req->transport;
+    memcpy(spec->reason, req->reason, sizeof(spec->reason));
+}
+
 static int handle_register(struct kvp_session *c, const struct kvp_header *h)
 {
     struct kvp_server *s = c->srv;
     struct kvp_register_req req;
+    struct kvp_reg_spec spec;
     struct kvp_registration inst;
     bool existing;
 
     if (kvp_decode_register_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    int rc = kvp_registry_validate(&s->registry, &req, &inst, c->errmsg, sizeof(c->errmsg));
+    spec_of(&req, &spec);
+    int rc = kvp_registry_validate(&s->registry, &spec, &inst, c->errmsg, sizeof(c->errmsg));
     if (rc == 0)
         rc = kvp_registry_choose_transport(&s->registry, &inst, c->errmsg, sizeof(c->errmsg));
     if (rc) {
@@ -125,8 +150,11 @@ static int handle_register(struct kvp_session *c, const struct kvp_header *h)
         return kvp_session_reply(c, h, rc, NULL, 0, 0);
     }
     /* The owner's pid is recorded so that a refused namesake learns who holds the id. */
-    rc = kvp_registry_add(&s->registry, c->id, (int32_t)c->peer.pid, &inst, &existing, c->errmsg,
-                          sizeof(c->errmsg));
+    inst.owner = c->id;
+    inst.owner_pid = (int32_t)c->peer.pid;
+    inst.connected_since_ms = c->connected_since_ms;
+    snprintf(inst.frontend, sizeof(inst.frontend), "kvpool");
+    rc = kvp_registry_add(&s->registry, &inst, &existing, c->errmsg, sizeof(c->errmsg));
     if (rc) {
         log_warn("Registration of instance '%s' from pid %d refused: %s", req.instance_id,
                  (int)c->peer.pid, c->errmsg);
@@ -141,12 +169,12 @@ static int handle_register(struct kvp_session *c, const struct kvp_header *h)
         .chunk_tokens = s->cfg.chunk_tokens,
         .chunk_bytes = inst.layout.bytes,
         .dtype_size = inst.dtype_size,
-        .segment_size = inst.transport == KVP_WIRE_SHM ? s->seg.size : 0,
+        .segment_size = inst.transport == KVP_REG_SHM ? s->seg.size : 0,
     };
     memcpy(m.shape, inst.layout.shape, sizeof(m.shape));
-    snprintf(m.dtype, sizeof(m.dtype), "%s", inst.req.dtype);
+    snprintf(m.dtype, sizeof(m.dtype), "%s", inst.spec.dtype);
     snprintf(m.shm_name, sizeof(m.shm_name), "%s",
-             inst.transport == KVP_WIRE_SHM ? s->seg.name : "");
+             inst.transport == KVP_REG_SHM ? s->seg.name : "");
     snprintf(m.reason, sizeof(m.reason), "%s", inst.reason);
     kvp_encode_register_reply(&c->out, &m);
     return ok(c, h);
@@ -372,7 +400,7 @@ static int handle_prepare_store(struct kvp_session *c, const struct kvp_header *
     if (pr.no_space)
         log_debug("Instance %s: %" PRIu32 " of %" PRIu32 " chunks not stored: pool full of "
                   "pinned or reserved data",
-                  k.inst.req.instance_id, pr.no_space, k.n);
+                  k.inst.spec.instance_id, pr.no_space, k.n);
     encode_slots(c, id, k.n, &pr, c->objs, c->idx, pr.nslots);
     return ok(c, h);
 }
@@ -429,12 +457,12 @@ static int handle_finish_store(struct kvp_session *c, const struct kvp_header *h
      * The reservation is dropped, as the client library forgets the plan after any commit. */
     struct kvp_registration inst;
     if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst) == 0 &&
-        inst.transport != KVP_WIRE_SHM) {
+        inst.transport != KVP_REG_SHM) {
         kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT);
         return fail(c, h, -EOPNOTSUPP,
                     "instance %s uses the inline transport: its data must "
                     "come with STORE_INLINE; reservation %" PRIu64 " dropped",
-                    inst.req.instance_id, req.id);
+                    inst.spec.instance_id, req.id);
     }
     return commit_hold(c, h, hold, false);
 }
@@ -480,11 +508,11 @@ static int handle_prepare_retrieve(struct kvp_session *c, const struct kvp_heade
     int rc = keyed_prepare(c, h, &k, false);
     if (rc)
         return rc < 0 ? rc : 0;
-    if (k.inst.transport != KVP_WIRE_SHM)
+    if (k.inst.transport != KVP_REG_SHM)
         return fail(c, h, -EOPNOTSUPP,
                     "instance %s uses the inline transport; use "
                     "RETRIEVE_INLINE",
-                    k.inst.req.instance_id);
+                    k.inst.spec.instance_id);
     if (kvp_holds_full(&c->holds))
         return fail(c, h, -EMFILE,
                     "too many open reservations and pins on this connection "
