@@ -191,7 +191,7 @@ static json_t *clients_object(struct doc *d, const struct kvp_server *s,
     json_t *o = json_object();
     json_t *list = json_array();
     for (uint32_t i = 0; i < snap->nclients; i++) {
-        const struct kvp_client_view *c = &snap->clients[i];
+        const struct kvp_owner_view *c = &snap->clients[i];
         json_t *e = json_object();
         uint32_t ninst = 0;
         for (uint32_t k = 0; k < snap->ninstances; k++)

@@ -50,8 +50,8 @@ static int malformed(struct kvp_session *c, const struct kvp_header *h)
 {
     fail(c, h, -EPROTO, "malformed %s body", kvp_opcode_name(h->opcode));
     KVP_COUNT(protocol_errors, 1);
-    log_warn_rl("Connection %llu (pid %d): malformed %s body; closing", (unsigned long long)c->id,
-                (int)c->peer.pid, kvp_opcode_name(h->opcode));
+    log_warn_rl("Connection %llu (pid %d): malformed %s body; closing", (unsigned long long)c->owner.id,
+                (int)c->owner.pid, kvp_opcode_name(h->opcode));
     return -EPROTO;
 }
 
@@ -150,14 +150,14 @@ static int handle_register(struct kvp_session *c, const struct kvp_header *h)
         return kvp_session_reply(c, h, rc, NULL, 0, 0);
     }
     /* The owner's pid is recorded so that a refused namesake learns who holds the id. */
-    inst.owner = c->id;
-    inst.owner_pid = (int32_t)c->peer.pid;
-    inst.connected_since_ms = c->connected_since_ms;
+    inst.owner = c->owner.id;
+    inst.owner_pid = (int32_t)c->owner.pid;
+    inst.connected_since_ms = c->owner.connected_since_ms;
     snprintf(inst.frontend, sizeof(inst.frontend), "kvpool");
     rc = kvp_registry_add(&s->registry, &inst, &existing, c->errmsg, sizeof(c->errmsg));
     if (rc) {
         log_warn("Registration of instance '%s' from pid %d refused: %s", req.instance_id,
-                 (int)c->peer.pid, c->errmsg);
+                 (int)c->owner.pid, c->errmsg);
         return kvp_session_reply(c, h, rc, NULL, 0, 0);
     }
 
@@ -185,11 +185,11 @@ static int handle_unregister(struct kvp_session *c, const struct kvp_header *h)
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    kvp_holds_release_all(&c->holds, req.handle, false, KVP_DROP_UNREGISTER);
+    kvp_holds_release_all(&c->owner.holds, req.handle, false, KVP_DROP_UNREGISTER);
     struct kvp_registration inst;
     /* Only the registering connection knows the handle legitimately, and only it ends the
      * instance. */
-    if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst))
+    if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->owner.id, &inst))
         return fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, req.handle);
     if (kvp_registry_remove(&c->srv->registry, req.handle, "unregistered by worker"))
         return fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, req.handle);
@@ -206,7 +206,7 @@ struct keyed {
 
 /*
  * Decodes a keyed request, checks the instance and the range, and leaves the keys of the
- * range's chunks in c->keys. Returns 0; 1 after an error reply (connection stays open); <0 to
+ * range's chunks in c->owner.keys. Returns 0; 1 after an error reply (connection stays open); <0 to
  * close.
  */
 static int keyed_prepare(struct kvp_session *c, const struct kvp_header *h, struct keyed *k,
@@ -219,7 +219,7 @@ static int keyed_prepare(struct kvp_session *c, const struct kvp_header *h, stru
         return malformed(c, h);
     /* The keys come from the registration the handle names, and only from one this connection
      * made: another connection's handle (guessed, or kept by a namesake) is unknown here. */
-    if (kvp_registry_get_owned(&s->registry, k->req.handle, c->id, &k->inst)) {
+    if (kvp_registry_get_owned(&s->registry, k->req.handle, c->owner.id, &k->inst)) {
         int rc = fail(c, h, -ENOENT, "unknown instance handle 0x%08" PRIx32, k->req.handle);
         return rc ? rc : 1;
     }
@@ -249,11 +249,11 @@ static int keyed_prepare(struct kvp_session *c, const struct kvp_header *h, stru
     /* Chain through the prefix before the range in windows, keeping only the last key. */
     for (uint32_t done = 0; done < k->first;) {
         uint32_t w = k->first - done < KVP_MAX_CHUNKS ? k->first - done : KVP_MAX_CHUNKS;
-        kvp_key_chain(seed, k->req.tokens + (size_t)done * C * 4, C, w, c->keys);
-        memcpy(seed, c->keys + (size_t)(w - 1) * KVP_KEY_SIZE, KVP_KEY_SIZE);
+        kvp_key_chain(seed, k->req.tokens + (size_t)done * C * 4, C, w, c->owner.keys);
+        memcpy(seed, c->owner.keys + (size_t)(w - 1) * KVP_KEY_SIZE, KVP_KEY_SIZE);
         done += w;
     }
-    kvp_key_chain(seed, k->req.tokens + (size_t)k->first * C * 4, C, k->n, c->keys);
+    kvp_key_chain(seed, k->req.tokens + (size_t)k->first * C * 4, C, k->n, c->owner.keys);
     return 0;
 }
 
@@ -261,7 +261,7 @@ static int keyed_prepare(struct kvp_session *c, const struct kvp_header *h, stru
 
 /*
  * The chunks after the L1 run that L2 has (they start loading into L1). The run ended in the
- * window of keys c->keys holds: chunks [win, win + k->n) of the sequence.
+ * window of keys c->owner.keys holds: chunks [win, win + k->n) of the sequence.
  */
 static uint32_t lookup_l2(struct kvp_session *c, const struct keyed *k, uint32_t win,
                           uint32_t cached)
@@ -270,13 +270,13 @@ static uint32_t lookup_l2(struct kvp_session *c, const struct keyed *k, uint32_t
     if (!c->srv->l2 || cached < win || cached >= win + k->n)
         return 0;
     kvp_l2_layout_of(&k->inst, &lay);
-    return kvp_l2_lookup(c->srv->l2, c->keys + (size_t)(cached - win) * KVP_KEY_SIZE,
+    return kvp_l2_lookup(c->srv->l2, c->owner.keys + (size_t)(cached - win) * KVP_KEY_SIZE,
                          win + k->n - cached, &lay);
 }
 
 /*
  * The chunks after the first n (the run pinned from L1) that L2 has: loaded into L1 (or waited
- * for) by kvp_l2_fetch(), then pinned into c->objs after the others, so that they are served
+ * for) by kvp_l2_fetch(), then pinned into c->owner.objs after the others, so that they are served
  * as if they had been in L1. Returns how many were added.
  */
 static uint32_t retrieve_l2(struct kvp_session *c, const struct keyed *k, uint32_t n)
@@ -286,19 +286,19 @@ static uint32_t retrieve_l2(struct kvp_session *c, const struct keyed *k, uint32
     if (!s->l2 || n >= k->n)
         return 0;
     kvp_l2_layout_of(&k->inst, &lay);
-    const uint8_t *keys = c->keys + (size_t)n * KVP_KEY_SIZE;
+    const uint8_t *keys = c->owner.keys + (size_t)n * KVP_KEY_SIZE;
     uint32_t got = kvp_l2_fetch(s->l2, keys, k->n - n, &lay);
-    return got ? kvp_store_pin(&s->store, keys, got, c->objs + n) : 0;
+    return got ? kvp_store_pin(&s->store, keys, got, c->owner.objs + n) : 0;
 }
 
-/* Before a commit: the keys of the hold's chunks, copied into c->keys for the copies to L2
+/* Before a commit: the keys of the hold's chunks, copied into c->owner.keys for the copies to L2
  * (once committed, the objects may be evicted at any moment). Returns how many. */
 static uint32_t l2_keys_of(struct kvp_session *c, const struct kvp_hold *hold)
 {
     if (!c->srv->l2)
         return 0;
     for (uint32_t i = 0; i < hold->n; i++)
-        memcpy(c->keys + (size_t)i * KVP_KEY_SIZE, hold->objs[i]->key, KVP_KEY_SIZE);
+        memcpy(c->owner.keys + (size_t)i * KVP_KEY_SIZE, hold->objs[i]->key, KVP_KEY_SIZE);
     return hold->n;
 }
 
@@ -307,10 +307,10 @@ static void l2_stored(struct kvp_session *c, uint32_t handle, uint32_t n)
 {
     struct kvp_registration inst;
     struct kvp_l2_layout lay;
-    if (!n || kvp_registry_get_owned(&c->srv->registry, handle, c->id, &inst))
+    if (!n || kvp_registry_get_owned(&c->srv->registry, handle, c->owner.id, &inst))
         return;
     kvp_l2_layout_of(&inst, &lay);
-    kvp_l2_stored(c->srv->l2, c->keys, n, &lay);
+    kvp_l2_stored(c->srv->l2, c->owner.keys, n, &lay);
 }
 
 static int handle_lookup(struct kvp_session *c, const struct kvp_header *h)
@@ -323,15 +323,15 @@ static int handle_lookup(struct kvp_session *c, const struct kvp_header *h)
 
     uint32_t C = s->cfg.chunk_tokens;
     uint32_t total = k.req.ntokens / C;
-    uint32_t cached = kvp_store_lookup(&s->store, c->keys, k.n), win = 0;
+    uint32_t cached = kvp_store_lookup(&s->store, c->owner.keys, k.n), win = 0;
     /* Sequences longer than one window: continue the chain while every chunk hits. */
     for (uint32_t done = k.n; cached == done && done < total; done += k.n) {
         uint8_t seed[KVP_KEY_SIZE];
-        memcpy(seed, c->keys + (size_t)(k.n - 1) * KVP_KEY_SIZE, KVP_KEY_SIZE);
+        memcpy(seed, c->owner.keys + (size_t)(k.n - 1) * KVP_KEY_SIZE, KVP_KEY_SIZE);
         k.n = total - done < KVP_MAX_CHUNKS ? total - done : KVP_MAX_CHUNKS;
-        kvp_key_chain(seed, k.req.tokens + (size_t)done * C * 4, C, k.n, c->keys);
+        kvp_key_chain(seed, k.req.tokens + (size_t)done * C * 4, C, k.n, c->owner.keys);
         win = done;
-        cached += kvp_store_lookup(&s->store, c->keys, k.n);
+        cached += kvp_store_lookup(&s->store, c->owner.keys, k.n);
     }
     cached += lookup_l2(c, &k, win, cached);
     KVP_COUNT(lookups, 1);
@@ -375,20 +375,20 @@ static int handle_prepare_store(struct kvp_session *c, const struct kvp_header *
     int rc = keyed_prepare(c, h, &k, false);
     if (rc)
         return rc < 0 ? rc : 0;
-    if (kvp_holds_full(&c->holds))
+    if (kvp_holds_full(&c->owner.holds))
         return fail(c, h, -EMFILE,
                     "too many open reservations and pins on this connection "
                     "(max %d)",
                     KVP_MAX_HOLDS);
-    rc = kvp_store_prepare(&s->store, c->keys, k.n, k.inst.layout.bytes, kvp_mono_ms(), c->objs,
-                           c->idx, &pr);
+    rc = kvp_store_prepare(&s->store, c->owner.keys, k.n, k.inst.layout.bytes, kvp_mono_ms(), c->owner.objs,
+                           c->owner.idx, &pr);
     if (rc)
         return fail(c, h, rc, "out of memory while reserving");
     if (pr.nslots) {
-        struct kvp_hold *hold = kvp_holds_add(&c->holds, k.inst.handle, false, c->objs, pr.nslots,
+        struct kvp_hold *hold = kvp_holds_add(&c->owner.holds, k.inst.handle, false, c->owner.objs, pr.nslots,
                                               k.inst.layout.bytes);
         if (!hold) {
-            kvp_store_abort(&s->store, c->objs, pr.nslots);
+            kvp_store_abort(&s->store, c->owner.objs, pr.nslots);
             return fail(c, h, -ENOMEM, "out of memory while reserving");
         }
         id = hold->id;
@@ -401,7 +401,7 @@ static int handle_prepare_store(struct kvp_session *c, const struct kvp_header *
         log_debug("Instance %s: %" PRIu32 " of %" PRIu32 " chunks not stored: pool full of "
                   "pinned or reserved data",
                   k.inst.spec.instance_id, pr.no_space, k.n);
-    encode_slots(c, id, k.n, &pr, c->objs, c->idx, pr.nslots);
+    encode_slots(c, id, k.n, &pr, c->owner.objs, c->owner.idx, pr.nslots);
     return ok(c, h);
 }
 
@@ -416,7 +416,7 @@ static int commit_hold(struct kvp_session *c, const struct kvp_header *h, struct
     uint32_t handle = hold->handle;
     uint32_t nkeys = l2_keys_of(c, hold);
     int rc = kvp_store_commit(&c->srv->store, hold->objs, hold->n);
-    kvp_holds_drop(&c->holds, hold);
+    kvp_holds_drop(&c->owner.holds, hold);
     if (rc < 0)
         return fail(c, h, rc, "reservation %" PRIu64 " expired before commit; nothing stored", id);
     uint64_t bytes = (uint64_t)rc * chunk_bytes;
@@ -440,7 +440,7 @@ static int handle_finish_store(struct kvp_session *c, const struct kvp_header *h
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    struct kvp_hold *hold = kvp_holds_find(&c->holds, req.id, req.handle, false);
+    struct kvp_hold *hold = kvp_holds_find(&c->owner.holds, req.id, req.handle, false);
     if (!hold)
         return fail(c, h, -ENOENT,
                     "no reservation %" PRIu64 " for this instance on this "
@@ -448,7 +448,7 @@ static int handle_finish_store(struct kvp_session *c, const struct kvp_header *h
                     req.id);
     if (!commit) {
         uint32_t n = hold->n;
-        kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT);
+        kvp_holds_release(&c->owner.holds, hold, KVP_DROP_ABORT);
         kvp_encode_count_reply(&c->out, n);
         return ok(c, h);
     }
@@ -456,9 +456,9 @@ static int handle_finish_store(struct kvp_session *c, const struct kvp_header *h
      * them would serve stale bytes (of evicted chunks, maybe of another salt) under its keys.
      * The reservation is dropped, as the client library forgets the plan after any commit. */
     struct kvp_registration inst;
-    if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->id, &inst) == 0 &&
+    if (kvp_registry_get_owned(&c->srv->registry, req.handle, c->owner.id, &inst) == 0 &&
         inst.transport != KVP_REG_SHM) {
-        kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT);
+        kvp_holds_release(&c->owner.holds, hold, KVP_DROP_ABORT);
         return fail(c, h, -EOPNOTSUPP,
                     "instance %s uses the inline transport: its data must "
                     "come with STORE_INLINE; reservation %" PRIu64 " dropped",
@@ -474,7 +474,7 @@ static int handle_store_inline(struct kvp_session *c, const struct kvp_header *h
 
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    struct kvp_hold *hold = kvp_holds_find(&c->holds, req.id, req.handle, false);
+    struct kvp_hold *hold = kvp_holds_find(&c->owner.holds, req.id, req.handle, false);
     if (!hold) {
         fail(c, h, -ENOENT, "no reservation %" PRIu64 " for this instance on this connection",
              req.id);
@@ -484,14 +484,14 @@ static int handle_store_inline(struct kvp_session *c, const struct kvp_header *h
     if (h->payload_len != want) {
         fail(c, h, -EINVAL, "payload of %" PRIu64 " bytes; reservation %" PRIu64 " needs %" PRIu64,
              h->payload_len, req.id, want);
-        kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT);
+        kvp_holds_release(&c->owner.holds, hold, KVP_DROP_ABORT);
         return -EINVAL;
     }
     /* Straight into the reserved slots: the hold keeps them ours, and no lock is needed. */
     for (uint32_t i = 0; i < hold->n; i++) {
         int rc = kvp_session_recv(c, s->seg.base + hold->objs[i]->offset, hold->chunk_bytes);
         if (rc) {
-            kvp_holds_release(&c->holds, hold, KVP_DROP_DISCONNECT);
+            kvp_holds_release(&c->owner.holds, hold, KVP_DROP_DISCONNECT);
             return rc;
         }
     }
@@ -513,18 +513,18 @@ static int handle_prepare_retrieve(struct kvp_session *c, const struct kvp_heade
                     "instance %s uses the inline transport; use "
                     "RETRIEVE_INLINE",
                     k.inst.spec.instance_id);
-    if (kvp_holds_full(&c->holds))
+    if (kvp_holds_full(&c->owner.holds))
         return fail(c, h, -EMFILE,
                     "too many open reservations and pins on this connection "
                     "(max %d)",
                     KVP_MAX_HOLDS);
-    uint32_t n = kvp_store_pin(&s->store, c->keys, k.n, c->objs);
+    uint32_t n = kvp_store_pin(&s->store, c->owner.keys, k.n, c->owner.objs);
     n += retrieve_l2(c, &k, n);
     if (n) {
-        struct kvp_hold *hold = kvp_holds_add(&c->holds, k.inst.handle, true, c->objs, n,
+        struct kvp_hold *hold = kvp_holds_add(&c->owner.holds, k.inst.handle, true, c->owner.objs, n,
                                               k.inst.layout.bytes);
         if (!hold) {
-            kvp_store_unpin(&s->store, c->objs, n);
+            kvp_store_unpin(&s->store, c->owner.objs, n);
             return fail(c, h, -ENOMEM, "out of memory while pinning");
         }
         id = hold->id;
@@ -535,7 +535,7 @@ static int handle_prepare_retrieve(struct kvp_session *c, const struct kvp_heade
     KVP_COUNT(retrieve_chunks_shm, n);
     KVP_COUNT(retrieve_bytes_shm, bytes);
     kvp_registry_count_io(&s->registry, k.inst.handle, false, n, bytes);
-    encode_slots(c, id, k.n, NULL, c->objs, NULL, n);
+    encode_slots(c, id, k.n, NULL, c->owner.objs, NULL, n);
     return ok(c, h);
 }
 
@@ -544,12 +544,12 @@ static int handle_commit_retrieve(struct kvp_session *c, const struct kvp_header
     struct kvp_ref_req req;
     if (kvp_decode_ref_req(c->body, h->body_len, &req))
         return malformed(c, h);
-    struct kvp_hold *hold = kvp_holds_find(&c->holds, req.id, req.handle, true);
+    struct kvp_hold *hold = kvp_holds_find(&c->owner.holds, req.id, req.handle, true);
     if (!hold)
         return fail(c, h, -ENOENT, "no pin %" PRIu64 " for this instance on this connection",
                     req.id);
     uint32_t n = hold->n;
-    kvp_holds_release(&c->holds, hold, KVP_DROP_ABORT); /* a pin set: nothing is dropped */
+    kvp_holds_release(&c->owner.holds, hold, KVP_DROP_ABORT); /* a pin set: nothing is dropped */
     kvp_encode_count_reply(&c->out, n);
     return ok(c, h);
 }
@@ -562,20 +562,20 @@ static int handle_retrieve_inline(struct kvp_session *c, const struct kvp_header
     int rc = keyed_prepare(c, h, &k, false);
     if (rc)
         return rc < 0 ? rc : 0;
-    uint32_t n = kvp_store_pin(&s->store, c->keys, k.n, c->objs);
+    uint32_t n = kvp_store_pin(&s->store, c->owner.keys, k.n, c->owner.objs);
     n += retrieve_l2(c, &k, n);
     struct iovec *iov = n ? malloc(sizeof(*iov) * n) : NULL;
     if (n && !iov) {
-        kvp_store_unpin(&s->store, c->objs, n);
+        kvp_store_unpin(&s->store, c->owner.objs, n);
         return fail(c, h, -ENOMEM, "out of memory while sending");
     }
     for (uint32_t i = 0; i < n; i++)
-        iov[i] = (struct iovec){s->seg.base + c->objs[i]->offset, c->objs[i]->length};
-    encode_slots(c, 0, k.n, NULL, c->objs, NULL, n);
+        iov[i] = (struct iovec){s->seg.base + c->owner.objs[i]->offset, c->owner.objs[i]->length};
+    encode_slots(c, 0, k.n, NULL, c->owner.objs, NULL, n);
     /* The pins keep the objects from eviction while the bytes go out unlocked. */
     uint64_t bytes = (uint64_t)n * k.inst.layout.bytes;
     rc = kvp_session_reply(c, h, 0, iov, (int)n, bytes);
-    kvp_store_unpin(&s->store, c->objs, n);
+    kvp_store_unpin(&s->store, c->owner.objs, n);
     free(iov);
     if (rc == 0) {
         KVP_COUNT(retrieve_chunks, n);
@@ -638,7 +638,7 @@ static int handle_clear(struct kvp_session *c, const struct kvp_header *h)
     kvp_store_clear(&c->srv->store, &r);
     log_info("Cleared %" PRIu64 " committed objects (%" PRIu64 " bytes) at the request of pid %d; "
              "%" PRIu64 " pinned objects kept",
-             r.dropped, r.bytes, (int)c->peer.pid, r.pinned);
+             r.dropped, r.bytes, (int)c->owner.pid, r.pinned);
     /* The pool cannot hold 2^32 chunks of at least one page each in any real machine. */
     kvp_encode_count_reply(&c->out, r.dropped > UINT32_MAX ? UINT32_MAX : (uint32_t)r.dropped);
     return ok(c, h);
