@@ -98,7 +98,7 @@ struct kvp_op_slots {
     uint32_t busy;     /* prepare-store: chunks another client is storing */
     uint32_t no_space; /* prepare-store: chunks that found no room (pinned or reserved pool) */
     uint32_t nslots;   /* objects reserved or pinned, objs[0..nslots) */
-    struct kvp_obj *const *objs;
+    struct kvp_obj **objs;
     const uint32_t *idx;  /* prepare-store: chunk index in the range of slot k; else NULL (k) */
     struct iovec *iov;    /* inline begins: nslots iovecs over the slots' bytes; else NULL */
     uint64_t chunk_bytes; /* bytes of each slot (the instance's chunk) */
