@@ -54,7 +54,7 @@ static void add_instance(const char *id, uint8_t transport, uint64_t owner)
     FUZZ_CHECK(kvp_registry_choose_transport(&srv.registry, &inst, msg, sizeof(msg)) == 0);
     inst.owner = owner;
     inst.owner_pid = 1;
-    FUZZ_CHECK(kvp_registry_add(&srv.registry, &inst, &existing, msg, sizeof(msg)) == 0);
+    FUZZ_CHECK(kvp_registry_add(&srv.registry, &inst, 0, &existing, msg, sizeof(msg)) == 0);
 }
 
 static void init_once(void)

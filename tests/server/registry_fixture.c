@@ -77,7 +77,7 @@ int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q
     msg[0] = '\0';
     inst.owner = owner;
     inst.owner_pid = PID_OF(owner);
-    int rc = kvp_registry_add(r, &inst, existing, msg, msg_size);
+    int rc = kvp_registry_add(r, &inst, 0, existing, msg, msg_size);
     if (out)
         *out = inst;
     return rc;

@@ -80,7 +80,7 @@ uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8
     inst.connected_since_ms = kvp_wall_ms();
     inst.owner = owner;
     inst.owner_pid = (int32_t)(1000 + owner);
-    assert_rc(kvp_registry_add(&s->registry, &inst, &existing, msg, sizeof(msg)), 0);
+    assert_rc(kvp_registry_add(&s->registry, &inst, 0, &existing, msg, sizeof(msg)), 0);
     assert_false(existing);
     return inst.handle;
 }

@@ -139,7 +139,7 @@ static void test_table_full(void **state)
     assert_rc(kvp_registry_choose_transport(r, &inst, msg, sizeof(msg)), 0);
     inst.owner = 1;
     inst.owner_pid = PID_OF(1);
-    assert_rc(kvp_registry_add(r, &inst, &existing, msg, sizeof(msg)), -ENOSPC);
+    assert_rc(kvp_registry_add(r, &inst, 0, &existing, msg, sizeof(msg)), -ENOSPC);
     assert_non_null(strstr(msg, "too many instances"));
     assert_int_equal(kvp_registry_count(r), KVP_MAX_INSTANCES);
 
@@ -155,7 +155,7 @@ static void test_table_full(void **state)
 
     /* Freeing one slot makes room again. */
     assert_rc(kvp_registry_remove(r, first, "test"), 0);
-    assert_rc(kvp_registry_add(r, &inst, &existing, msg, sizeof(msg)), 0);
+    assert_rc(kvp_registry_add(r, &inst, 0, &existing, msg, sizeof(msg)), 0);
     assert_false(existing);
     assert_int_equal(kvp_registry_count(r), KVP_MAX_INSTANCES);
     assert_int_equal(kvp_registry_remove_owner(r, 1), KVP_MAX_INSTANCES);

@@ -68,7 +68,7 @@ int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec,
     inst.owner_pid = o->pid;
     inst.connected_since_ms = o->connected_since_ms;
     memcpy(inst.frontend, o->frontend, sizeof(inst.frontend));
-    rc = kvp_registry_add(r, &inst, existing, msg, msg_size);
+    rc = kvp_registry_add(r, &inst, o->max_instances, existing, msg, msg_size);
     if (rc) {
         log_warn("Registration of instance '%s' from pid %d refused: %s", spec->instance_id,
                  (int)o->pid, msg);

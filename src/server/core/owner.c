@@ -44,6 +44,7 @@ void kvp_owner_init(struct kvp_owner *o, struct kvp_server *s, const char *front
         .pid = pid,
         .uid = pid > 0 ? uid : 0,
         .connected_since_ms = kvp_wall_ms(),
+        .max_instances = s->cfg.max_instances_per_client,
     };
     snprintf(o->frontend, sizeof(o->frontend), "%s", frontend);
     kvp_holds_init(&o->holds, &s->store);

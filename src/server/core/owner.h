@@ -4,8 +4,8 @@
  * An owner is one client of the daemon as the core sees it: a kvpool connection (kvp/), or an
  * LMCache worker known by its instance id and ZeroMQ identity. It has an id (unique in the
  * daemon's lifetime, shared by every front end, and what kvp_registration.owner names), the
- * name of its front end, its peer's pid and uid when known, when it connected and its holds
- * (holds.h). What ends it is the front end's
+ * name of its front end, its peer's pid and uid when known, when it connected, its holds
+ * (holds.h) and how many instances it may register at once. What ends it is the front end's
  * business (a socket that closes, a liveness timeout that fires); the front end then calls
  * kvp_owner_release() or kvp_owner_destroy(), which abort its reservations, drop its pins and
  * unregister its instances at once.
@@ -33,6 +33,7 @@ struct kvp_owner {
     int32_t pid;                         /* the peer's pid, -1 when unknown */
     uint32_t uid;                        /* the peer's uid, when pid is known */
     int64_t connected_since_ms;          /* wall clock, ms since the epoch */
+    uint32_t max_instances;              /* it may register (--max-instances-per-client) */
     struct kvp_holds holds;              /* its reservations and pins */
 
     /* Scratch of the operations (ops.c), KVP_MAX_CHUNKS entries each, allocated on first use:
@@ -53,7 +54,8 @@ void kvp_owners_destroy(struct kvp_owners *l);
 
 /*
  * Makes o an owner of server s for front end frontend ("kvpool", "lmcache"), with peer pid and
- * uid (pid -1: unknown): gives it the next id, the current wall-clock time, an empty hold table, and adds it to s->owners. Allocates nothing
+ * uid (pid -1: unknown): gives it the next id, the current wall-clock time, the instance limit
+ * of s->cfg (--max-instances-per-client; 0 there: none), an empty hold table, and adds it to s->owners. Allocates nothing
  * and cannot fail; buffers come on first use. Undo with kvp_owner_destroy().
  */
 void kvp_owner_init(struct kvp_owner *o, struct kvp_server *s, const char *frontend, int32_t pid,

@@ -197,8 +197,8 @@ static bool differs(const struct kvp_reg_spec *have, const struct kvp_reg_spec *
  * Logging happens after the lock is dropped: a log write is a syscall and must not stretch a
  * critical section that every registration and request goes through.
  */
-int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, bool *existing,
-                     char *msg, size_t msg_size)
+int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst,
+                     uint32_t max_per_owner, bool *existing, char *msg, size_t msg_size)
 {
     *existing = false;
     pthread_mutex_lock(&r->lock);
@@ -222,6 +222,18 @@ int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, bool
                      "existing registration",
                      inst->spec.instance_id);
         return rc;
+    }
+    /* One client must not take the table from the others (--max-instances-per-client). */
+    uint32_t mine = 0;
+    for (i = 0; max_per_owner && i < KVP_MAX_INSTANCES; i++)
+        mine += r->slots[i].used && r->slots[i].inst.owner == inst->owner;
+    if (max_per_owner && mine >= max_per_owner) {
+        pthread_mutex_unlock(&r->lock);
+        snprintf(msg, msg_size,
+                 "this client has %" PRIu32 " instances registered, the most "
+                 "--max-instances-per-client (%" PRIu32 ") allows",
+                 mine, max_per_owner);
+        return -EDQUOT;
     }
     for (i = 0; i < KVP_MAX_INSTANCES && r->slots[i].used; i++)
         ;

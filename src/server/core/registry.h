@@ -127,11 +127,12 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
  *   - identically, by another connection: -EBUSY, msg names that connection's pid;
  *   - identically, by the same connection: 0 with *existing = true, the existing registration
  *     copied to *inst, and one warning logged.
- * A refusal changes nothing in the table. Returns 0, -EEXIST, -EBUSY or -ENOSPC (table full);
- * msg is set on every error.
+ * A new instance is refused with -EDQUOT when its owner already has max_per_owner (0: no
+ * limit) instances, and -ENOSPC when the table is full. A refusal changes nothing in the table.
+ * Returns 0, -EEXIST, -EBUSY, -EDQUOT or -ENOSPC; msg is set on every error.
  */
-int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, bool *existing,
-                     char *msg, size_t msg_size);
+int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst,
+                     uint32_t max_per_owner, bool *existing, char *msg, size_t msg_size);
 
 /* Copies the instance of handle. Returns 0 or -ENOENT. */
 int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_registration *out);
