@@ -42,7 +42,7 @@ void kvp_key_chain(const uint8_t seed[KVP_KEY_SIZE], const uint8_t *tokens_le,
  * bytes) into keys: key[i] = BLAKE2b-256 keyed with seed over id i. Not chained (such ids
  * already cover their prefix); keyed, so no key of an id equals a key of the token chain.
  */
-void kvp_key_ids(const uint8_t seed[KVP_KEY_SIZE], const uint8_t *ids, uint32_t id_len,
-                 uint32_t n, uint8_t *keys);
+void kvp_key_ids(const uint8_t seed[KVP_KEY_SIZE], const uint8_t *ids, uint32_t id_len, uint32_t n,
+                 uint8_t *keys);
 
 #endif /* KVP_CHUNK_HASH_H */

@@ -68,8 +68,8 @@ struct kvp_reg_spec good_req(const char *id)
     return q;
 }
 
-int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q,
-            bool *existing, struct kvp_registration *out, char *msg, size_t msg_size)
+int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q, bool *existing,
+            struct kvp_registration *out, char *msg, size_t msg_size)
 {
     struct kvp_registration inst;
     assert_rc(kvp_registry_validate(r, q, &inst, msg, msg_size), 0);

@@ -39,8 +39,8 @@ struct kvp_reg_spec good_req(const char *id);
 /* Validates, chooses the transport and tries to register a request for connection owner;
  * returns kvp_registry_add()'s result, with its message in msg. out (may be NULL) gets the
  * instance as validated. */
-int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q,
-            bool *existing, struct kvp_registration *out, char *msg, size_t msg_size);
+int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q, bool *existing,
+            struct kvp_registration *out, char *msg, size_t msg_size);
 
 /* Like try_add(), but fails the test unless the registration succeeds; returns the handle. */
 uint32_t must_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q,

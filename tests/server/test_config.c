@@ -356,10 +356,11 @@ static void test_help(void **state)
         "--io-timeout", "--help",        "--version",     "--max-instances-per-client",
     };
     static const char *const envs[] = {
-        "KVPOOL_SOCKET",      "KVPOOL_SOCKET_MODE",     "KVPOOL_L1_SIZE",
-        "KVPOOL_CHUNK_SIZE",  "KVPOOL_SHM_NAME",        "KVPOOL_LOG_LEVEL",
-        "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT", "KVPOOL_IO_TIMEOUT",
-        "KVPOOL_MAX_INSTANCES_PER_CLIENT",
+        "KVPOOL_SOCKET",      "KVPOOL_SOCKET_MODE",
+        "KVPOOL_L1_SIZE",     "KVPOOL_CHUNK_SIZE",
+        "KVPOOL_SHM_NAME",    "KVPOOL_LOG_LEVEL",
+        "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT",
+        "KVPOOL_IO_TIMEOUT",  "KVPOOL_MAX_INSTANCES_PER_CLIENT",
     };
     struct run r;
 

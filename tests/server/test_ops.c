@@ -29,10 +29,10 @@
 #include "core/ops.h"
 #include "core/owner.h"
 
-#define C 16u                   /* tokens per chunk */
-#define POOL (1u << 20)         /* 1 MiB: 128 chunks of 8 KiB */
+#define C 16u                       /* tokens per chunk */
+#define POOL (1u << 20)             /* 1 MiB: 128 chunks of 8 KiB */
 #define CHUNK (2u * 2 * C * 64 * 2) /* K and V, 2 layers, hidden 64, float16 */
-#define LIMIT 4u                /* --max-instances-per-client of the fixture */
+#define LIMIT 4u                    /* --max-instances-per-client of the fixture */
 
 static char msg[KVP_MAX_ERRMSG + 1];
 #define M msg, sizeof(msg)

@@ -91,7 +91,7 @@ static void test_remove_owner(void **state)
     struct kvp_registration got;
     bool existing;
     struct kvp_reg_spec qa = good_req("a"), qb = good_req("b"), qc = good_req("c"),
-                            qd = good_req("d");
+                        qd = good_req("d");
 
     uint32_t ha = must_add(r, 10, &qa, &existing, NULL);
     uint32_t hc = must_add(r, 20, &qc, &existing, NULL);

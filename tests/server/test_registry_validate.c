@@ -298,8 +298,7 @@ static void test_transport_daemon_without_shm(void **state)
     assert_string_equal(inst.reason, NO_SHM_REASON);
 
     /* The daemon's reason is the real one, whatever the worker says. */
-    assert_rc(choose(&offer_inline, KVP_REG_INLINE, "requested by worker", &inst, msg,
-                     sizeof(msg)),
+    assert_rc(choose(&offer_inline, KVP_REG_INLINE, "requested by worker", &inst, msg, sizeof(msg)),
               0);
     assert_string_equal(inst.reason, NO_SHM_REASON);
 }

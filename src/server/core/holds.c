@@ -2,9 +2,9 @@
  * holds.c - an owner's reservations and pins (see holds.h).
  *
  * Design. A fixed array of KVP_MAX_HOLDS entries, allocated once per owner (at its first hold)
- * and searched linearly: a worker keeps a handful of holds at a time (one per transfer in flight), so a scan
- * is cheaper than any index, and the bound makes a client that never commits run out of holds
- * rather than daemon memory. Removal moves the last entry into the hole.
+ * and searched linearly: a worker keeps a handful of holds at a time (one per transfer in flight),
+ * so a scan is cheaper than any index, and the bound makes a client that never commits run out of
+ * holds rather than daemon memory. Removal moves the last entry into the hole.
  *
  * Invariant: every object a hold lists is reserved (or pinned) on the hold's behalf until the
  * hold is committed, released or dropped; an owner that ends releases all of them, so a

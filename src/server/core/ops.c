@@ -91,8 +91,8 @@ int kvp_op_unregister(struct kvp_owner *o, uint32_t handle, char *msg, size_t ms
     return 0;
 }
 
-int kvp_op_instance(struct kvp_owner *o, uint32_t handle, struct kvp_registration *out,
-                    char *msg, size_t msg_size)
+int kvp_op_instance(struct kvp_owner *o, uint32_t handle, struct kvp_registration *out, char *msg,
+                    size_t msg_size)
 {
     if (kvp_registry_get_owned(&o->srv->registry, handle, o->id, out))
         return fail(msg, msg_size, -ENOENT, "unknown instance handle 0x%08" PRIx32, handle);
@@ -115,14 +115,14 @@ static int check_src(const struct kvp_key_src *src, char *msg, size_t msg_size)
     if (!src->tokens_le == !src->chunk_ids && (src->tokens_le || src->nchunk_ids))
         return fail(msg, msg_size, -EINVAL, "a request names its chunks by tokens or by ids");
     if (src->salt_len > KVP_MAX_SALT)
-        return fail(msg, msg_size, -EINVAL, "salt of %" PRIu32 " bytes exceeds %u",
-                    src->salt_len, KVP_MAX_SALT);
+        return fail(msg, msg_size, -EINVAL, "salt of %" PRIu32 " bytes exceeds %u", src->salt_len,
+                    KVP_MAX_SALT);
     if (src->salt_len && !src->salt)
         return fail(msg, msg_size, -EINVAL, "salt length without a salt");
     if (src->chunk_ids) {
         if (src->nchunk_ids > KVP_MAX_CHUNKS)
-            return fail(msg, msg_size, -E2BIG, "%" PRIu32 " chunk ids exceed %u",
-                        src->nchunk_ids, KVP_MAX_CHUNKS);
+            return fail(msg, msg_size, -E2BIG, "%" PRIu32 " chunk ids exceed %u", src->nchunk_ids,
+                        KVP_MAX_CHUNKS);
         if (src->id_len < 1 || src->id_len > KVP_MAX_CHUNK_ID)
             return fail(msg, msg_size, -EINVAL, "chunk id of %" PRIu32 " bytes (1 to %u)",
                         src->id_len, KVP_MAX_CHUNK_ID);
@@ -202,8 +202,7 @@ static int keyed_prepare(struct kvp_owner *o, uint32_t handle, const struct kvp_
  * The chunks after the L1 run that L2 has (they start loading into L1). The run ended in the
  * window of keys o->keys holds: chunks [win, win + k->n) of the sequence.
  */
-static uint32_t lookup_l2(struct kvp_owner *o, const struct keyed *k, uint32_t win,
-                          uint32_t cached)
+static uint32_t lookup_l2(struct kvp_owner *o, const struct keyed *k, uint32_t win, uint32_t cached)
 {
     struct kvp_l2_layout lay;
     if (!o->srv->l2 || cached < win || cached >= win + k->n)
@@ -336,8 +335,8 @@ int kvp_op_prepare_store(struct kvp_owner *o, uint32_t handle, const struct kvp_
     if (rc)
         return fail(msg, msg_size, rc, "out of memory while reserving");
     if (pr.nslots) {
-        struct kvp_hold *hold = kvp_holds_add(&o->holds, k.inst.handle, false, o->objs,
-                                              pr.nslots, k.inst.layout.bytes);
+        struct kvp_hold *hold = kvp_holds_add(&o->holds, k.inst.handle, false, o->objs, pr.nslots,
+                                              k.inst.layout.bytes);
         if (!hold) {
             kvp_store_abort(&s->store, o->objs, pr.nslots);
             return fail(msg, msg_size, -ENOMEM, "out of memory while reserving");
@@ -373,8 +372,10 @@ static int commit_hold(struct kvp_owner *o, struct kvp_hold *hold, enum kvp_via 
     int rc = kvp_store_commit(&o->srv->store, hold->objs, hold->n);
     kvp_holds_drop(&o->holds, hold);
     if (rc < 0)
-        return fail(msg, msg_size, rc, "reservation %" PRIu64 " expired before commit; nothing "
-                    "stored", id);
+        return fail(msg, msg_size, rc,
+                    "reservation %" PRIu64 " expired before commit; nothing "
+                    "stored",
+                    id);
     uint64_t bytes = (uint64_t)rc * chunk_bytes;
     KVP_COUNT(store_chunks_committed, rc);
     if (via == KVP_VIA_INLINE) {
@@ -421,8 +422,8 @@ int kvp_op_commit_store(struct kvp_owner *o, uint32_t handle, uint64_t id, enum 
     return commit_hold(o, hold, via, msg, msg_size);
 }
 
-int kvp_op_abort_store(struct kvp_owner *o, uint32_t handle, uint64_t id,
-                       enum kvp_drop_cause why, char *msg, size_t msg_size)
+int kvp_op_abort_store(struct kvp_owner *o, uint32_t handle, uint64_t id, enum kvp_drop_cause why,
+                       char *msg, size_t msg_size)
 {
     struct kvp_hold *hold = find_reservation(o, handle, id, msg, msg_size);
     if (!hold)
@@ -518,8 +519,8 @@ int kvp_op_commit_retrieve(struct kvp_owner *o, uint32_t handle, uint64_t id, ch
 }
 
 int kvp_op_retrieve_inline_begin(struct kvp_owner *o, uint32_t handle,
-                                 const struct kvp_key_src *src, struct kvp_op_slots *res,
-                                 char *msg, size_t msg_size)
+                                 const struct kvp_key_src *src, struct kvp_op_slots *res, char *msg,
+                                 size_t msg_size)
 {
     struct kvp_server *s = o->srv;
     struct keyed k;

@@ -105,8 +105,9 @@ struct kvp_op_slots {
 };
 
 /* Flags of kvp_op_lookup(). */
-#define KVP_LOOKUP_PIN 1u /* also pin the chunks found in L1 (at most KVP_MAX_CHUNKS, from the
-                             first) as a pin set, ended by kvp_op_commit_retrieve() */
+#define KVP_LOOKUP_PIN                                                      \
+    1u /* also pin the chunks found in L1 (at most KVP_MAX_CHUNKS, from the \
+          first) as a pin set, ended by kvp_op_commit_retrieve() */
 
 /*
  * Registers the instance spec describes for owner o, or gives o its own registration back
@@ -124,8 +125,8 @@ int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec,
 int kvp_op_unregister(struct kvp_owner *o, uint32_t handle, char *msg, size_t msg_size);
 
 /* Copies o's instance handle. Returns 0 or -ENOENT (unknown, or another owner's). */
-int kvp_op_instance(struct kvp_owner *o, uint32_t handle, struct kvp_registration *out,
-                    char *msg, size_t msg_size);
+int kvp_op_instance(struct kvp_owner *o, uint32_t handle, struct kvp_registration *out, char *msg,
+                    size_t msg_size);
 
 /*
  * How many leading chunks of the sequence are cached: res->nchunks full chunks, res->cached of
@@ -160,8 +161,8 @@ int kvp_op_commit_store(struct kvp_owner *o, uint32_t handle, uint64_t id, enum 
 /* Drops reservation id (counted under why: KVP_DROP_ABORT for a client's abort,
  * KVP_DROP_DISCONNECT when its bytes could not be received). Returns the number of chunks it
  * had, or -ENOENT. */
-int kvp_op_abort_store(struct kvp_owner *o, uint32_t handle, uint64_t id,
-                       enum kvp_drop_cause why, char *msg, size_t msg_size);
+int kvp_op_abort_store(struct kvp_owner *o, uint32_t handle, uint64_t id, enum kvp_drop_cause why,
+                       char *msg, size_t msg_size);
 
 /*
  * The slots of reservation id as iovecs (res->iov, res->nslots) for the front end to receive
@@ -195,8 +196,8 @@ int kvp_op_commit_retrieve(struct kvp_owner *o, uint32_t handle, uint64_t id, ch
  * Returns 0, -ENOENT, -EINVAL / -E2BIG, -ENOMEM (nothing pinned on failure).
  */
 int kvp_op_retrieve_inline_begin(struct kvp_owner *o, uint32_t handle,
-                                 const struct kvp_key_src *src, struct kvp_op_slots *res,
-                                 char *msg, size_t msg_size);
+                                 const struct kvp_key_src *src, struct kvp_op_slots *res, char *msg,
+                                 size_t msg_size);
 
 /* Unpins what kvp_op_retrieve_inline_begin() pinned into res; sent says the bytes reached the
  * client (then they are counted as retrieved). */

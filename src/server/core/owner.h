@@ -55,8 +55,9 @@ void kvp_owners_destroy(struct kvp_owners *l);
 /*
  * Makes o an owner of server s for front end frontend ("kvpool", "lmcache"), with peer pid and
  * uid (pid -1: unknown): gives it the next id, the current wall-clock time, the instance limit
- * of s->cfg (--max-instances-per-client; 0 there: none), an empty hold table, and adds it to s->owners. Allocates nothing
- * and cannot fail; buffers come on first use. Undo with kvp_owner_destroy().
+ * of s->cfg (--max-instances-per-client; 0 there: none), an empty hold table, and adds it to
+ * s->owners. Allocates nothing and cannot fail; buffers come on first use. Undo with
+ * kvp_owner_destroy().
  */
 void kvp_owner_init(struct kvp_owner *o, struct kvp_server *s, const char *frontend, int32_t pid,
                     uint32_t uid);

@@ -164,8 +164,8 @@ static void log_transport(const struct kvp_registration *inst, const struct kvp_
  * both values. Returns true if one differs. The transport and its reason are not identity: a
  * worker may ask for another transport and still gets its own registration back.
  */
-static bool differs(const struct kvp_reg_spec *have, const struct kvp_reg_spec *want,
-                    char *msg, size_t msg_size)
+static bool differs(const struct kvp_reg_spec *have, const struct kvp_reg_spec *want, char *msg,
+                    size_t msg_size)
 {
 #define STR_FIELD(f)                                                                       \
     if (strcmp(have->f, want->f) != 0) {                                                   \
@@ -197,8 +197,8 @@ static bool differs(const struct kvp_reg_spec *have, const struct kvp_reg_spec *
  * Logging happens after the lock is dropped: a log write is a syscall and must not stretch a
  * critical section that every registration and request goes through.
  */
-int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst,
-                     uint32_t max_per_owner, bool *existing, char *msg, size_t msg_size)
+int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint32_t max_per_owner,
+                     bool *existing, char *msg, size_t msg_size)
 {
     *existing = false;
     pthread_mutex_lock(&r->lock);

@@ -47,9 +47,9 @@ struct kvp_reg_spec {
 /* A registered instance: the worker's declaration, its owner and what the daemon derived. */
 struct kvp_registration {
     uint32_t handle;
-    uint64_t owner;             /* id of the owner (owner.h) that registered it */
-    int32_t owner_pid;          /* that owner's peer pid, -1 if unknown */
-    int64_t connected_since_ms; /* wall clock (ms since the epoch) the owner connected */
+    uint64_t owner;                      /* id of the owner (owner.h) that registered it */
+    int32_t owner_pid;                   /* that owner's peer pid, -1 if unknown */
+    int64_t connected_since_ms;          /* wall clock (ms since the epoch) the owner connected */
     char frontend[KVP_MAX_FRONTEND + 1]; /* the protocol that registered it: "kvpool", ... */
     struct kvp_reg_spec spec;
     struct kvp_chunk_layout layout;
@@ -131,8 +131,8 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
  * limit) instances, and -ENOSPC when the table is full. A refusal changes nothing in the table.
  * Returns 0, -EEXIST, -EBUSY, -EDQUOT or -ENOSPC; msg is set on every error.
  */
-int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst,
-                     uint32_t max_per_owner, bool *existing, char *msg, size_t msg_size);
+int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint32_t max_per_owner,
+                     bool *existing, char *msg, size_t msg_size);
 
 /* Copies the instance of handle. Returns 0 or -ENOENT. */
 int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_registration *out);

@@ -5,10 +5,11 @@
  * while text is formatted and a slow reader (an HTTP client, a `kvpool stats`) can never delay a
  * worker. Each owner is asked in turn, under its own lock, for a copy: the store for its gauges
  * (kvp_store_get_gauges), the registry for its instances and their transfer counts, the owner
- * list (owner.c) for the clients of every front end, the server for its connection count. The locks are leaf locks and are taken one after the other, so the
- * snapshot is a set of consistent parts rather than one instant: an instance may be counted in
- * "instances" and have disconnected by the time the client list is copied. Counters and the
- * latency histogram are relaxed atomic loads, no lock at all.
+ * list (owner.c) for the clients of every front end, the server for its connection count. The locks
+ * are leaf locks and are taken one after the other, so the snapshot is a set of consistent parts
+ * rather than one instant: an instance may be counted in "instances" and have disconnected by the
+ * time the client list is copied. Counters and the latency histogram are relaxed atomic loads, no
+ * lock at all.
  *
  * Memory: the lists are allocated before any lock is taken, at their bound (KVP_MAX_INSTANCES
  * instances; the owners counted just before, and a few more), so a copy never allocates under

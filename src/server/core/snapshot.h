@@ -35,8 +35,8 @@ struct kvp_snapshot {
 
 /*
  * Takes a snapshot of s, which must have started (store and registry ready). Takes the store,
- * registry, owner-list and connection-list locks one after the other (never two at once), each for a copy.
- * Returns 0, or -ENOMEM (nothing to free). Free with kvp_snapshot_free().
+ * registry, owner-list and connection-list locks one after the other (never two at once), each for
+ * a copy. Returns 0, or -ENOMEM (nothing to free). Free with kvp_snapshot_free().
  */
 int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot *snap);
 

@@ -49,8 +49,8 @@ static int malformed(struct kvp_session *c, const struct kvp_header *h)
 {
     fail(c, h, -EPROTO, "malformed %s body", kvp_opcode_name(h->opcode));
     KVP_COUNT(protocol_errors, 1);
-    log_warn_rl("Connection %llu (pid %d): malformed %s body; closing", (unsigned long long)c->owner.id,
-                (int)c->owner.pid, kvp_opcode_name(h->opcode));
+    log_warn_rl("Connection %llu (pid %d): malformed %s body; closing",
+                (unsigned long long)c->owner.id, (int)c->owner.pid, kvp_opcode_name(h->opcode));
     return -EPROTO;
 }
 
@@ -318,8 +318,7 @@ static int handle_prepare_retrieve(struct kvp_session *c, const struct kvp_heade
 
     if (decode_keyed(c, h, &handle, &src))
         return malformed(c, h);
-    int rc =
-        kvp_op_prepare_retrieve(&c->owner, handle, &src, &res, c->errmsg, sizeof(c->errmsg));
+    int rc = kvp_op_prepare_retrieve(&c->owner, handle, &src, &res, c->errmsg, sizeof(c->errmsg));
     if (rc == -EOPNOTSUPP)
         return wrong_transport(c, h, "RETRIEVE_INLINE");
     if (rc)
