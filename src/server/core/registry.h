@@ -2,11 +2,11 @@
  * registry.h - registered worker instances and the per-instance transport decision.
  *
  * An instance is one worker (one tensor-parallel rank) with one KV layout, owned by the one
- * connection that registered it. An instance id names at most one registration: a namesake with
- * another layout is refused (-EEXIST), and so is an identical one from another connection
- * (-EBUSY), so one model's chunks are never served to another and nobody can adopt a live
- * worker's instance. Handles are (generation << 16 | slot): a handle of an unregistered instance
- * never names a newer one.
+ * owner (owner.h: a kvpool connection, an LMCache worker) that registered it. An instance id
+ * names at most one registration: a namesake with another layout is refused (-EEXIST), and so is
+ * an identical one from another owner (-EBUSY), so one model's chunks are never served to another
+ * and nobody can adopt a live worker's instance. Handles are (generation << 16 | slot): a handle of
+ * an unregistered instance never names a newer one.
  */
 #ifndef KVP_REGISTRY_H
 #define KVP_REGISTRY_H
@@ -63,7 +63,7 @@ struct kvp_registration {
 
 /*
  * What one instance moved, for the status report. Updated with relaxed atomics and without the
- * registry lock by the one connection thread that owns the instance (kvp_registry_count_io());
+ * registry lock by the one thread serving the owner of the instance (kvp_registry_count_io());
  * reset under the lock when a registration takes the slot.
  */
 struct kvp_instance_io {
@@ -124,8 +124,8 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
  * registered:
  *   - with another model_name, world_size, worker_rank, block_size, num_layers, hidden_dim,
  *     dtype or use_mla: -EEXIST, msg names the first differing field with both values;
- *   - identically, by another connection: -EBUSY, msg names that connection's pid;
- *   - identically, by the same connection: 0 with *existing = true, the existing registration
+ *   - identically, by another owner: -EBUSY, msg names that owner's pid;
+ *   - identically, by the same owner: 0 with *existing = true, the existing registration
  *     copied to *inst, and one warning logged.
  * A new instance is refused with -EDQUOT when its owner already has max_per_owner (0: no
  * limit) instances, and -ENOSPC when the table is full. A refusal changes nothing in the table.
@@ -137,8 +137,8 @@ int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint
 /* Copies the instance of handle. Returns 0 or -ENOENT. */
 int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_registration *out);
 
-/* Copies the instance of handle if connection owner registered it. Returns 0, or -ENOENT for
- * an unknown handle and for another connection's instance (handles are not capabilities to
+/* Copies the instance of handle if owner registered it. Returns 0, or -ENOENT for
+ * an unknown handle and for another owner's instance (handles are not capabilities to
  * share: requests only ever act on the caller's own registration). */
 int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t owner,
                            struct kvp_registration *out);
@@ -151,7 +151,7 @@ void kvp_registration_key_ns(const struct kvp_registration *inst, const void *sa
 /* Unregisters handle. Returns 0 or -ENOENT. */
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why);
 
-/* Unregisters every instance registered by connection owner. Returns how many. */
+/* Unregisters every instance registered by owner (its client went away). Returns how many. */
 uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner);
 
 uint32_t kvp_registry_count(struct kvp_registry *r);
@@ -161,8 +161,8 @@ void kvp_registry_count_transports(struct kvp_registry *r, uint32_t *total, uint
 
 /*
  * Adds a transfer to the counts of instance handle: chunks and bytes stored (store true) or
- * retrieved. Lock-free. Only the connection that owns handle may call it, while the instance is
- * registered: that connection is the only one that can unregister it, so the slot cannot be
+ * retrieved. Lock-free. Only the owner of handle may call it, while the instance is
+ * registered: that owner is the only one that can unregister it, so the slot cannot be
  * reused meanwhile.
  */
 void kvp_registry_count_io(struct kvp_registry *r, uint32_t handle, bool store, uint64_t chunks,
