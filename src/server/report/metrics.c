@@ -27,8 +27,8 @@
 
 #include "common/wire.h"
 #include "core/daemon.h"
+#include "core/snapshot.h"
 #include "core/stats.h"
-#include "report/snapshot.h"
 
 /* Writes the rows of one map; counter adds the "_total" suffix and the counter TYPE. */
 static void write_map(FILE *f, const struct kvp_stat_desc *desc, const uint64_t *v, uint32_t n,
