@@ -251,3 +251,11 @@ uint64_t kvp_pool_free_start(struct kvp_pool *p, uint64_t i, uint64_t lim)
     }
     return lim;
 }
+
+void kvp_pool_claim(struct kvp_pool *p, uint64_t i, uint64_t n)
+{
+    if (!n)
+        return;
+    set_range(p, i, n, 1);
+    p->used += n;
+}

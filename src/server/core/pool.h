@@ -72,5 +72,8 @@ uint64_t kvp_pool_free_end(struct kvp_pool *p, uint64_t i, uint64_t lim);
 /* The start of the free run that ends just before page i: the lowest page j >= lim such that
  * pages [j, i) are all free (i itself when page i - 1 is used or i == lim). */
 uint64_t kvp_pool_free_start(struct kvp_pool *p, uint64_t i, uint64_t lim);
+/* Marks the free pages [i, i + n) used, as an allocation there would; the caller frees them
+ * with kvp_pool_free() (any split of the span, each part with its own offset and length). */
+void kvp_pool_claim(struct kvp_pool *p, uint64_t i, uint64_t n);
 
 #endif /* KVP_POOL_H */

@@ -41,8 +41,10 @@
  * KVP_STORE_SLICE_NS, the evicting prepare lets them in (unlock, wait until one of them got
  * the lock, relock) between victims and between chunks. What protects a prepare's state
  * meanwhile: its reservations are RESERVED (never evicted), the objects it reported cached are
- * guarded (off the LRU list, listed in the tail of its objs array), and a window whose pages
- * changed meanwhile is planned again (bounded attempts).
+ * guarded (off the LRU list, listed in the tail of its objs array), and the window's pages stay
+ * used as its victims go (the free ones between them are claimed), so nothing else lands in
+ * the part already evicted. A window whose remaining part changed meanwhile (a victim pinned by
+ * a retrieve) is given back and planned again, a bounded number of times.
  */
 #include "core/store.h"
 
@@ -244,13 +246,20 @@ static void do_edges(struct kvp_store *s, struct kvp_obj *o, struct kvp_obj *v)
     s->edge[f + npages_of(o->length) - 1] = v;
 }
 
-/* Frees an object that is out of the index and off the LRU accounting; caller holds the lock. */
-static void do_release(struct kvp_store *s, struct kvp_obj *o)
+/* Frees an object that is out of the index and off the LRU accounting, and its pages unless the
+ * caller keeps them (an eviction window takes them over). Caller holds the lock. */
+static void do_release_keep(struct kvp_store *s, struct kvp_obj *o, bool keep_pages)
 {
     list_unlink(o);
     do_edges(s, o, NULL);
-    kvp_pool_free(&s->pool, o->offset, o->length);
+    if (!keep_pages)
+        kvp_pool_free(&s->pool, o->offset, o->length);
     free(o);
+}
+
+static void do_release(struct kvp_store *s, struct kvp_obj *o)
+{
+    do_release_keep(s, o, false);
 }
 
 /* Takes o off the LRU list before a pin or a guard makes it unevictable. Caller holds the
@@ -285,12 +294,12 @@ static void do_touch(struct kvp_store *s, struct kvp_obj *o)
     }
 }
 
-/* Evicts an evictable object. Caller holds the lock. */
+/* Evicts an evictable object, its pages staying used (the window's). Caller holds the lock. */
 static void do_evict(struct kvp_store *s, struct kvp_obj *o)
 {
     s->evictable_pages -= npages_of(o->length);
     do_index_remove(s, o);
-    do_release(s, o);
+    do_release_keep(s, o, true);
     s->ncommitted--;
     s->steps++;
     KVP_COUNT(evictions, 1);
@@ -373,22 +382,29 @@ static bool do_choose(struct kvp_store *s, uint64_t need, struct window *best)
 }
 
 /*
- * Evicts every object in pages [lo, hi), letting waiting threads in between victims. Returns 0,
- * or -EAGAIN when the window changed meanwhile (an object that is not evictable, or that
- * reaches beyond it, was placed there). Caller holds the lock.
+ * Evicts every object in pages [lo, hi) and claims the free pages between them, so that the
+ * whole window ends up used and ours: no other thread can place anything in it while this one
+ * lets waiters in between victims. Returns 0, or -EAGAIN when the window changed meanwhile (an
+ * object that is not evictable, or that reaches beyond it, was placed in what was still to
+ * do); then the part already taken is freed again. Caller holds the lock.
  */
 static int do_evict_window(struct kvp_store *s, uint64_t lo, uint64_t hi)
 {
+    struct kvp_pool *p = &s->pool;
     uint64_t i = lo;
     while (i < hi) {
-        if (!kvp_pool_page_used(&s->pool, i)) {
-            i = kvp_pool_free_end(&s->pool, i, hi);
+        if (!kvp_pool_page_used(p, i)) {
+            uint64_t e = kvp_pool_free_end(p, i, hi);
+            kvp_pool_claim(p, i, e - i);
+            i = e;
             continue;
         }
         struct kvp_obj *o = s->edge[i];
-        if (!o || first_page(s, o) != i || !evictable(o) ||
-            i + npages_of(o->length) > hi)
+        if (!o || first_page(s, o) != i || !evictable(o) || i + npages_of(o->length) > hi) {
+            if (i > lo)
+                kvp_pool_free(p, p->base + lo * KVP_POOL_PAGE, (i - lo) * KVP_POOL_PAGE);
             return -EAGAIN;
+        }
         i += npages_of(o->length);
         do_evict(s, o);
         do_yield(s);
@@ -398,24 +414,32 @@ static int do_evict_window(struct kvp_store *s, uint64_t lo, uint64_t hi)
 
 /*
  * Allocates len bytes, evicting a window of LRU objects when the allocator finds no free run
- * (see the design note). -ENOSPC when the free and evictable pages are too few, or no window
- * could be planned. Caller holds the lock (which it may give up for a while, do_yield).
+ * (see the design note): the chunk takes the window's first pages, the rest is freed. -ENOSPC
+ * when the free and evictable pages are too few, or no window could be planned. Caller holds
+ * the lock (which it may give up for a while, do_yield).
  */
 static int do_alloc(struct kvp_store *s, uint64_t len, uint64_t *off)
 {
+    struct kvp_pool *p = &s->pool;
     uint64_t need = npages_of(len);
     for (int attempt = 0; attempt < KVP_EVICT_ATTEMPTS; attempt++) {
-        int rc = kvp_pool_alloc(&s->pool, len, off);
+        int rc = kvp_pool_alloc(p, len, off);
         if (rc != -ENOSPC)
             return rc;
-        if (s->pool.avail - s->pool.used + s->evictable_pages < need)
+        if (p->avail - p->used + s->evictable_pages < need)
             return -ENOSPC;
         struct window w = {0};
         if (!do_choose(s, need, &w))
             return -ENOSPC;
-        do_evict_window(s, w.lo, w.hi); /* -EAGAIN: plan again */
+        if (do_evict_window(s, w.lo, w.hi) == 0) {
+            if (w.hi > w.lo + need)
+                kvp_pool_free(p, p->base + (w.lo + need) * KVP_POOL_PAGE,
+                              (w.hi - w.lo - need) * KVP_POOL_PAGE);
+            *off = p->base + w.lo * KVP_POOL_PAGE;
+            return 0;
+        }
     }
-    return kvp_pool_alloc(&s->pool, len, off);
+    return -ENOSPC;
 }
 
 /*
