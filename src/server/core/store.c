@@ -109,6 +109,7 @@ static void do_yield(struct kvp_store *s)
         sched_yield();
     }
     store_lock(s);
+    s->handoffs++;
 }
 
 /* Lists are circular and doubly linked around a sentinel, so unlinking needs no head. */

@@ -66,6 +66,7 @@ struct kvp_store {
     uint64_t evictable_pages; /* pages of the objects on the LRU list */
     uint64_t clock;           /* recency clock: the last kvp_obj.last_use handed out */
     uint64_t steps;           /* eviction steps (windows planned, victims), ever */
+    uint64_t handoffs;        /* times a long hold let waiting threads in (do_yield) */
 };
 
 struct kvp_prepare_result {
