@@ -129,6 +129,25 @@ static void test_window_skips_pinned(void **state)
     kvp_store_destroy(&s);
 }
 
+/* A chunk smaller than the oldest object takes that object's first pages; the rest is free. */
+static void test_small_chunk_in_larger_victim(void **state)
+{
+    (void)state;
+    struct kvp_store s;
+    init_pages(&s, 8);
+    assert_int_equal(put(&s, 0, 4), 0); /* oldest */
+    assert_int_equal(put(&s, 1, 4), 4);
+    struct kvp_obj *o = reserve(&s, 2, 2);
+    assert_non_null(o);
+    assert_int_equal((o->offset - BASE) / PG, 0);
+    assert_false(present(&s, 0));
+    assert_true(present(&s, 1));
+    assert_int_equal(gauges(&s).pool_used, 6 * PG);
+    assert_int_equal(gauges(&s).largest_free, 2 * PG);
+    kvp_store_abort(&s, &o, 1);
+    kvp_store_destroy(&s);
+}
+
 /* A chunk larger than any free run whose neighbours are all pinned: pins split the pool into
  * one-page holes, so no window can be planned; nothing is evicted. */
 static void test_pinned_split_pool_refuses(void **state)
@@ -378,6 +397,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_takes_older_neighbour),
         cmocka_unit_test(test_window_skips_pinned),
+        cmocka_unit_test(test_small_chunk_in_larger_victim),
         cmocka_unit_test(test_pinned_split_pool_refuses),
         cmocka_unit_test(test_enospc_at_once_when_pinned),
         cmocka_unit_test(test_large_prepare_over_fragmented_pool),

@@ -222,6 +222,8 @@ uint64_t kvp_pool_free_end(struct kvp_pool *p, uint64_t i, uint64_t lim)
 {
     if (lim > p->npages)
         lim = p->npages;
+    if (lim <= i)
+        return i;
     while (i < lim) {
         p->steps++;
         uint64_t w = p->bits[i / 64] & ~((1ull << (i % 64)) - 1);
@@ -238,6 +240,8 @@ uint64_t kvp_pool_free_start(struct kvp_pool *p, uint64_t i, uint64_t lim)
 {
     if (i > p->npages)
         i = p->npages;
+    if (lim >= i)
+        return i;
     while (i > lim) {
         p->steps++;
         /* Pages [(i-1)/64*64, i) of the word that holds page i - 1. */

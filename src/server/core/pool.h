@@ -67,10 +67,11 @@ static inline bool kvp_pool_page_used(const struct kvp_pool *p, uint64_t i)
 {
     return i >= p->npages || (p->bits[i / 64] >> (i % 64)) & 1;
 }
-/* The end of the free run that starts at page i: the first used page in [i, lim), or lim. */
+/* The end of the free run that starts at page i: the first used page in [i, lim), or lim;
+ * i itself when lim <= i. */
 uint64_t kvp_pool_free_end(struct kvp_pool *p, uint64_t i, uint64_t lim);
 /* The start of the free run that ends just before page i: the lowest page j >= lim such that
- * pages [j, i) are all free (i itself when page i - 1 is used or i == lim). */
+ * pages [j, i) are all free (i itself when page i - 1 is used or lim >= i). */
 uint64_t kvp_pool_free_start(struct kvp_pool *p, uint64_t i, uint64_t lim);
 /* Marks the free pages [i, i + n) used, as an allocation there would; the caller frees them
  * with kvp_pool_free() (any split of the span, each part with its own offset and length). */
