@@ -81,6 +81,7 @@ enum kvpb_op {
     KVPB_OP_FRAG_LARGE,    /* fragmentation: 8 and 32 MiB stores over that pool */
     KVPB_OP_FRAG_IDLE,     /* fragmentation: a probe's one-chunk lookups before them */
     KVPB_OP_FRAG_PROBE,    /* fragmentation: the same lookups during them */
+    KVPB_OP_FRAG_CONTROL,  /* fragmentation: the same lookups during the small stores alone */
     KVPB_OP_HIT_RATIO,     /* fragmentation: lookups and stores of a mixed-size trace */
     KVPB_OP_COUNT_
 };

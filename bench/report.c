@@ -59,6 +59,7 @@ static const char *const op_names[KVPB_OP_COUNT_] = {
     [KVPB_OP_FRAG_LARGE] = "frag-large-store",
     [KVPB_OP_FRAG_IDLE] = "frag-probe-idle",
     [KVPB_OP_FRAG_PROBE] = "frag-probe-lookup",
+    [KVPB_OP_FRAG_CONTROL] = "frag-probe-control",
     [KVPB_OP_HIT_RATIO] = "hit-ratio",
 };
 
