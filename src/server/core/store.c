@@ -37,9 +37,9 @@
  * the pool's), and tests check the counts.
  *
  * Long work, short holds: evicting a window of thousands of one-page objects takes a
- * millisecond or more. While other threads wait for the lock and the hold has lasted
- * KVP_STORE_SLICE_NS, the evicting prepare lets them in (unlock, wait until one of them got
- * the lock, relock) between victims and between chunks. What protects a prepare's state
+ * millisecond or more. Once a hold has lasted KVP_STORE_SLICE_NS, the evicting prepare ends it
+ * between victims or between chunks (unlock; if threads wait, wait until one of them got the
+ * lock; relock), so no hold lasts much longer than that. What protects a prepare's state
  * meanwhile: its reservations are RESERVED (never evicted), the objects it reported cached are
  * guarded (off the LRU list, listed in the tail of its objs array), and the window's pages stay
  * used as its victims go (the free ones between them are claimed), so nothing else lands in
@@ -61,8 +61,10 @@
 #define KVP_EVICT_CANDIDATES 16
 /* Plan attempts per chunk (a window whose pages changed while others had the lock). */
 #define KVP_EVICT_ATTEMPTS 4
-/* A hold this long lets waiting threads in at the next point where that is safe. */
+/* A hold this long ends at the next point where that is safe (do_yield). */
 #define KVP_STORE_SLICE_NS 100000ull
+/* do_yield reads the clock at every this many calls (a victim or a chunk each). */
+#define KVP_STORE_SLICE_CHECK 8
 /* How long a holder that let others in waits for one of them to take the lock. */
 #define KVP_STORE_HANDOFF_YIELDS 200
 
@@ -92,24 +94,27 @@ static void store_unlock(struct kvp_store *s)
 }
 
 /*
- * Lets the threads that wait for the lock in when the hold has lasted a slice: unlock, wait
- * (yielding the CPU) until one of them has taken the lock, or a bounded while, and lock again.
- * The caller's state must be consistent: it holds nothing that another thread may not see.
+ * Ends a hold that has lasted a slice: unlock, and when threads wait for the lock, wait
+ * (yielding the CPU) until one of them has taken it, or a bounded while; then lock again. So no
+ * hold is much longer than a slice, and a waiter gets the lock within one. The clock is read
+ * every KVP_STORE_SLICE_CHECK calls. The caller's state must be consistent: it holds nothing
+ * that another thread may not see.
  */
 static void do_yield(struct kvp_store *s)
 {
-    if (!atomic_load_explicit(&s->waiters, memory_order_relaxed) ||
+    if (++s->yield_calls % KVP_STORE_SLICE_CHECK != 0 ||
         now_ns() - s->held_since_ns < KVP_STORE_SLICE_NS)
         return;
+    bool waiters = atomic_load_explicit(&s->waiters, memory_order_relaxed) != 0;
     unsigned long long seen = atomic_load_explicit(&s->acquired, memory_order_relaxed);
     store_unlock(s);
-    for (int i = 0; i < KVP_STORE_HANDOFF_YIELDS; i++) {
+    for (int i = 0; waiters && i < KVP_STORE_HANDOFF_YIELDS; i++) {
         if (atomic_load_explicit(&s->acquired, memory_order_relaxed) != seen)
             break;
         sched_yield();
     }
     store_lock(s);
-    s->handoffs++;
+    s->handoffs += waiters;
 }
 
 /* Lists are circular and doubly linked around a sentinel, so unlinking needs no head. */

@@ -67,6 +67,7 @@ struct kvp_store {
     uint64_t clock;           /* recency clock: the last kvp_obj.last_use handed out */
     uint64_t steps;           /* eviction steps (windows planned, victims), ever */
     uint64_t handoffs;        /* times a long hold let waiting threads in (do_yield) */
+    uint64_t yield_calls;     /* points where a long hold could end (do_yield) */
 };
 
 struct kvp_prepare_result {
