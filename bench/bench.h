@@ -146,7 +146,7 @@ struct kvpb_config {
     bool do_sweep, do_rtt, do_paged, do_pressure, do_redis;
     bool do_l2; /* the L2 tier's rows (l2.c); they need the Redis comparator */
     bool do_startup, do_many, do_memory, do_python; /* issue 12's sections (their own files) */
-    bool do_frag; /* the fragmentation section (frag.c) */
+    bool do_frag;                                   /* the fragmentation section (frag.c) */
     bool lean; /* workers without a raw socket peer (the many section's 16 workers) */
     bool do_shm, do_inline, do_uds; /* sweep transports (memcpy always runs) */
     bool quick;
@@ -227,7 +227,7 @@ struct kvpb_row {
     double lock_over_1ms;  /* holds of the store lock over 1 ms during the large stores */
     double model_hit_rate; /* hit-ratio: a byte-LRU model's hit ratio on the same trace */
     double ratio_to_model; /* hit-ratio: hit_rate / model_hit_rate */
-    bool invalid; /* the measurement did not complete: printed as such, values NAN */
+    bool invalid;          /* the measurement did not complete: printed as such, values NAN */
 };
 
 /* The detail of the rows of issue 12's sections, which the report groups by. */

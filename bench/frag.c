@@ -380,12 +380,15 @@ static void one_pool(const struct kvpb_config *cfg, const char *kvpoold, const c
     kvpb_rows_push(rows, &rc);
     kvpb_rows_push(rows, &rp);
 
-    printf("  %s: fill %zu chunks (4 KiB-32 MiB) %.1f s, shuffle %.1f s; %" PRIu64
-           " large stores (with %" PRIu64 " small ones between) p50 %.0f us max %.0f us%s; probe lookup p99 %.0f us (idle %.0f us, "
-           "%.2fx; %.0f us under the small stores alone), max %.0f us, %" PRIu64 " misses; store lock: longest hold %.3f ms, %.0f holds over 1 ms\n",
-           kvpb_fmt_size(size, sz, sizeof(sz)), nkeys, fill_s, shuffle_s, cycles, refill, rl.p50_us,
-           rl.max_us, no_space ? " (SOME FOUND NO SPACE: invalid)" : "", rp.p99_us, ri.p99_us,
-           rp.ratio_to_idle, rc.p99_us, rp.max_us, probe_misses, rl.lock_max_ms, rl.lock_over_1ms);
+    printf(
+        "  %s: fill %zu chunks (4 KiB-32 MiB) %.1f s, shuffle %.1f s; %" PRIu64
+        " large stores (with %" PRIu64
+        " small ones between) p50 %.0f us max %.0f us%s; probe lookup p99 %.0f us (idle %.0f us, "
+        "%.2fx; %.0f us under the small stores alone), max %.0f us, %" PRIu64
+        " misses; store lock: longest hold %.3f ms, %.0f holds over 1 ms\n",
+        kvpb_fmt_size(size, sz, sizeof(sz)), nkeys, fill_s, shuffle_s, cycles, refill, rl.p50_us,
+        rl.max_us, no_space ? " (SOME FOUND NO SPACE: invalid)" : "", rp.p99_us, ri.p99_us,
+        rp.ratio_to_idle, rc.p99_us, rp.max_us, probe_misses, rl.lock_max_ms, rl.lock_over_1ms);
     fflush(stdout);
 
     sizes_close(&pz);

@@ -548,8 +548,8 @@ static void print_frag(const struct kvpb_row *rows, size_t n)
             continue;
         }
         if (r->invalid) {
-            printf("%-8s %-18s invalid (see above)\n",
-                   kvpb_fmt_size(r->pool_bytes, sz, sizeof(sz)), op_label(r));
+            printf("%-8s %-18s invalid (see above)\n", kvpb_fmt_size(r->pool_bytes, sz, sizeof(sz)),
+                   op_label(r));
             continue;
         }
         printf("%-8s %-18s %8" PRIu64 " %9s %9s %9s %7s %9s %9s\n",
@@ -825,8 +825,8 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
     print_target_worst("daemon RSS beyond the pool, 64 clients <= 16 MiB", rows, n, covers_rss,
                        rss_mib, "MiB", 16.0);
     print_target("python within 10% of C (>= 4 MiB)", &py, 0.90, true);
-    print_target_worst("store lock longest hold < 1 ms (fragmentation)", rows, n,
-                       covers_frag_large, lock_max_ms, "ms", 1.0);
+    print_target_worst("store lock longest hold < 1 ms (fragmentation)", rows, n, covers_frag_large,
+                       lock_max_ms, "ms", 1.0);
     print_target("probe lookup p99 during large stores <= 3x idle", &probe, 3.0, false);
     print_target_worst("probe lookup max during large stores < 5 ms", rows, n, covers_frag_probe,
                        max_ms, "ms", 5.0);

@@ -631,7 +631,7 @@ static void test_free_run_queries(void **state)
     assert_int_equal(kvp_pool_free_start(&p, 70, 0), 10);
     assert_int_equal(kvp_pool_free_start(&p, 70, 50), 50);
     assert_int_equal(kvp_pool_free_start(&p, 200, 0), 72);
-    assert_int_equal(kvp_pool_free_start(&p, 10, 0), 10); /* page 9 is used */
+    assert_int_equal(kvp_pool_free_start(&p, 10, 0), 10);  /* page 9 is used */
     assert_int_equal(kvp_pool_free_start(&p, 129, 0), 72); /* across word boundaries */
     /* A limit on the wrong side never moves the page: a window never shrinks. */
     assert_int_equal(kvp_pool_free_end(&p, 30, 20), 30);

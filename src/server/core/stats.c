@@ -88,8 +88,8 @@ void kvp_latency_read(struct kvp_latency_copy out[KVP_OP_MAX_])
 }
 
 const uint64_t kvp_hold_bound_ns[KVP_HOLD_BUCKETS] = {
-    1 * US,   2500,      5 * US,   10 * US, 25 * US, 50 * US,  100 * US, 250 * US,
-    500 * US, 1 * MS,    2500 * US, 5 * MS, 10 * MS, 100 * MS, 1 * S,
+    1 * US,   2500,   5 * US,    10 * US, 25 * US, 50 * US,  100 * US, 250 * US,
+    500 * US, 1 * MS, 2500 * US, 5 * MS,  10 * MS, 100 * MS, 1 * S,
 };
 
 const char *const kvp_hold_bound_le[KVP_HOLD_BUCKETS] = {
@@ -111,9 +111,9 @@ void kvp_lock_hold_record(uint64_t ns)
     atomic_fetch_add_explicit(&hold.bucket[b], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&hold.sum_ns, ns, memory_order_relaxed);
     uint64_t max = atomic_load_explicit(&hold.max_ns, memory_order_relaxed);
-    while (ns > max && !atomic_compare_exchange_weak_explicit(&hold.max_ns, &max, ns,
-                                                              memory_order_relaxed,
-                                                              memory_order_relaxed))
+    while (ns > max &&
+           !atomic_compare_exchange_weak_explicit(&hold.max_ns, &max, ns, memory_order_relaxed,
+                                                  memory_order_relaxed))
         ;
 }
 

@@ -52,15 +52,15 @@ struct kvp_obj {
 
 struct kvp_store {
     pthread_mutex_t lock;
-    atomic_uint waiters;       /* threads blocked on lock (they may be let in early) */
-    atomic_ullong acquired;    /* times the lock was taken, to see a waiter got in */
-    uint64_t held_since_ns;    /* when the current holder took the lock */
+    atomic_uint waiters;    /* threads blocked on lock (they may be let in early) */
+    atomic_ullong acquired; /* times the lock was taken, to see a waiter got in */
+    uint64_t held_since_ns; /* when the current holder took the lock */
     struct kvp_pool pool;
     struct kvp_obj **buckets;
     uint64_t mask;
-    struct kvp_obj **edge; /* per page: the object whose first or last page it is, else NULL */
-    struct kvp_obj lru;    /* sentinel of the evictable objects; lru.next is the most recent */
-    struct kvp_obj held;   /* sentinel of committed objects that are pinned or guarded */
+    struct kvp_obj **edge;  /* per page: the object whose first or last page it is, else NULL */
+    struct kvp_obj lru;     /* sentinel of the evictable objects; lru.next is the most recent */
+    struct kvp_obj held;    /* sentinel of committed objects that are pinned or guarded */
     struct kvp_obj pending; /* sentinel of RESERVED and EXPIRED objects */
     uint64_t ncommitted, nreserved, nexpired, npinned;
     uint64_t evictable_pages; /* pages of the objects on the LRU list */
