@@ -8,8 +8,8 @@
  * list (owner.c) for the clients of every front end, the server for its connection count. The locks
  * are leaf locks and are taken one after the other, so the snapshot is a set of consistent parts
  * rather than one instant: an instance may be counted in "instances" and have disconnected by the
- * time the client list is copied. Counters and the latency histogram are relaxed atomic loads, no
- * lock at all.
+ * time the client list is copied. Counters and the latency and lock-hold histograms are relaxed
+ * atomic loads, no lock at all.
  *
  * Memory: the lists are allocated before any lock is taken, at their bound (KVP_MAX_INSTANCES
  * instances; the owners counted just before, and a few more), so a copy never allocates under
@@ -49,6 +49,7 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
 
     kvp_counters_read(snap->counters);
     kvp_latency_read(snap->latency);
+    kvp_lock_hold_read(&snap->lock_hold);
 
     kvp_store_get_gauges(&s->store, &g);
     kvp_registry_count_transports(&s->registry, &ninst, &nshm);

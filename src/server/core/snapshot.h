@@ -22,6 +22,7 @@ struct kvp_snapshot {
     uint64_t counters[KVP_NCOUNTERS];
     uint64_t gauges[KVP_NGAUGES];
     struct kvp_latency_copy latency[KVP_OP_MAX_]; /* by opcode */
+    struct kvp_hold_copy lock_hold;               /* the store lock's hold times */
 
     /* With KVP_SNAP_LISTS only (else NULL and 0). */
     struct kvp_instance_view *instances;
