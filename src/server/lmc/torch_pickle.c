@@ -439,17 +439,22 @@ static int blob_check(struct tp_dec *d, uint64_t off, uint64_t len, struct tp_it
     if (!blob_byte(&b, OP_GLOBAL) || !blob_line(&b, &mod, &modlen) ||
         !blob_line(&b, &cls, &clslen) || !blob_put(&b))
         return fail(d, "storage blob: no storage class");
-    bool untyped = slice_is(cls, clslen, "UntypedStorage") &&
-                   (slice_is(mod, modlen, "torch") || slice_is(mod, modlen, "torch.storage"));
-    bool typed = !untyped && d->dt->storage && slice_is(mod, modlen, "torch") &&
-                 slice_is(cls, clslen, d->dt->storage);
-    if (!typed && !untyped)
+    /*
+     * A legacy dtype names its own class. A new dtype's storage is counted in bytes: torch writes
+     * UntypedStorage, kvpoold's encoder ByteStorage (see kvp_tpickle_template_init()).
+     */
+    bool untyped_cls = slice_is(cls, clslen, "UntypedStorage") &&
+                       (slice_is(mod, modlen, "torch") || slice_is(mod, modlen, "torch.storage"));
+    bool torch_mod = slice_is(mod, modlen, "torch");
+    bool ok = d->dt->storage ? torch_mod && slice_is(cls, clslen, d->dt->storage)
+                             : untyped_cls || (torch_mod && slice_is(cls, clslen, "ByteStorage"));
+    if (!ok && untyped_cls)
+        return fail(d, "storage blob: untyped storage for dtype %s", d->dt->name);
+    if (!ok)
         return fail(d, "storage blob names global %s.%s, not the storage of %s",
                     printable(mod, modlen, p1, sizeof(p1)), printable(cls, clslen, p2, sizeof(p2)),
                     d->dt->name);
-    if (untyped != (d->dt->storage == NULL))
-        return fail(d, "storage blob: %s storage for dtype %s", untyped ? "untyped" : "typed",
-                    d->dt->name);
+    bool untyped = d->dt->storage == NULL;
     if (!blob_str(&b, &key, &keylen) || !blob_str(&b, &s, &slen) || !slice_is(s, slen, "cpu"))
         return fail(d, "storage blob: no key or not a 'cpu' storage");
     if (!blob_count(&b, &numel) || !blob_byte(&b, OP_NONE) || !blob_byte(&b, OP_TUPLE) ||
@@ -961,14 +966,16 @@ int kvp_tpickle_template_init(struct kvp_tpickle_template *t, const struct kvp_t
     w_byte(&b, 2);
     w_byte(&b, OP_MARK);
     w_str2(&b, "storage", 0);
+    /*
+     * A new dtype's bytes go in a ByteStorage, not the UntypedStorage torch itself writes: torch
+     * 2.13's legacy loader reads storage_type.dtype, which UntypedStorage lacks, so it cannot
+     * load its own float8 pickles; ByteStorage loads in every torch, and _rebuild_tensor_v3
+     * only takes the untyped storage under it.
+     */
     w_byte(&b, OP_GLOBAL);
-    if (v3)
-        w_bytes(&b, "torch.storage\nUntypedStorage\n", 29);
-    else {
-        w_bytes(&b, "torch\n", 6);
-        w_bytes(&b, dt->storage, strlen(dt->storage));
-        w_byte(&b, '\n');
-    }
+    w_bytes(&b, "torch\n", 6);
+    w_bytes(&b, v3 ? "ByteStorage" : dt->storage, strlen(v3 ? "ByteStorage" : dt->storage));
+    w_byte(&b, '\n');
     w_byte(&b, OP_BINPUT);
     w_byte(&b, 1);
     w_str2(&b, "0", 2);
