@@ -5,6 +5,9 @@ a list of contiguous CPU tensors, one per chunk (lmcache/v1/multiprocess/transfe
 pickle.py). This module makes such lists with a byte pattern the C side can check, and
 writes them with the protocol a worker uses (4 on CPython 3.8-3.13, 5 on 3.14).
 
+    python tpickle_payloads.py --fuzz-corpus DATADIR CORPUSDIR
+                                          writes fuzz/corpus/tpickle/ seeds: each committed
+                                          payload behind the registration fuzz_tpickle.c reads
     python tpickle_payloads.py OUTDIR     writes the committed unit-test payloads
                                           (tests/server/data/tpickle/*.pkl) and the hostile
                                           ones (OUTDIR/hostile/*.pkl)
@@ -164,7 +167,31 @@ def hostile_payloads(marker):
     return out
 
 
+def fuzz_corpus(datadir, corpusdir):
+    """Seeds for fuzz/fuzz_tpickle.c: dtype index, rank - 1, u16 dimensions, max tensors."""
+    os.makedirs(corpusdir, exist_ok=True)
+    names = list(DTYPES)
+    for dt, shape, count, proto in COMMITTED:
+        fname = name(dt, shape, count, proto)
+        with open(os.path.join(datadir, fname), "rb") as f:
+            payload = f.read()
+        head = bytes([names.index(dt), len(shape) - 1])
+        head += b"".join(d.to_bytes(2, "little") for d in shape) + bytes([count])
+        with open(os.path.join(corpusdir, "seed-" + fname[:-4]), "wb") as f:
+            f.write(head + payload)
+    hostile = os.path.join(datadir, "hostile")
+    for fname in sorted(os.listdir(hostile)):
+        with open(os.path.join(hostile, fname), "rb") as f:
+            payload = f.read()
+        head = bytes([0, 3]) + b"".join(d.to_bytes(2, "little") for d in (2, 2, 4, 8)) + b"\x04"
+        with open(os.path.join(corpusdir, "seed-hostile-" + fname[:-4]), "wb") as f:
+            f.write(head + payload)
+
+
 def main():
+    if sys.argv[1] == "--fuzz-corpus":
+        fuzz_corpus(sys.argv[2], sys.argv[3])
+        return
     outdir = sys.argv[1]
     os.makedirs(os.path.join(outdir, "hostile"), exist_ok=True)
     for dt, shape, count, proto in COMMITTED:
