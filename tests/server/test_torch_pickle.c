@@ -15,8 +15,8 @@
 #include "common/layout.h"
 #include "lmc/torch_pickle.h"
 
-#ifndef KVP_TPICKLE_DATA
-#error "KVP_TPICKLE_DATA must name tests/server/data/tpickle"
+#ifndef KVP_TPICKLE_DATA /* tests/CMakeLists.txt gives the absolute path */
+#define KVP_TPICKLE_DATA "tests/server/data/tpickle"
 #endif
 
 #define MARKER "/tmp/kvpool-tpickle-marker"
@@ -47,7 +47,8 @@ static struct kvp_tpickle_expect expect(const char *dtype, uint32_t ndim, const 
                                         uint32_t min, uint32_t max)
 {
     struct kvp_tpickle_expect e = {.layout = {.dtype = dtype, .ndim = ndim},
-                                   .min_tensors = min, .max_tensors = max};
+                                   .min_tensors = min,
+                                   .max_tensors = max};
     memcpy(e.layout.shape, shape, ndim * sizeof(shape[0]));
     return e;
 }
@@ -80,7 +81,9 @@ static int parse_name(const char *name, struct real *r)
         return -1;
     *p++ = '\0';
     r->ndim = 0;
-    for (char *tok = strtok(p, "x"); tok; tok = strtok(NULL, "x"))
+    char *save = NULL;
+    for (char *tok = strtok_r(p, "x", &save); tok && r->ndim < KVP_TPICKLE_MAX_DIMS;
+         tok = strtok_r(NULL, "x", &save))
         r->shape[r->ndim++] = strtoull(tok, NULL, 10);
     if (strlen(tmp) >= sizeof(r->dtype))
         return -1;
@@ -96,8 +99,8 @@ static void check_pattern(const struct kvp_tpickle_tensor *t, uint32_t n, uint64
         assert_true(t[k].data >= buf && t[k].data + t[k].len <= buf + len);
         for (uint64_t j = 0; j < bytes; j++)
             if (t[k].data[j] != pattern(k, j))
-                fail_msg("%s: tensor %u byte %llu is %u, want %u", what, k,
-                         (unsigned long long)j, t[k].data[j], pattern(k, j));
+                fail_msg("%s: tensor %u byte %llu is %u, want %u", what, k, (unsigned long long)j,
+                         t[k].data[j], pattern(k, j));
     }
 }
 
@@ -112,6 +115,7 @@ static void test_real_payloads(void **state)
     struct kvp_tpickle_tensor out[MAXN];
     char why[200];
 
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and dir is private to this call */
     while ((de = readdir(dir))) {
         struct real r;
         if (parse_name(de->d_name, &r) < 0)
@@ -155,9 +159,8 @@ static void test_real_payloads(void **state)
         }
 
         /* Every other dtype: refused (the storage class or the dtype global differ). */
-        static const char *const all[] = {"float16", "bfloat16",      "float32",    "float64",
-                                           "int8",    "uint8",         "float8_e4m3fn",
-                                           "float8_e5m2"};
+        static const char *const all[] = {"float16", "bfloat16", "float32",       "float64",
+                                          "int8",    "uint8",    "float8_e4m3fn", "float8_e5m2"};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
             if (strcmp(all[i], r.dtype) == 0)
                 continue;
@@ -224,6 +227,26 @@ static void test_oversized(void **state)
     free(buf);
 }
 
+/* A registration whose bound overflows 64 bits bounds nothing: payloads are still parsed. */
+static void test_huge_layout(void **state)
+{
+    (void)state;
+    static const uint64_t huge[] = {1ull << 31, 1ull << 30};
+    struct kvp_tpickle_expect e = expect("float16", 2, huge, 0, 4);
+    struct kvp_tpickle_tensor out[4];
+    uint64_t max;
+    uint32_t n;
+    char why[200];
+    assert_rc(kvp_tpickle_max_payload(&e, &max), -EOVERFLOW);
+    assert_rc(kvp_tpickle_decode((const uint8_t *)"\x80\x04].", 4, &e, out, 4, &n, why,
+                                 sizeof(why)),
+              0);
+    assert_int_equal(n, 0);
+    assert_rc(kvp_tpickle_decode((const uint8_t *)"\x80\x04]]", 4, &e, out, 4, &n, why,
+                                 sizeof(why)),
+              -EPROTO);
+}
+
 /* Committed hostile payloads (tpickle_payloads.py): refused, with the reason named. */
 static void test_hostile_payloads(void **state)
 {
@@ -266,8 +289,8 @@ static void test_hostile_payloads(void **state)
         size_t len;
         snprintf(path, sizeof(path), "%s/hostile/%s.pkl", KVP_TPICKLE_DATA, cases[i].file);
         uint8_t *buf = slurp(path, &len);
-        struct kvp_tpickle_expect e =
-            expect("float16", 4, cases[i].shape ? cases[i].shape : kv_shape, 0, 4);
+        struct kvp_tpickle_expect e = expect("float16", 4,
+                                             cases[i].shape ? cases[i].shape : kv_shape, 0, 4);
         uint32_t n = 7;
         int rc = kvp_tpickle_decode(buf, len, &e, out, 4, &n, why, sizeof(why));
         if (rc != -EPROTO || !strstr(why, cases[i].reason))
@@ -287,13 +310,13 @@ static int decode_bytes(const uint8_t *buf, size_t len, char *why, size_t why_si
     return kvp_tpickle_decode(buf, len, &e, out, 4, &n, why, why_size);
 }
 
-#define DECODE_REFUSED(lit, reason)                                                     \
-    do {                                                                                \
-        static const uint8_t b_[] = lit;                                                \
-        char w_[200];                                                                   \
-        int rc_ = decode_bytes(b_, sizeof(b_) - 1, w_, sizeof(w_));                     \
-        if (rc_ != -EPROTO || !strstr(w_, reason))                                      \
-            fail_msg("%s: rc %d \"%s\", want \"%s\"", #lit, rc_, w_, reason);           \
+#define DECODE_REFUSED(lit, reason)                                           \
+    do {                                                                      \
+        static const uint8_t b_[] = lit;                                      \
+        char w_[200];                                                         \
+        int rc_ = decode_bytes(b_, sizeof(b_) - 1, w_, sizeof(w_));           \
+        if (rc_ != -EPROTO || !strstr(w_, reason))                            \
+            fail_msg("%s: rc %d \"%s\", want \"%s\"", #lit, rc_, w_, reason); \
     } while (0)
 
 /* Hand-made streams: memo tricks, deep nesting, misplaced opcodes. */
@@ -306,8 +329,12 @@ static void test_hand_made(void **state)
     assert_rc(decode_bytes((const uint8_t *)"\x80\x05](e.", 6, why, sizeof(why)), 0);
 
     /* The list appended to itself through the memo; the memo read before it is written. */
-    DECODE_REFUSED("\x80\x04]\x94h\x00" "a.", "memo reference 0 to something other than a name");
-    DECODE_REFUSED("\x80\x04]j\x05\x00\x00\x00" "a.", "memo reference 5 is undefined");
+    DECODE_REFUSED("\x80\x04]\x94h\x00"
+                   "a.",
+                   "memo reference 0 to something other than a name");
+    DECODE_REFUSED("\x80\x04]j\x05\x00\x00\x00"
+                   "a.",
+                   "memo reference 5 is undefined");
     DECODE_REFUSED("\x80\x04]\x94\x94\x94\x94\x8c\x01x\x94h\x04h\x00t.", "to something other");
     /* A name from the memo is still only a name: posix.system through BINGET. */
     DECODE_REFUSED("\x80\x04]\x8c\x05posix\x94\x8c\x06system\x94h\x00h\x01\x93.",
@@ -326,10 +353,15 @@ static void test_hand_made(void **state)
     DECODE_REFUSED("\x80\x04]\x8c\x02osI1\n.", "opcode 0x49");
     DECODE_REFUSED("\x80\x04]K\x01R.", "REDUCE of a list");
     DECODE_REFUSED("\x80\x04]K\x01K\x02R.", "REDUCE of a int");
-    DECODE_REFUSED("\x80\x04]K\x01" "a.", "appending something other than tensors");
-    DECODE_REFUSED("\x80\x04]\x8c\x0b" "collections\x8c\x0bOrderedDict\x93K\x01\x85R.",
+    DECODE_REFUSED("\x80\x04]K\x01"
+                   "a.",
+                   "appending something other than tensors");
+    DECODE_REFUSED("\x80\x04]\x8c\x0b"
+                   "collections\x8c\x0bOrderedDict\x93K\x01\x85R.",
                    "OrderedDict of a int tuple");
-    DECODE_REFUSED("\x80\x04]\x8c\x05torch\x8c\x0b" "float8_e5m2\x93)R.", "REDUCE of a dtype");
+    DECODE_REFUSED("\x80\x04]\x8c\x05torch\x8c\x0b"
+                   "float8_e5m2\x93)R.",
+                   "REDUCE of a dtype");
     DECODE_REFUSED("\x80\x04]\x8a\x09\x01\x01\x01\x01\x01\x01\x01\x01\x01.", "LONG1");
     DECODE_REFUSED("\x80\x04]X\x41\x00\x00\x00.", "string of 65 bytes");
     DECODE_REFUSED("\x80\x04]\x93.", "STACK_GLOBAL without two strings");
@@ -376,7 +408,8 @@ static void test_layout_check(void **state)
     char names[256];
     snprintf(names, sizeof(names), "%s", kvp_dtype_names());
     e = expect("", 4, kv_shape, 1, 1);
-    for (char *tok = strtok(names, ", "); tok; tok = strtok(NULL, ", ")) {
+    char *save = NULL;
+    for (char *tok = strtok_r(names, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
         e.layout.dtype = tok;
         if (kvp_tpickle_layout_check(&e.layout, &bytes, why, sizeof(why)) != 0)
             fail_msg("%s: %s", tok, why);
@@ -398,7 +431,7 @@ static void test_layout_check(void **state)
 static void test_encode_roundtrip(void **state)
 {
     (void)state;
-    static const char *const dtypes[] = {"float16", "bfloat16", "float32", "float64",
+    static const char *const dtypes[] = {"float16", "bfloat16", "float32",       "float64",
                                          "int8",    "uint8",    "float8_e4m3fn", "float8_e5m2"};
     static const uint64_t shapes[][5] = {
         {4, 2, 2, 4, 8}, {3, 2, 4, 8}, {4, 2, 1, 300, 2}, {1, 70000}, {4, 1, 1, 1, 1},
@@ -408,8 +441,8 @@ static void test_encode_roundtrip(void **state)
     for (size_t di = 0; di < sizeof(dtypes) / sizeof(dtypes[0]); di++)
         for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
             for (uint32_t count = 0; count <= 3; count++) {
-                struct kvp_tpickle_expect e =
-                    expect(dtypes[di], (uint32_t)shapes[si][0], &shapes[si][1], count, count);
+                struct kvp_tpickle_expect e = expect(dtypes[di], (uint32_t)shapes[si][0],
+                                                     &shapes[si][1], count, count);
                 struct kvp_tpickle_template t;
                 uint64_t bytes, size;
                 if (kvp_tpickle_template_init(&t, &e.layout, why, sizeof(why)) != 0)
@@ -495,10 +528,11 @@ static void test_mutations(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_real_payloads),   cmocka_unit_test(test_truncated_and_trailing),
-        cmocka_unit_test(test_oversized),       cmocka_unit_test(test_hostile_payloads),
-        cmocka_unit_test(test_hand_made),       cmocka_unit_test(test_layout_check),
-        cmocka_unit_test(test_encode_roundtrip), cmocka_unit_test(test_mutations),
+        cmocka_unit_test(test_real_payloads),    cmocka_unit_test(test_truncated_and_trailing),
+        cmocka_unit_test(test_oversized),        cmocka_unit_test(test_huge_layout),
+        cmocka_unit_test(test_hostile_payloads), cmocka_unit_test(test_hand_made),
+        cmocka_unit_test(test_layout_check),     cmocka_unit_test(test_encode_roundtrip),
+        cmocka_unit_test(test_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

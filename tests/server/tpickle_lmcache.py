@@ -102,8 +102,8 @@ def decode_case(tmp, label, data, dtype, shape, chunks):
     with open(src, "wb") as f:
         f.write(data)
     rc, out, err = run_tool("decode", src, dst, dtype, len(chunks), len(chunks), *shape)
-    check(rc == 0 and out == "ok %d" % len(chunks), "%s: decode rc %d %s %s" % (label, rc, out,
-                                                                               err))
+    check(rc == 0 and out == "ok %d" % len(chunks),
+          "%s: decode rc %d %s %s" % (label, rc, out, err))
     if rc == 0:
         with open(dst, "rb") as f:
             got = f.read()
