@@ -33,7 +33,11 @@
 /* Bytes a payload may spend around its list (protocol, frame, list, mark, stop). */
 #define KVP_TPICKLE_STREAM_OVERHEAD 64
 
-/* The dtype and shape of every tensor of a payload: one chunk of a registration. */
+/*
+ * The dtype and shape of every tensor of a payload: one chunk of a registration. LMCache's chunk
+ * tensors are [2, layers, chunk tokens, heads * head size], or [layers, chunk tokens, ...] for
+ * MLA and fused K/V: common/layout.h's kvp_chunk_layout() shape.
+ */
 struct kvp_tpickle_layout {
     const char *dtype; /* kvpool's dtype name (common/layout.h), which is torch's */
     uint32_t ndim;     /* 1..KVP_TPICKLE_MAX_DIMS */
