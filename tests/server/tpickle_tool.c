@@ -13,6 +13,7 @@
  * Exit 0 on success, 1 on a refused payload, 2 on a usage or I/O error.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,30 +86,35 @@ static int decode(int argc, char **argv)
     struct kvp_tpickle_tensor *out = calloc(e.max_tensors + 1, sizeof(*out));
     if (!buf || !out) {
         fprintf(stderr, "tpickle_tool: cannot read %s\n", argv[1]);
+        free(out);
+        free(buf);
         return 2;
     }
     uint32_t n = 0;
+    int ret = 0;
     int rc = kvp_tpickle_decode(buf, len, &e, out, e.max_tensors, &n, why, sizeof(why));
     if (rc == -EINVAL) {
         fprintf(stderr, "tpickle_tool: %s\n", why);
-        return 2;
-    }
-    if (rc < 0) {
+        ret = 2;
+    } else if (rc < 0) {
         printf("refused: %s\n", why);
-        return 1;
+        ret = 1;
+    } else {
+        FILE *f = fopen(argv[2], "wb");
+        bool ok = f != NULL;
+        for (uint32_t i = 0; ok && i < n; i++)
+            ok = fwrite(out[i].data, 1, out[i].len, f) == out[i].len;
+        if (f && fclose(f) != 0)
+            ok = false;
+        if (ok)
+            printf("ok %u\n", n);
+        else
+            fprintf(stderr, "tpickle_tool: cannot write %s\n", argv[2]);
+        ret = ok ? 0 : 2;
     }
-    FILE *f = fopen(argv[2], "wb");
-    for (uint32_t i = 0; f && i < n; i++)
-        if (fwrite(out[i].data, 1, out[i].len, f) != out[i].len)
-            break;
-    if (!f || fclose(f) != 0) {
-        fprintf(stderr, "tpickle_tool: cannot write %s\n", argv[2]);
-        return 2;
-    }
-    printf("ok %u\n", n);
     free(out);
     free(buf);
-    return 0;
+    return ret;
 }
 
 static int encode(int argc, char **argv)
@@ -126,25 +132,29 @@ static int encode(int argc, char **argv)
         return 2;
     }
     uint8_t *in = slurp(argv[1], &len);
-    if (!in || len != t.chunk_bytes * n || kvp_tpickle_encoded_size(&t, n, &size) < 0) {
-        fprintf(stderr, "tpickle_tool: %s does not hold %u chunks\n", argv[1], n);
-        return 2;
-    }
     const uint8_t **chunks = calloc(n + 1, sizeof(*chunks));
-    uint8_t *dst = malloc(size + 1);
-    if (!chunks || !dst)
-        return 2;
+    uint8_t *dst = NULL;
+    int ret = 2;
+    if (!in || !chunks || len != t.chunk_bytes * n || kvp_tpickle_encoded_size(&t, n, &size) < 0) {
+        fprintf(stderr, "tpickle_tool: %s does not hold %u chunks\n", argv[1], n);
+        goto out_free;
+    }
+    dst = malloc(size + 1);
+    if (!dst)
+        goto out_free;
     for (uint32_t i = 0; i < n; i++)
         chunks[i] = in + i * t.chunk_bytes;
     if (kvp_tpickle_encode(&t, n, chunks, dst, size) != (int64_t)size ||
         spill(argv[2], dst, size) < 0) {
         fprintf(stderr, "tpickle_tool: cannot write %s\n", argv[2]);
-        return 2;
+        goto out_free;
     }
+    ret = 0;
+out_free:
     free(dst);
     free(chunks);
     free(in);
-    return 0;
+    return ret;
 }
 
 int main(int argc, char **argv)
