@@ -11,6 +11,8 @@
  *   l2.c         the L2 tier's rows: write-behind and loads through Redis, L1 hits with L2
  *   startup.c    daemons of 1-12 GiB: time to first answer, registration, reservation speed
  *   many.c       16 workers at once against two-process memcpy, a ping's p99 under that load
+ *   frag.c       chunks of 4 KiB-32 MiB sharing 1-12 GiB pools: large stores, the store lock,
+ *                a probe's lookups; the hit ratio against a byte-LRU model
  *   memory.c     the daemon's RSS beyond the pool with 64 connected clients
  *   python.c     the Python binding (bench/python_path.py) against the C path, same bytes
  *   stats.c      medians, percentiles, growable sample arrays
@@ -75,6 +77,12 @@ enum kvpb_op {
     KVPB_OP_PING_IDLE_P99, /* many: the same pings just before, without the load */
     KVPB_OP_RSS_BASE,      /* memory: the daemon's RSS with only the bench's client connected */
     KVPB_OP_RSS64,         /* memory: the same with 64 more clients, one instance each */
+    KVPB_OP_FRAG_FILL,     /* fragmentation: stores of 4 KiB-32 MiB chunks until the pool is full */
+    KVPB_OP_FRAG_LARGE,    /* fragmentation: 8 and 32 MiB stores over that pool */
+    KVPB_OP_FRAG_IDLE,     /* fragmentation: a probe's one-chunk lookups before them */
+    KVPB_OP_FRAG_PROBE,    /* fragmentation: the same lookups during them */
+    KVPB_OP_FRAG_CONTROL,  /* fragmentation: the same lookups during the small stores alone */
+    KVPB_OP_HIT_RATIO,     /* fragmentation: lookups and stores of a mixed-size trace */
     KVPB_OP_COUNT_
 };
 
@@ -138,6 +146,7 @@ struct kvpb_config {
     bool do_sweep, do_rtt, do_paged, do_pressure, do_redis;
     bool do_l2; /* the L2 tier's rows (l2.c); they need the Redis comparator */
     bool do_startup, do_many, do_memory, do_python; /* issue 12's sections (their own files) */
+    bool do_frag;                                   /* the fragmentation section (frag.c) */
     bool lean; /* workers without a raw socket peer (the many section's 16 workers) */
     bool do_shm, do_inline, do_uds; /* sweep transports (memcpy always runs) */
     bool quick;
@@ -212,7 +221,13 @@ struct kvpb_row {
     double ratio_to_c;    /* python rows: GB/s / the C path's, paired by repetition */
     double rss_mib;       /* memory rows: RssAnon + RssFile (the daemon beyond its pool), MiB */
     double vm_rss_mib, rss_anon_mib, rss_file_mib, rss_shmem_mib; /* /proc/PID/status, MiB */
-    bool invalid; /* the measurement did not complete: printed as such, values NAN */
+    /* Added for the fragmentation section; NAN elsewhere. */
+    double max_us;         /* the largest latency sample */
+    double lock_max_ms;    /* the daemon's longest hold of its store lock, since it started */
+    double lock_over_1ms;  /* holds of the store lock over 1 ms during the large stores */
+    double model_hit_rate; /* hit-ratio: a byte-LRU model's hit ratio on the same trace */
+    double ratio_to_model; /* hit-ratio: hit_rate / model_hit_rate */
+    bool invalid;          /* the measurement did not complete: printed as such, values NAN */
 };
 
 /* The detail of the rows of issue 12's sections, which the report groups by. */
@@ -220,6 +235,7 @@ struct kvpb_row {
 #define KVPB_D_MANY "many"          /* many.c: the store/retrieve/memcpy cells of 16 workers */
 #define KVPB_D_CPATH "C path"       /* python.c: kvp_store()/kvp_retrieve() from C */
 #define KVPB_D_NUMPY "numpy"        /* python.c: ctx.store()/ctx.retrieve() on numpy arrays */
+#define KVPB_D_FRAG "fragmentation" /* frag.c */
 
 /* A growable list of rows, for the sections that build their rows themselves. */
 struct kvpb_rows {
@@ -414,6 +430,11 @@ int kvpb_wait_pool_reserved(kvp_client *c, int timeout_ms, double *ms);
  * bench's own thread meanwhile. *next_seq is the run's next unused key number. */
 void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t chunk_tokens,
                      uint64_t pool_size, uint32_t run_id, uint64_t *next_seq,
+                     struct kvpb_rows *rows);
+
+/* frag.c: daemons with 1, 4 and 12 GiB pools (memfd) shared by chunk sizes of 4 KiB-32 MiB,
+ * one after the other, and the hit ratio of a mixed-size trace against a byte-LRU model. */
+void kvpb_frag_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
                      struct kvpb_rows *rows);
 
 /* memory.c: the RSS of the daemon with pid daemon_pid before and after 64 clients connect. */

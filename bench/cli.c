@@ -51,6 +51,7 @@ static void set_defaults(struct kvpb_config *cfg)
         .do_l2 = true,
         .do_startup = true,
         .do_many = true,
+        .do_frag = true,
         .do_memory = true,
         .do_python = true,
         .do_redis = true,
@@ -104,7 +105,7 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", list);
     cfg->do_sweep = cfg->do_rtt = cfg->do_paged = cfg->do_pressure = cfg->do_l2 = false;
-    cfg->do_startup = cfg->do_many = cfg->do_memory = cfg->do_python = false;
+    cfg->do_startup = cfg->do_many = cfg->do_memory = cfg->do_python = cfg->do_frag = false;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (strcmp(t, "sweep") == 0)
             cfg->do_sweep = true;
@@ -120,6 +121,8 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
             cfg->do_startup = true;
         else if (strcmp(t, "many") == 0)
             cfg->do_many = true;
+        else if (strcmp(t, "fragmentation") == 0)
+            cfg->do_frag = true;
         else if (strcmp(t, "memory") == 0)
             cfg->do_memory = true;
         else if (strcmp(t, "python") == 0)
@@ -258,7 +261,7 @@ static const struct cli_opt opts[] = {
      CFG(pressure_chunk), 0},
     {"only", "LIST",
      "sections to run: sweep,rtt,paged,pressure,l2,startup,many,memory,\n"
-     "python (default all)",
+     "python,fragmentation (default all)",
      set_later, offsetof(struct cli, only), 0},
     {"transports", "LIST",
      "sweep transports: shm,inline,uds,redis (default all; memcpy, the\n"
@@ -348,7 +351,7 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
     if (cli.only && parse_only(cli.only, cfg) < 0) {
         fprintf(stderr,
                 "kvpool-bench: bad --only '%s' "
-                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python)\n",
+                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python,fragmentation)\n",
                 cli.only);
         exit(2);
     }

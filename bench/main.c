@@ -636,6 +636,15 @@ int main(int argc, char **argv)
         }
         kvpb_startup_phase(&x.cfg, exe, g_run.dir, &x.extra);
     }
+    /* Fragmentation next, for the same reason: its daemons hold up to 12 GiB. */
+    if (x.cfg.do_frag) {
+        if (!kvpb_find_exe(x.cfg.kvpoold, exe, sizeof(exe))) {
+            fprintf(stderr, "kvpool-bench: cannot find kvpoold (%s); use --kvpoold PATH\n",
+                    x.cfg.kvpoold);
+            return 1;
+        }
+        kvpb_frag_phase(&x.cfg, exe, g_run.dir, &x.extra);
+    }
 
     /* The daemon. */
     if (x.cfg.socket) {

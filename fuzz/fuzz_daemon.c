@@ -28,6 +28,7 @@
 
 #include "base/log.h"
 #include "core/daemon.h"
+#include "core/owner.h"
 #include "fuzz.h"
 #include "kvp/listener.h"
 
@@ -147,6 +148,7 @@ static void init_once(void)
     srv.cfg.io_timeout_ms = 5000;
     srv.listen_fd = -1;
     srv.wake_fds[0] = srv.wake_fds[1] = -1;
+    kvp_owners_init(&srv.owners);
     pthread_mutex_init(&srv.conns_lock, NULL);
     pthread_cond_init(&srv.conns_cv, NULL);
     /* SHM offered, so that shm registrations and PREPARE_RETRIEVE are reachable too. */

@@ -38,11 +38,11 @@ static uint16_t port;
 /* Registers an instance straight into the registry, as the REGISTER handler does. */
 static void add_instance(const char *id, uint8_t transport, uint64_t owner)
 {
-    struct kvp_register_req q = {.world_size = 1,
-                                 .block_size = 16,
-                                 .num_layers = 2,
-                                 .hidden_dim = 8,
-                                 .transport = transport};
+    struct kvp_reg_spec q = {.world_size = 1,
+                             .block_size = 16,
+                             .num_layers = 2,
+                             .hidden_dim = 8,
+                             .transport = transport};
     struct kvp_registration inst;
     char msg[256];
     bool existing;
@@ -52,7 +52,9 @@ static void add_instance(const char *id, uint8_t transport, uint64_t owner)
     snprintf(q.dtype, sizeof(q.dtype), "float16");
     FUZZ_CHECK(kvp_registry_validate(&srv.registry, &q, &inst, msg, sizeof(msg)) == 0);
     FUZZ_CHECK(kvp_registry_choose_transport(&srv.registry, &inst, msg, sizeof(msg)) == 0);
-    FUZZ_CHECK(kvp_registry_add(&srv.registry, owner, 1, &inst, &existing, msg, sizeof(msg)) == 0);
+    inst.owner = owner;
+    inst.owner_pid = 1;
+    FUZZ_CHECK(kvp_registry_add(&srv.registry, &inst, 0, &existing, msg, sizeof(msg)) == 0);
 }
 
 static void init_once(void)
@@ -89,8 +91,8 @@ static void init_once(void)
         .chunk_tokens = CHUNK_TOKENS,
     };
     kvp_registry_init(&srv.registry, &offer);
-    add_instance("fuzz-shm", KVP_WIRE_SHM, 1);
-    add_instance("fuzz-inline", KVP_WIRE_INLINE, 2);
+    add_instance("fuzz-shm", KVP_REG_SHM, 1);
+    add_instance("fuzz-inline", KVP_REG_INLINE, 2);
     atomic_store(&srv.serving, true);
     FUZZ_CHECK(kvp_http_start(&srv) == 0);
     port = kvp_http_port(&srv);

@@ -61,3 +61,13 @@ void kvp_key_chain(const uint8_t seed[KVP_KEY_SIZE], const uint8_t *tokens_le,
         prev = out;
     }
 }
+
+/* The seed is the BLAKE2b key: the namespace separates ids of different registrations and
+ * salts, and a keyed hash never equals the unkeyed hash of the chain. */
+void kvp_key_ids(const uint8_t seed[KVP_KEY_SIZE], const uint8_t *ids, uint32_t id_len, uint32_t n,
+                 uint8_t *keys)
+{
+    for (uint32_t i = 0; i < n; i++)
+        crypto_generichash(keys + (size_t)i * KVP_KEY_SIZE, KVP_KEY_SIZE, ids + (size_t)i * id_len,
+                           id_len, seed, KVP_KEY_SIZE);
+}

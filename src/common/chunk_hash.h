@@ -37,4 +37,12 @@ int kvp_key_seed(const struct kvp_key_ns *ns, uint8_t seed[KVP_KEY_SIZE]);
 void kvp_key_chain(const uint8_t seed[KVP_KEY_SIZE], const uint8_t *tokens_le,
                    uint32_t chunk_tokens, uint32_t nchunks, uint8_t *keys);
 
+/*
+ * Writes the keys of n chunks named by opaque ids (a protocol's own chunk hashes, n x id_len
+ * bytes) into keys: key[i] = BLAKE2b-256 keyed with seed over id i. Not chained (such ids
+ * already cover their prefix); keyed, so no key of an id equals a key of the token chain.
+ */
+void kvp_key_ids(const uint8_t seed[KVP_KEY_SIZE], const uint8_t *ids, uint32_t id_len, uint32_t n,
+                 uint8_t *keys);
+
 #endif /* KVP_CHUNK_HASH_H */

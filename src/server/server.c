@@ -65,6 +65,7 @@
 #include "common/errors.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
+#include "core/owner.h"
 #include "core/shm_gate.h"
 #include "core/stats.h"
 #include "core/transport.h"
@@ -369,6 +370,7 @@ int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
     s->wake_fds[0] = s->wake_fds[1] = -1;
     s->started_mono_ms = kvp_mono_ms();
     s->started_wall_ms = kvp_wall_ms();
+    kvp_owners_init(&s->owners);
     pthread_mutex_init(&s->conns_lock, NULL);
     pthread_cond_init(&s->conns_cv, NULL);
     pthread_mutex_init(&s->expiry_lock, NULL);
@@ -631,6 +633,7 @@ void kvp_server_destroy(struct kvp_server *s)
     for (int i = 0; i < 2; i++)
         if (s->wake_fds[i] >= 0)
             close(s->wake_fds[i]);
+    kvp_owners_destroy(&s->owners);
     pthread_mutex_destroy(&s->conns_lock);
     pthread_cond_destroy(&s->conns_cv);
     pthread_mutex_destroy(&s->expiry_lock);

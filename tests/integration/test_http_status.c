@@ -86,6 +86,20 @@ static json_t *instance(json_t *st, const char *id)
     return NULL;
 }
 
+/* The entry of clients.list with this id. */
+static json_t *client(json_t *st, long long id)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(at(st, "clients.list"), i, e)
+    {
+        if (num(e, "id") == id)
+            return e;
+    }
+    fail_msg("no client %lld in the status", id);
+    return NULL;
+}
+
 static void test_healthcheck(void **state)
 {
     (void)state;
@@ -172,7 +186,12 @@ static void test_counts_follow_operations(void **state)
     assert_int_equal(num(ia, "chunk_bytes"), cb_bytes);
     assert_int_equal(num(ia, "pid"), getpid());
     assert_int_equal(num(ib, "pid"), getpid());
-    assert_non_null(strstr(str(ia, "connected_since"), "Z"));
+    /* An instance has been connected since its worker connected (not since the epoch). */
+    const char *since_a = str(ia, "connected_since");
+    assert_string_equal(since_a, str(client(st, num(ia, "client_id")), "connected_since"));
+    assert_string_equal(str(ib, "connected_since"),
+                        str(client(st, num(ib, "client_id")), "connected_since"));
+    assert_true(strncmp(since_a, "1970-", 5) != 0);
     assert_int_equal(num(ia, "stored_chunks"), 4);
     assert_int_equal(num(ia, "stored_bytes"), 4 * cb_bytes);
     assert_int_equal(num(ia, "retrieved_chunks"), 4);

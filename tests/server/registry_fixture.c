@@ -51,9 +51,9 @@ int quiet_log(void **state)
     return 0;
 }
 
-struct kvp_register_req good_req(const char *id)
+struct kvp_reg_spec good_req(const char *id)
 {
-    struct kvp_register_req q;
+    struct kvp_reg_spec q;
     memset(&q, 0, sizeof(q));
     snprintf(q.instance_id, sizeof(q.instance_id), "%s", id);
     snprintf(q.model_name, sizeof(q.model_name), "llama-3-8b");
@@ -64,24 +64,26 @@ struct kvp_register_req good_req(const char *id)
     q.num_layers = 32;
     q.hidden_dim = 1024;
     q.use_mla = 0;
-    q.transport = KVP_WIRE_SHM;
+    q.transport = KVP_REG_SHM;
     return q;
 }
 
-int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_req *q,
-            bool *existing, struct kvp_registration *out, char *msg, size_t msg_size)
+int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q, bool *existing,
+            struct kvp_registration *out, char *msg, size_t msg_size)
 {
     struct kvp_registration inst;
     assert_rc(kvp_registry_validate(r, q, &inst, msg, msg_size), 0);
     assert_rc(kvp_registry_choose_transport(r, &inst, msg, msg_size), 0);
     msg[0] = '\0';
-    int rc = kvp_registry_add(r, owner, PID_OF(owner), &inst, existing, msg, msg_size);
+    inst.owner = owner;
+    inst.owner_pid = PID_OF(owner);
+    int rc = kvp_registry_add(r, &inst, 0, existing, msg, msg_size);
     if (out)
         *out = inst;
     return rc;
 }
 
-uint32_t must_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_req *q,
+uint32_t must_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q,
                   bool *existing, struct kvp_registration *out)
 {
     struct kvp_registration inst;

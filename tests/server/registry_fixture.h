@@ -34,16 +34,16 @@ struct kvp_registry *new_registry(const struct kvp_offer *offer);
 void free_registry(struct kvp_registry *r);
 
 /* A valid request: bfloat16, 32 layers, hidden 1024, rank 1 of 2, worker on shm. */
-struct kvp_register_req good_req(const char *id);
+struct kvp_reg_spec good_req(const char *id);
 
 /* Validates, chooses the transport and tries to register a request for connection owner;
  * returns kvp_registry_add()'s result, with its message in msg. out (may be NULL) gets the
  * instance as validated. */
-int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_req *q,
-            bool *existing, struct kvp_registration *out, char *msg, size_t msg_size);
+int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q, bool *existing,
+            struct kvp_registration *out, char *msg, size_t msg_size);
 
 /* Like try_add(), but fails the test unless the registration succeeds; returns the handle. */
-uint32_t must_add(struct kvp_registry *r, uint64_t owner, const struct kvp_register_req *q,
+uint32_t must_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q,
                   bool *existing, struct kvp_registration *out);
 
 #endif /* KVP_TEST_REGISTRY_FIXTURE_H */

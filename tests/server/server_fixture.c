@@ -59,7 +59,7 @@ void fx_server_stop(struct kvp_server *s)
 uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8_t transport,
                      const char *reason)
 {
-    struct kvp_register_req q;
+    struct kvp_reg_spec q;
     struct kvp_registration inst;
     char msg[256];
     bool existing;
@@ -78,9 +78,9 @@ uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8
     assert_rc(kvp_registry_validate(&s->registry, &q, &inst, msg, sizeof(msg)), 0);
     assert_rc(kvp_registry_choose_transport(&s->registry, &inst, msg, sizeof(msg)), 0);
     inst.connected_since_ms = kvp_wall_ms();
-    assert_rc(kvp_registry_add(&s->registry, owner, (int32_t)(1000 + owner), &inst, &existing, msg,
-                               sizeof(msg)),
-              0);
+    inst.owner = owner;
+    inst.owner_pid = (int32_t)(1000 + owner);
+    assert_rc(kvp_registry_add(&s->registry, &inst, 0, &existing, msg, sizeof(msg)), 0);
     assert_false(existing);
     return inst.handle;
 }

@@ -32,7 +32,7 @@ void fx_server_stop(struct kvp_server *s);
 
 /*
  * Registers instance id for connection owner (pid 1000 + owner) with a 2-layer, hidden-64
- * float16 layout, asking for transport (KVP_WIRE_SHM or KVP_WIRE_INLINE) with reason. Fails the
+ * float16 layout, asking for transport (KVP_REG_SHM or KVP_REG_INLINE) with reason. Fails the
  * test unless it is registered. Returns its handle.
  */
 uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8_t transport,

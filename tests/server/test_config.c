@@ -96,6 +96,7 @@ static void test_defaults(void **state)
     assert_int_equal(r.cfg.socket_mode, 0600);
     assert_int_equal(r.cfg.log_level, KVP_LOG_INFO);
     assert_int_equal(r.cfg.max_clients, 256);
+    assert_int_equal(r.cfg.max_instances_per_client, 64);
     assert_int_equal(r.cfg.reserve_timeout_s, 600);
     assert_int_equal(r.cfg.io_timeout_ms, 30000);
     /* Without XDG_RUNTIME_DIR the socket lives in /tmp, per user. */
@@ -132,7 +133,7 @@ static void test_command_line_values(void **state)
 
     parse(&r, "--socket", "/tmp/x.sock", "--socket-mode", "0660", "--l1-size", "512MiB",
           "--chunk-size", "64", "--log-level", "debug", "--max-clients", "8", "--reserve-timeout",
-          "30", "--io-timeout", "500", NULL);
+          "30", "--io-timeout", "500", "--max-instances-per-client", "5", NULL);
     expect_ok(&r);
     assert_string_equal(r.cfg.socket_path, "/tmp/x.sock");
     assert_int_equal(r.cfg.socket_mode, 0660);
@@ -140,6 +141,7 @@ static void test_command_line_values(void **state)
     assert_int_equal(r.cfg.chunk_tokens, 64);
     assert_int_equal(r.cfg.log_level, KVP_LOG_DEBUG);
     assert_int_equal(r.cfg.max_clients, 8);
+    assert_int_equal(r.cfg.max_instances_per_client, 5);
     assert_int_equal(r.cfg.reserve_timeout_s, 30);
     assert_int_equal(r.cfg.io_timeout_ms, 500);
     run_free(&r);
@@ -351,12 +353,14 @@ static void test_help(void **state)
     static const char *const names[] = {
         "--socket",     "--socket-mode", "--l1-size",     "--chunk-size",
         "--shm-name",   "--log-level",   "--max-clients", "--reserve-timeout",
-        "--io-timeout", "--help",        "--version",
+        "--io-timeout", "--help",        "--version",     "--max-instances-per-client",
     };
     static const char *const envs[] = {
-        "KVPOOL_SOCKET",      "KVPOOL_SOCKET_MODE",     "KVPOOL_L1_SIZE",
-        "KVPOOL_CHUNK_SIZE",  "KVPOOL_SHM_NAME",        "KVPOOL_LOG_LEVEL",
-        "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT", "KVPOOL_IO_TIMEOUT",
+        "KVPOOL_SOCKET",      "KVPOOL_SOCKET_MODE",
+        "KVPOOL_L1_SIZE",     "KVPOOL_CHUNK_SIZE",
+        "KVPOOL_SHM_NAME",    "KVPOOL_LOG_LEVEL",
+        "KVPOOL_MAX_CLIENTS", "KVPOOL_RESERVE_TIMEOUT",
+        "KVPOOL_IO_TIMEOUT",  "KVPOOL_MAX_INSTANCES_PER_CLIENT",
     };
     struct run r;
 
@@ -445,6 +449,14 @@ static void test_bad_values_name_the_option(void **state)
 
     parse(&r, "--max-clients", "4097", NULL);
     expect_einval(&r, "max-clients", NULL);
+    run_free(&r);
+
+    parse(&r, "--max-instances-per-client", "0", NULL);
+    expect_einval(&r, "max-instances-per-client", NULL);
+    run_free(&r);
+
+    parse(&r, "--max-instances-per-client", "1025", NULL);
+    expect_einval(&r, "max-instances-per-client", NULL);
     run_free(&r);
 
     parse(&r, "--reserve-timeout", "0", NULL);

@@ -188,8 +188,8 @@ static void test_values_follow_events(void **state)
     double aborts = sample(t0, "kvpool_reserved_chunks_dropped_total{cause=\"disconnect\"}");
     free(t0);
 
-    fx_register(&s, "a", 1, KVP_WIRE_INLINE, NULL);
-    fx_register(&s, "b", 2, KVP_WIRE_INLINE, NULL);
+    fx_register(&s, "a", 1, KVP_REG_INLINE, NULL);
+    fx_register(&s, "b", 2, KVP_REG_INLINE, NULL);
     KVP_COUNT(store_chunks_inline, 5);
     KVP_COUNT(store_chunks_aborted_disconnect, 2);
     char *t = metrics(&s);
@@ -260,7 +260,7 @@ static void test_promtool(void **state)
     }
     struct kvp_server s;
     fx_server_start(&s, true);
-    fx_register(&s, "p", 1, KVP_WIRE_SHM, NULL);
+    fx_register(&s, "p", 1, KVP_REG_SHM, NULL);
     char *text = metrics(&s);
     char path[] = "/tmp/kvp-metrics-XXXXXX";
     int fd = mkstemp(path);

@@ -5,7 +5,13 @@
  * neighbouring free runs, fragmentation, accounting and pools whose page count is not a multiple
  * of the 64-page bitmap word. A randomized case then replays a few thousand allocations and
  * frees against a reference model (one flag per page, first fit by linear scan) and compares
- * every result, the usage and the largest free run after each step.
+ * every result, the usage and the largest free run after each step, on pools from 64 pages to
+ * a few thousand (a summary tree of several levels).
+ *
+ * The summary tree is checked where it could go wrong: runs of every length around the word and
+ * node sizes (63, 64, 65, 127, 128, 129 ... pages) at every alignment, runs that cross words and
+ * nodes, the free-run queries that eviction uses, and the cost of a search: the steps counter
+ * (tree nodes and bitmap words visited) grows with the logarithm of the pool, not with it.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -548,6 +554,132 @@ static void test_random_against_model(void **state)
     run_random(200, 0x9e3779b97f4a7c15ull, 4000);
     run_random(131, 12345, 3000);
     run_random(64, 777, 2000);
+    /* Several tree levels, a leaf count that is not the word count. */
+    run_random(5000, 4242, 3000);
+    run_random(1029, 99, 4000);
+}
+
+/* Marks every page of p used except [start, start + len), with all other free pages gone. */
+static void leave_hole(struct kvp_pool *p, uint64_t npages, uint64_t start, uint64_t len)
+{
+    uint64_t off;
+    if (start)
+        assert_rc(kvp_pool_alloc(p, start * PG, &off), 0);
+    if (start + len < npages) {
+        uint64_t mid;
+        assert_rc(kvp_pool_alloc(p, (npages - start) * PG, &mid), 0);
+        kvp_pool_free(p, mid, len * PG);
+    }
+}
+
+/*
+ * A run of exactly need free pages at page start, everything else used: need pages are found
+ * there, need + 1 are refused, for lengths around every word (64 pages) and node size and for
+ * starts at every kind of alignment.
+ */
+static void test_size_boundaries(void **state)
+{
+    (void)state;
+    static const uint64_t needs[] = {1,   2,   63,  64,  65,  127, 128,  129,  191,
+                                     192, 193, 255, 256, 257, 511, 4095, 4096, 4097};
+    static const uint64_t starts[] = {0, 1, 31, 63, 64, 65, 127, 128, 200, 1000};
+    const uint64_t npages = 6000;
+
+    for (size_t a = 0; a < sizeof(needs) / sizeof(needs[0]); a++) {
+        for (size_t b = 0; b < sizeof(starts) / sizeof(starts[0]); b++) {
+            uint64_t need = needs[a], start = starts[b], off = 0;
+            if (start + need > npages)
+                continue;
+            struct kvp_pool p;
+            init_pool(&p, BASE, npages * PG);
+            leave_hole(&p, npages, start, need);
+            if (kvp_pool_largest_free(&p) != need * PG)
+                fail_msg("need %llu at %llu: largest free %llu pages", (unsigned long long)need,
+                         (unsigned long long)start,
+                         (unsigned long long)(kvp_pool_largest_free(&p) / PG));
+            assert_rc(kvp_pool_alloc(&p, (need + 1) * PG, &off), -ENOSPC);
+            off = alloc_ok(&p, need * PG);
+            if (off != BASE + start * PG)
+                fail_msg("need %llu: placed at page %llu, the hole is at %llu",
+                         (unsigned long long)need, (unsigned long long)((off - BASE) / PG),
+                         (unsigned long long)start);
+            assert_int_equal(kvp_pool_largest_free(&p), 0);
+            kvp_pool_destroy(&p);
+        }
+    }
+}
+
+/* The free-run queries of eviction: the end and the start of a run, each within its limit. */
+static void test_free_run_queries(void **state)
+{
+    (void)state;
+    struct kvp_pool p;
+    init_pool(&p, BASE, 300 * PG);
+    /* Used: pages 0-9, 70-71, 200-299; free: 10-69, 72-199. */
+    uint64_t a = alloc_ok(&p, 72 * PG);
+    alloc_ok(&p, 228 * PG);
+    kvp_pool_free(&p, a + 10 * PG, 60 * PG);
+    kvp_pool_free(&p, BASE + 72 * PG, 128 * PG);
+
+    assert_true(kvp_pool_page_used(&p, 9));
+    assert_false(kvp_pool_page_used(&p, 10));
+    assert_true(kvp_pool_page_used(&p, 300)); /* past the end */
+    assert_int_equal(kvp_pool_free_end(&p, 10, 300), 70);
+    assert_int_equal(kvp_pool_free_end(&p, 10, 40), 40);
+    assert_int_equal(kvp_pool_free_end(&p, 72, 300), 200);
+    assert_int_equal(kvp_pool_free_end(&p, 70, 300), 70); /* a used page ends it at once */
+    assert_int_equal(kvp_pool_free_start(&p, 70, 0), 10);
+    assert_int_equal(kvp_pool_free_start(&p, 70, 50), 50);
+    assert_int_equal(kvp_pool_free_start(&p, 200, 0), 72);
+    assert_int_equal(kvp_pool_free_start(&p, 10, 0), 10);  /* page 9 is used */
+    assert_int_equal(kvp_pool_free_start(&p, 129, 0), 72); /* across word boundaries */
+    /* A limit on the wrong side never moves the page: a window never shrinks. */
+    assert_int_equal(kvp_pool_free_end(&p, 30, 20), 30);
+    assert_int_equal(kvp_pool_free_start(&p, 30, 40), 30);
+    kvp_pool_destroy(&p);
+}
+
+/* Steps of one search in a pool whose only free run of need pages is at its end, every other
+ * page of the rest free (the worst case for a scan of runs). */
+static uint64_t steps_of_worst_search(uint64_t npages, uint64_t need)
+{
+    struct kvp_pool p;
+    uint64_t off;
+    init_pool(&p, BASE, npages * PG);
+    uint64_t body = npages - need;
+    assert_rc(kvp_pool_alloc(&p, body * PG, &off), 0);
+    for (uint64_t i = 0; i < body; i += 2)
+        kvp_pool_free(&p, off + i * PG, PG);
+    uint64_t before = p.steps;
+    uint64_t at = alloc_ok(&p, need * PG);
+    assert_int_equal(at, BASE + body * PG);
+    uint64_t steps = p.steps - before;
+    /* Longer than any free run: refused from the root, in one step. */
+    before = p.steps;
+    assert_rc(kvp_pool_alloc(&p, 2 * PG, &off), -ENOSPC);
+    assert_int_equal(p.steps - before, 1);
+    kvp_pool_destroy(&p);
+    return steps;
+}
+
+/*
+ * A search costs O(log n) steps plus one word per 64 pages it sets, however fragmented the pool:
+ * 64 times the pool, the same fragmentation, a handful more steps (one tree level per doubling,
+ * each visited on the way down and refreshed on the way up), where a scan would take 64 times
+ * as many.
+ */
+static void test_search_steps_bounded(void **state)
+{
+    (void)state;
+    uint64_t small = steps_of_worst_search(1u << 12, 16);
+    uint64_t large = steps_of_worst_search(1u << 18, 16);
+    if (large > small + 2 * 6 + 2 || large > 64)
+        fail_msg("a search took %llu steps in 4096 pages and %llu in 262144",
+                 (unsigned long long)small, (unsigned long long)large);
+    /* The bits to set dominate a large allocation: 4096 pages are 64 words. */
+    uint64_t big = steps_of_worst_search(1u << 18, 4096);
+    if (big > 64 + 2 * 2 * 18 + 16)
+        fail_msg("a 4096-page search took %llu steps", (unsigned long long)big);
 }
 
 int main(void)
@@ -567,6 +699,9 @@ int main(void)
         cmocka_unit_test(test_run_across_word_boundary),
         cmocka_unit_test(test_reserved_prefix),
         cmocka_unit_test(test_random_against_model),
+        cmocka_unit_test(test_size_boundaries),
+        cmocka_unit_test(test_free_run_queries),
+        cmocka_unit_test(test_search_steps_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,60 +18,60 @@
 static void expect_unchanged(struct kvp_registry *r, uint32_t h, const char *id)
 {
     struct kvp_registration got;
-    struct kvp_register_req q = good_req(id);
+    struct kvp_reg_spec q = good_req(id);
     assert_int_equal(kvp_registry_count(r), 1);
     assert_rc(kvp_registry_get(r, h, &got), 0);
     assert_int_equal(got.owner, 1);
     assert_int_equal(got.owner_pid, PID_OF(1));
-    assert_string_equal(got.req.instance_id, id);
-    assert_string_equal(got.req.model_name, q.model_name);
-    assert_string_equal(got.req.dtype, q.dtype);
-    assert_int_equal(got.req.world_size, q.world_size);
-    assert_int_equal(got.req.worker_rank, q.worker_rank);
-    assert_int_equal(got.req.block_size, q.block_size);
-    assert_int_equal(got.req.num_layers, q.num_layers);
-    assert_int_equal(got.req.hidden_dim, q.hidden_dim);
-    assert_int_equal(got.req.use_mla, q.use_mla);
-    assert_int_equal(got.transport, KVP_WIRE_SHM);
+    assert_string_equal(got.spec.instance_id, id);
+    assert_string_equal(got.spec.model_name, q.model_name);
+    assert_string_equal(got.spec.dtype, q.dtype);
+    assert_int_equal(got.spec.world_size, q.world_size);
+    assert_int_equal(got.spec.worker_rank, q.worker_rank);
+    assert_int_equal(got.spec.block_size, q.block_size);
+    assert_int_equal(got.spec.num_layers, q.num_layers);
+    assert_int_equal(got.spec.hidden_dim, q.hidden_dim);
+    assert_int_equal(got.spec.use_mla, q.use_mla);
+    assert_int_equal(got.transport, KVP_REG_SHM);
     assert_int_equal(got.layout.bytes, 2ull * 32 * 256 * 1024 * 2);
 }
 
 /* One identity field changed, and the message the refusal must carry. */
 struct namesake {
     const char *field;
-    void (*change)(struct kvp_register_req *q);
+    void (*change)(struct kvp_reg_spec *q);
     const char *msg;
 };
 
-static void other_model(struct kvp_register_req *q)
+static void other_model(struct kvp_reg_spec *q)
 {
     snprintf(q->model_name, sizeof(q->model_name), "mistral-7b");
 }
-static void other_dtype(struct kvp_register_req *q)
+static void other_dtype(struct kvp_reg_spec *q)
 {
     snprintf(q->dtype, sizeof(q->dtype), "float16");
 }
-static void other_world(struct kvp_register_req *q)
+static void other_world(struct kvp_reg_spec *q)
 {
     q->world_size = 4;
 }
-static void other_rank(struct kvp_register_req *q)
+static void other_rank(struct kvp_reg_spec *q)
 {
     q->worker_rank = 0;
 }
-static void other_block(struct kvp_register_req *q)
+static void other_block(struct kvp_reg_spec *q)
 {
     q->block_size = 32;
 }
-static void other_layers(struct kvp_register_req *q)
+static void other_layers(struct kvp_reg_spec *q)
 {
     q->num_layers = 40;
 }
-static void other_hidden(struct kvp_register_req *q)
+static void other_hidden(struct kvp_reg_spec *q)
 {
     q->hidden_dim = 4096;
 }
-static void other_mla(struct kvp_register_req *q)
+static void other_mla(struct kvp_reg_spec *q)
 {
     q->use_mla = 1;
 }
@@ -94,7 +94,7 @@ static void test_namesake_refused_per_field(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_register_req q = good_req("rank0");
+    struct kvp_reg_spec q = good_req("rank0");
     bool existing;
     char msg[512];
 
@@ -102,7 +102,7 @@ static void test_namesake_refused_per_field(void **state)
     assert_false(existing);
     for (size_t i = 0; i < sizeof(namesakes) / sizeof(namesakes[0]); i++) {
         for (uint64_t owner = 1; owner <= 2; owner++) {
-            struct kvp_register_req q2 = good_req("rank0");
+            struct kvp_reg_spec q2 = good_req("rank0");
             namesakes[i].change(&q2);
             existing = true;
             int rc = try_add(r, owner, &q2, &existing, NULL, msg, sizeof(msg));
@@ -115,7 +115,7 @@ static void test_namesake_refused_per_field(void **state)
         }
     }
     /* The field is named even when every field differs: the first, in wire order. */
-    struct kvp_register_req all = good_req("rank0");
+    struct kvp_reg_spec all = good_req("rank0");
     for (size_t i = 0; i < sizeof(namesakes) / sizeof(namesakes[0]); i++)
         namesakes[i].change(&all);
     all.worker_rank = 3;
@@ -135,7 +135,7 @@ static void test_namesake_other_connection_busy(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_register_req q = good_req("rank0");
+    struct kvp_reg_spec q = good_req("rank0");
     struct kvp_registration got;
     bool existing;
     char msg[512], want[128];
@@ -150,8 +150,8 @@ static void test_namesake_other_connection_busy(void **state)
     expect_unchanged(r, h, "rank0");
 
     /* Another transport is no identity: still busy, still unchanged. */
-    struct kvp_register_req inl = good_req("rank0");
-    inl.transport = KVP_WIRE_INLINE;
+    struct kvp_reg_spec inl = good_req("rank0");
+    inl.transport = KVP_REG_INLINE;
     snprintf(inl.reason, sizeof(inl.reason), "requested by worker");
     assert_rc(try_add(r, 2, &inl, &existing, NULL, msg, sizeof(msg)), -EBUSY);
     expect_unchanged(r, h, "rank0");
@@ -179,21 +179,21 @@ static void test_same_connection_returns_existing(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_register_req q = good_req("rank0");
+    struct kvp_reg_spec q = good_req("rank0");
     struct kvp_registration second;
     bool existing;
 
     uint32_t h = must_add(r, 1, &q, &existing, NULL);
     assert_false(existing);
-    struct kvp_register_req q2 = good_req("rank0");
-    q2.transport = KVP_WIRE_INLINE;
+    struct kvp_reg_spec q2 = good_req("rank0");
+    q2.transport = KVP_REG_INLINE;
     snprintf(q2.reason, sizeof(q2.reason), "requested by worker");
     existing = false;
     assert_int_equal(must_add(r, 1, &q2, &existing, &second), h);
     assert_true(existing);
     assert_int_equal(second.owner, 1);
-    assert_int_equal(second.transport, KVP_WIRE_SHM);
-    assert_string_equal(second.req.model_name, "llama-3-8b");
+    assert_int_equal(second.transport, KVP_REG_SHM);
+    assert_string_equal(second.spec.model_name, "llama-3-8b");
     expect_unchanged(r, h, "rank0");
     assert_int_equal(kvp_registry_remove_owner(r, 1), 1);
     assert_int_equal(kvp_registry_count(r), 0);
@@ -217,7 +217,7 @@ static void test_keys_from_own_registration(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_register_req llama = good_req("rank0"), mistral = good_req("rank0");
+    struct kvp_reg_spec llama = good_req("rank0"), mistral = good_req("rank0");
     struct kvp_registration inst;
     struct kvp_key_ns ns;
     bool existing;
@@ -255,7 +255,7 @@ static void test_keys_from_own_registration(void **state)
     assert_memory_not_equal(a, a_salted, KVP_KEY_SIZE);
 
     /* MLA: every rank of a model shares the namespace. */
-    struct kvp_register_req m0 = good_req("mla0"), m1 = good_req("mla1");
+    struct kvp_reg_spec m0 = good_req("mla0"), m1 = good_req("mla1");
     m0.use_mla = m1.use_mla = 1;
     m0.worker_rank = 0;
     uint32_t h0 = must_add(r, 1, &m0, &existing, NULL), h1 = must_add(r, 2, &m1, &existing, NULL);

@@ -17,7 +17,7 @@ static void test_add_and_get(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_register_req q = good_req("w0");
+    struct kvp_reg_spec q = good_req("w0");
     struct kvp_registration got;
     bool existing = true;
 
@@ -28,17 +28,17 @@ static void test_add_and_get(void **state)
     assert_rc(kvp_registry_get(r, h, &got), 0);
     assert_int_equal(got.handle, h);
     assert_int_equal(got.owner, 7);
-    assert_string_equal(got.req.instance_id, "w0");
-    assert_int_equal(got.transport, KVP_WIRE_SHM);
+    assert_string_equal(got.spec.instance_id, "w0");
+    assert_int_equal(got.transport, KVP_REG_SHM);
     assert_int_equal(got.layout.bytes, 2ull * 32 * 256 * 1024 * 2);
 
-    struct kvp_register_req q2 = good_req("w1");
+    struct kvp_reg_spec q2 = good_req("w1");
     uint32_t h2 = must_add(r, 7, &q2, &existing, NULL);
     assert_false(existing);
     assert_int_not_equal(h2, h);
     assert_int_equal(kvp_registry_count(r), 2);
     assert_rc(kvp_registry_get(r, h2, &got), 0);
-    assert_string_equal(got.req.instance_id, "w1");
+    assert_string_equal(got.spec.instance_id, "w1");
 
     /* Handles nobody was given. */
     assert_rc(kvp_registry_get(r, 0, &got), -ENOENT);
@@ -53,7 +53,7 @@ static void test_stale_handle(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_register_req q = good_req("w0");
+    struct kvp_reg_spec q = good_req("w0");
     struct kvp_registration got;
     bool existing;
 
@@ -64,7 +64,7 @@ static void test_stale_handle(void **state)
     assert_rc(kvp_registry_remove(r, h, "test"), -ENOENT);
 
     /* A new instance takes the freed slot but gets a different handle. */
-    struct kvp_register_req q2 = good_req("w1");
+    struct kvp_reg_spec q2 = good_req("w1");
     uint32_t h2 = must_add(r, 1, &q2, &existing, NULL);
     assert_false(existing);
     assert_int_equal(h2 & 0xffffu, h & 0xffffu);
@@ -73,7 +73,7 @@ static void test_stale_handle(void **state)
     assert_rc(kvp_registry_remove(r, h, "test"), -ENOENT);
     assert_int_equal(kvp_registry_count(r), 1);
     assert_rc(kvp_registry_get(r, h2, &got), 0);
-    assert_string_equal(got.req.instance_id, "w1");
+    assert_string_equal(got.spec.instance_id, "w1");
 
     /* The same id registered again after removal is a new registration. */
     assert_rc(kvp_registry_remove(r, h2, "test"), 0);
@@ -90,8 +90,8 @@ static void test_remove_owner(void **state)
     struct kvp_registry *r = new_registry(&offer_shm);
     struct kvp_registration got;
     bool existing;
-    struct kvp_register_req qa = good_req("a"), qb = good_req("b"), qc = good_req("c"),
-                            qd = good_req("d");
+    struct kvp_reg_spec qa = good_req("a"), qb = good_req("b"), qc = good_req("c"),
+                        qd = good_req("d");
 
     uint32_t ha = must_add(r, 10, &qa, &existing, NULL);
     uint32_t hc = must_add(r, 20, &qc, &existing, NULL);
@@ -127,23 +127,25 @@ static void test_table_full(void **state)
     for (int i = 0; i < KVP_MAX_INSTANCES; i++) {
         char id[32];
         snprintf(id, sizeof(id), "w%d", i);
-        struct kvp_register_req q = good_req(id);
+        struct kvp_reg_spec q = good_req(id);
         uint32_t h = must_add(r, 1, &q, &existing, NULL);
         if (i == 0)
             first = h;
     }
     assert_int_equal(kvp_registry_count(r), KVP_MAX_INSTANCES);
 
-    struct kvp_register_req q = good_req("one-too-many");
+    struct kvp_reg_spec q = good_req("one-too-many");
     assert_rc(kvp_registry_validate(r, &q, &inst, msg, sizeof(msg)), 0);
     assert_rc(kvp_registry_choose_transport(r, &inst, msg, sizeof(msg)), 0);
-    assert_rc(kvp_registry_add(r, 1, PID_OF(1), &inst, &existing, msg, sizeof(msg)), -ENOSPC);
+    inst.owner = 1;
+    inst.owner_pid = PID_OF(1);
+    assert_rc(kvp_registry_add(r, &inst, 0, &existing, msg, sizeof(msg)), -ENOSPC);
     assert_non_null(strstr(msg, "too many instances"));
     assert_int_equal(kvp_registry_count(r), KVP_MAX_INSTANCES);
 
     /* When the table is full, the owner still gets its registration back, and a namesake
      * from another connection is still refused as busy, not as full. */
-    struct kvp_register_req dup = good_req("w0");
+    struct kvp_reg_spec dup = good_req("w0");
     assert_int_equal(must_add(r, 1, &dup, &existing, NULL), first);
     assert_true(existing);
     assert_rc(try_add(r, 2, &dup, &existing, NULL, msg, sizeof(msg)), -EBUSY);
@@ -153,7 +155,7 @@ static void test_table_full(void **state)
 
     /* Freeing one slot makes room again. */
     assert_rc(kvp_registry_remove(r, first, "test"), 0);
-    assert_rc(kvp_registry_add(r, 1, PID_OF(1), &inst, &existing, msg, sizeof(msg)), 0);
+    assert_rc(kvp_registry_add(r, &inst, 0, &existing, msg, sizeof(msg)), 0);
     assert_false(existing);
     assert_int_equal(kvp_registry_count(r), KVP_MAX_INSTANCES);
     assert_int_equal(kvp_registry_remove_owner(r, 1), KVP_MAX_INSTANCES);

@@ -18,7 +18,7 @@
 #include "registry_fixture.h"
 
 /* Validates a request that must be rejected; the message must contain field. */
-static void expect_invalid(const struct kvp_registry *r, const struct kvp_register_req *q,
+static void expect_invalid(const struct kvp_registry *r, const struct kvp_reg_spec *q,
                            const char *field)
 {
     struct kvp_registration inst;
@@ -36,7 +36,7 @@ static void test_validate_ok_shape(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_register_req q = good_req("w0");
+    struct kvp_reg_spec q = good_req("w0");
     struct kvp_registration inst;
     char msg[512] = "";
 
@@ -48,9 +48,9 @@ static void test_validate_ok_shape(void **state)
     assert_int_equal(inst.layout.shape[3], 1024);
     assert_int_equal(inst.layout.bytes, 2ull * 32 * 256 * 1024 * 2);
     assert_int_equal(inst.dtype_size, 2);
-    assert_string_equal(inst.req.instance_id, "w0");
-    assert_string_equal(inst.req.model_name, "llama-3-8b");
-    assert_int_equal(inst.req.num_layers, 32);
+    assert_string_equal(inst.spec.instance_id, "w0");
+    assert_string_equal(inst.spec.model_name, "llama-3-8b");
+    assert_int_equal(inst.spec.num_layers, 32);
 
     /* The unsalted key seed is the namespace's, and another model's differs. */
     struct kvp_key_ns ns;
@@ -71,7 +71,7 @@ static void test_validate_mla_shape(void **state)
     struct kvp_offer offer = offer_shm;
     offer.chunk_tokens = 64;
     struct kvp_registry *r = new_registry(&offer);
-    struct kvp_register_req q = good_req("mla");
+    struct kvp_reg_spec q = good_req("mla");
     struct kvp_registration inst;
     char msg[512];
 
@@ -104,7 +104,7 @@ static void test_validate_errors_name_the_field(void **state)
 {
     (void)state;
     struct kvp_registry *r = new_registry(&offer_shm);
-    struct kvp_register_req q;
+    struct kvp_reg_spec q;
 
     q = good_req("w0");
     q.world_size = 0;
@@ -167,7 +167,7 @@ static void test_validate_every_dtype(void **state)
     };
     struct kvp_registry *r = new_registry(&offer_shm);
     for (size_t i = 0; i < sizeof(dt) / sizeof(dt[0]); i++) {
-        struct kvp_register_req q = good_req("w0");
+        struct kvp_reg_spec q = good_req("w0");
         struct kvp_registration inst;
         char msg[512];
         snprintf(q.dtype, sizeof(q.dtype), "%s", dt[i].name);
@@ -189,7 +189,7 @@ static void test_chunk_larger_than_pool(void **state)
 
     offer.pool_size = chunk;
     struct kvp_registry *r = new_registry(&offer);
-    struct kvp_register_req q = good_req("w0");
+    struct kvp_reg_spec q = good_req("w0");
     assert_rc(kvp_registry_validate(r, &q, &inst, msg, sizeof(msg)), 0);
     free_registry(r);
 
@@ -221,7 +221,7 @@ static int choose(const struct kvp_offer *offer, uint8_t transport, const char *
                   struct kvp_registration *inst, char *msg, size_t msg_size)
 {
     struct kvp_registry *r = new_registry(offer);
-    struct kvp_register_req q = good_req("w0");
+    struct kvp_reg_spec q = good_req("w0");
     q.transport = transport;
     snprintf(q.reason, sizeof(q.reason), "%s", reason);
     assert_rc(kvp_registry_validate(r, &q, inst, msg, msg_size), 0);
@@ -237,8 +237,8 @@ static void test_transport_shm(void **state)
     struct kvp_registration inst;
     char msg[512];
 
-    assert_rc(choose(&offer_shm, KVP_WIRE_SHM, "", &inst, msg, sizeof(msg)), 0);
-    assert_int_equal(inst.transport, KVP_WIRE_SHM);
+    assert_rc(choose(&offer_shm, KVP_REG_SHM, "", &inst, msg, sizeof(msg)), 0);
+    assert_int_equal(inst.transport, KVP_REG_SHM);
     assert_string_equal(inst.reason, "");
 }
 
@@ -248,7 +248,7 @@ static void test_transport_shm_unavailable(void **state)
     struct kvp_registration inst;
     char msg[512];
 
-    assert_rc(choose(&offer_inline, KVP_WIRE_SHM, "", &inst, msg, sizeof(msg)), -EOPNOTSUPP);
+    assert_rc(choose(&offer_inline, KVP_REG_SHM, "", &inst, msg, sizeof(msg)), -EOPNOTSUPP);
     if (!strstr(msg, NO_SHM_REASON))
         fail_msg("message \"%s\" does not give the daemon's reason", msg);
 }
@@ -259,15 +259,15 @@ static void test_transport_inline_keeps_reason(void **state)
     struct kvp_registration inst;
     char msg[512];
 
-    assert_rc(choose(&offer_shm, KVP_WIRE_INLINE, "cannot map segment: EACCES", &inst, msg,
+    assert_rc(choose(&offer_shm, KVP_REG_INLINE, "cannot map segment: EACCES", &inst, msg,
                      sizeof(msg)),
               0);
-    assert_int_equal(inst.transport, KVP_WIRE_INLINE);
+    assert_int_equal(inst.transport, KVP_REG_INLINE);
     assert_string_equal(inst.reason, "cannot map segment: EACCES");
 
     /* Without a reason the instance still gets one for the log line. */
-    assert_rc(choose(&offer_shm, KVP_WIRE_INLINE, "", &inst, msg, sizeof(msg)), 0);
-    assert_int_equal(inst.transport, KVP_WIRE_INLINE);
+    assert_rc(choose(&offer_shm, KVP_REG_INLINE, "", &inst, msg, sizeof(msg)), 0);
+    assert_int_equal(inst.transport, KVP_REG_INLINE);
     assert_true(inst.reason[0] != '\0');
 }
 
@@ -278,8 +278,8 @@ static void test_transport_auto_is_inline(void **state)
     char msg[512];
 
     /* Auto never means shm: only a worker that says it mapped the segment gets shm. */
-    assert_rc(choose(&offer_shm, KVP_WIRE_AUTO, "", &inst, msg, sizeof(msg)), 0);
-    assert_int_equal(inst.transport, KVP_WIRE_INLINE);
+    assert_rc(choose(&offer_shm, KVP_REG_AUTO, "", &inst, msg, sizeof(msg)), 0);
+    assert_int_equal(inst.transport, KVP_REG_INLINE);
     assert_true(inst.reason[0] != '\0');
 }
 
@@ -289,17 +289,16 @@ static void test_transport_daemon_without_shm(void **state)
     struct kvp_registration inst;
     char msg[512];
 
-    assert_rc(choose(&offer_inline, KVP_WIRE_INLINE, "", &inst, msg, sizeof(msg)), 0);
-    assert_int_equal(inst.transport, KVP_WIRE_INLINE);
+    assert_rc(choose(&offer_inline, KVP_REG_INLINE, "", &inst, msg, sizeof(msg)), 0);
+    assert_int_equal(inst.transport, KVP_REG_INLINE);
     assert_string_equal(inst.reason, NO_SHM_REASON);
 
-    assert_rc(choose(&offer_inline, KVP_WIRE_AUTO, "", &inst, msg, sizeof(msg)), 0);
-    assert_int_equal(inst.transport, KVP_WIRE_INLINE);
+    assert_rc(choose(&offer_inline, KVP_REG_AUTO, "", &inst, msg, sizeof(msg)), 0);
+    assert_int_equal(inst.transport, KVP_REG_INLINE);
     assert_string_equal(inst.reason, NO_SHM_REASON);
 
     /* The daemon's reason is the real one, whatever the worker says. */
-    assert_rc(choose(&offer_inline, KVP_WIRE_INLINE, "requested by worker", &inst, msg,
-                     sizeof(msg)),
+    assert_rc(choose(&offer_inline, KVP_REG_INLINE, "requested by worker", &inst, msg, sizeof(msg)),
               0);
     assert_string_equal(inst.reason, NO_SHM_REASON);
 }

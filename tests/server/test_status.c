@@ -138,8 +138,8 @@ static void test_instances_and_transfers(void **state)
     long long shm_chunks0 = num(st0, "counters.store_chunks_shm");
     json_decref(st0);
 
-    uint32_t a = fx_register(&s, "worker-shm", 7, KVP_WIRE_SHM, NULL);
-    fx_register(&s, "worker-inline", 8, KVP_WIRE_INLINE, "requested by worker");
+    uint32_t a = fx_register(&s, "worker-shm", 7, KVP_REG_SHM, NULL);
+    fx_register(&s, "worker-inline", 8, KVP_REG_INLINE, "requested by worker");
     kvp_registry_count_io(&s.registry, a, true, 3, 3 * 4096);
     kvp_registry_count_io(&s.registry, a, false, 2, 2 * 4096);
     KVP_COUNT(store_chunks_shm, 3);
@@ -182,7 +182,7 @@ static void test_instances_and_transfers(void **state)
 
     /* A slot taken again starts from zero. */
     assert_rc(kvp_registry_remove(&s.registry, a, "test"), 0);
-    a = fx_register(&s, "worker-shm-2", 9, KVP_WIRE_SHM, NULL);
+    a = fx_register(&s, "worker-shm-2", 9, KVP_REG_SHM, NULL);
     st = status(&s);
     assert_null(instance(st, "worker-shm"));
     assert_int_equal(num(instance(st, "worker-shm-2"), "stored_chunks"), 0);
@@ -218,7 +218,7 @@ static void test_non_utf8_names(void **state)
     (void)state;
     struct kvp_server s;
     fx_server_start(&s, true);
-    fx_register(&s, "bad\xff\xfe-id \"quoted\"\n", 1, KVP_WIRE_INLINE, "reason \xc3(");
+    fx_register(&s, "bad\xff\xfe-id \"quoted\"\n", 1, KVP_REG_INLINE, "reason \xc3(");
     json_t *st = status(&s);
     json_t *i = instance(st, "bad?"
                              "?-id \"quoted\"\n");

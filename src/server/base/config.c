@@ -43,6 +43,7 @@ enum opt_id {
     OPT_SHM_NAME,
     OPT_LOG_LEVEL,
     OPT_MAX_CLIENTS,
+    OPT_MAX_INSTANCES_PER_CLIENT,
     OPT_RESERVE_TIMEOUT,
     OPT_IO_TIMEOUT,
     OPT_HTTP,
@@ -116,6 +117,10 @@ static const struct opt_desc opts[] = {
      OPT_LOG_FORMAT},
     {"max-clients", "KVPOOL_MAX_CLIENTS", "N",
      "Maximum simultaneous connections (1..4096). Default: 256", OPT_MAX_CLIENTS},
+    {"max-instances-per-client", "KVPOOL_MAX_INSTANCES_PER_CLIENT", "N",
+     "Instances one client (connection) may have registered at once (1..1024), so that\n"
+     "no client can take the whole table of 1024. Default: 64",
+     OPT_MAX_INSTANCES_PER_CLIENT},
     {"reserve-timeout", "KVPOOL_RESERVE_TIMEOUT", "SECONDS",
      "Cancel store reservations not committed within this time. Default: 600", OPT_RESERVE_TIMEOUT},
     {"io-timeout", "KVPOOL_IO_TIMEOUT", "MS",
@@ -173,6 +178,7 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .log_level = KVP_LOG_INFO,
         .log_format = KVP_LOG_TEXT,
         .max_clients = 256,
+        .max_instances_per_client = 64,
         .reserve_timeout_s = 600,
         .io_timeout_ms = 30000,
         .http = KVP_HTTP_DEFAULT,
@@ -326,6 +332,10 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
     case OPT_MAX_CLIENTS:
         rc = parse_u32(val, 1, 4096, 10, &cfg->max_clients);
         want = "a number from 1 to 4096";
+        break;
+    case OPT_MAX_INSTANCES_PER_CLIENT:
+        rc = parse_u32(val, 1, 1024, 10, &cfg->max_instances_per_client);
+        want = "a number from 1 to 1024";
         break;
     case OPT_RESERVE_TIMEOUT:
         rc = parse_u32(val, 1, 86400, 10, &cfg->reserve_timeout_s);

@@ -29,6 +29,7 @@ struct kvp_config {
     enum kvp_log_level log_level;
     enum kvp_log_format log_format;
     uint32_t max_clients;
+    uint32_t max_instances_per_client; /* registered at once by one client (owner) */
     uint32_t reserve_timeout_s;
     uint32_t io_timeout_ms; /* bound on receiving the rest of a started frame */
     bool follow_cpu;        /* --follow-cpu: connection threads run on their worker's CPU */

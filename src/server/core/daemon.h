@@ -23,6 +23,16 @@
 struct kvp_session;
 struct kvp_http;
 struct kvp_l2;
+struct kvp_owner;
+
+/* Every owner (owner.h) of the daemon, of any front end: a list for the reports, and the source
+ * of owner ids. */
+struct kvp_owners {
+    pthread_mutex_t lock; /* guards head, n, next_id (a leaf lock) */
+    struct kvp_owner *head;
+    uint32_t n;
+    uint64_t next_id;
+};
 
 struct kvp_server {
     struct kvp_config cfg;
@@ -48,11 +58,12 @@ struct kvp_server {
     int wake_fds[2]; /* self-pipe: stop request and expiry wake-up */
     atomic_bool stopping;
 
-    pthread_mutex_t conns_lock; /* guards conns, nconns, next_conn_id (session.c) */
+    struct kvp_owners owners; /* the clients of every front end (owner.c) */
+
+    pthread_mutex_t conns_lock; /* guards conns, nconns (kvp/listener.c) */
     pthread_cond_t conns_cv;    /* signalled when a connection thread exits */
     struct kvp_session *conns;
     uint32_t nconns;
-    uint64_t next_conn_id;
 
     pthread_t expiry_thread;
     bool expiry_started;

@@ -1,30 +1,27 @@
 /*
- * holds.c - a connection's reservations and pins (see holds.h).
+ * holds.c - an owner's reservations and pins (see holds.h).
  *
- * Design. A fixed array of KVP_MAX_HOLDS entries, allocated once per connection and searched
- * linearly: a worker keeps a handful of holds at a time (one per transfer in flight), so a scan
- * is cheaper than any index, and the bound makes a client that never commits run out of holds
- * rather than daemon memory. Removal moves the last entry into the hole.
+ * Design. A fixed array of KVP_MAX_HOLDS entries, allocated once per owner (at its first hold)
+ * and searched linearly: a worker keeps a handful of holds at a time (one per transfer in flight),
+ * so a scan is cheaper than any index, and the bound makes a client that never commits run out of
+ * holds rather than daemon memory. Removal moves the last entry into the hole.
  *
  * Invariant: every object a hold lists is reserved (or pinned) on the hold's behalf until the
- * hold is committed, released or dropped; a connection that ends releases all of them, so a
+ * hold is committed, released or dropped; an owner that ends releases all of them, so a
  * dead worker never leaves anything reserved or pinned.
  *
- * Threads: a table is used by its connection's thread only.
+ * Threads: a table is used by the thread serving its owner only.
  */
 #include "core/holds.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/stats.h"
 
-int kvp_holds_init(struct kvp_holds *t, struct kvp_store *store)
+void kvp_holds_init(struct kvp_holds *t, struct kvp_store *store)
 {
     *t = (struct kvp_holds){.store = store};
-    t->v = malloc(sizeof(*t->v) * KVP_MAX_HOLDS);
-    return t->v ? 0 : -ENOMEM;
 }
 
 void kvp_holds_destroy(struct kvp_holds *t)
@@ -44,6 +41,9 @@ struct kvp_hold *kvp_holds_add(struct kvp_holds *t, uint32_t handle, bool is_pin
                                struct kvp_obj *const *objs, uint32_t n, uint64_t chunk_bytes)
 {
     if (kvp_holds_full(t))
+        return NULL;
+    /* A client that only looks up never pays for the table. */
+    if (!t->v && !(t->v = malloc(sizeof(*t->v) * KVP_MAX_HOLDS)))
         return NULL;
     struct kvp_obj **copy = malloc(sizeof(*copy) * n);
     if (!copy)

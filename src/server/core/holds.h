@@ -1,10 +1,10 @@
 /*
- * holds.h - the reservations and pins ("holds") one connection owns.
+ * holds.h - the reservations and pins ("holds") one owner (a client) has.
  *
  * A hold is what a prepare hands out and a commit, abort or disconnect ends: a reservation
  * (prepare-store: reserved objects to publish or abort) or a pin set (prepare-retrieve: committed
- * objects that eviction must skip). The table belongs to one connection and is used by that
- * connection's thread only, so it has no lock; the store calls it makes take the store's lock.
+ * objects that eviction must skip). The table belongs to one owner (owner.h) and is used by the
+ * thread serving it only, so it has no lock; the store calls it makes take the store's lock.
  */
 #ifndef KVP_HOLDS_H
 #define KVP_HOLDS_H
@@ -42,8 +42,8 @@ struct kvp_holds {
     uint64_t next_id; /* ids are unique per connection, never reused */
 };
 
-/* Allocates the table. Returns 0 or -ENOMEM (kvp_holds_destroy() still works). */
-int kvp_holds_init(struct kvp_holds *t, struct kvp_store *store);
+/* An empty table over store. Allocates nothing: the entries come with the first hold. */
+void kvp_holds_init(struct kvp_holds *t, struct kvp_store *store);
 
 /* Releases every hold, then frees the table. Safe on a zeroed or half-built table. */
 void kvp_holds_destroy(struct kvp_holds *t);
@@ -53,7 +53,8 @@ bool kvp_holds_full(const struct kvp_holds *t);
 
 /*
  * Records a hold of objs[0..n) (copied) for instance handle. Returns it, or NULL when the table
- * is full or out of memory: the caller then undoes the store side.
+ * is full or out of memory (the first hold allocates the table): the caller then undoes the
+ * store side.
  */
 struct kvp_hold *kvp_holds_add(struct kvp_holds *t, uint32_t handle, bool is_pin,
                                struct kvp_obj *const *objs, uint32_t n, uint64_t chunk_bytes);

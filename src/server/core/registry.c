@@ -44,7 +44,7 @@ void kvp_registry_destroy(struct kvp_registry *r)
  * Every scalar of a registration comes from a worker: each is checked, in wire order, and the
  * first bad one is named in the message so the operator can fix the worker's configuration.
  */
-int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
+int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spec *req,
                           struct kvp_registration *inst, char *msg, size_t msg_size)
 {
 #define BAD(...)                              \
@@ -71,7 +71,7 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_registe
         BAD("hidden_dim must be >= 1");
     if (req->use_mla > 1)
         BAD("use_mla must be 0 or 1");
-    if (req->transport > KVP_WIRE_INLINE)
+    if (req->transport > KVP_REG_INLINE)
         BAD("transport must be 0 (auto), 1 (shm) or 2 (inline)");
     const struct kvp_dtype *dt = kvp_dtype_find(req->dtype);
     if (!dt)
@@ -84,7 +84,7 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_registe
             "pool of %" PRIu64 " bytes",
             r->offer.pool_size);
 #undef BAD
-    inst->req = *req;
+    inst->spec = *req;
     inst->dtype_size = dt->size;
     struct kvp_key_ns ns;
     kvp_registration_key_ns(inst, NULL, 0, &ns);
@@ -102,23 +102,23 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_registe
 int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
                                   char *msg, size_t msg_size)
 {
-    const struct kvp_register_req *req = &inst->req;
+    const struct kvp_reg_spec *req = &inst->spec;
 
-    if (req->transport == KVP_WIRE_SHM) {
+    if (req->transport == KVP_REG_SHM) {
         if (!r->offer.shm_enabled) {
             snprintf(msg, msg_size, "shm transport unavailable: %s", r->offer.shm_reason);
             return -EOPNOTSUPP;
         }
-        inst->transport = KVP_WIRE_SHM;
+        inst->transport = KVP_REG_SHM;
         inst->reason[0] = '\0';
         return 0;
     }
-    inst->transport = KVP_WIRE_INLINE;
+    inst->transport = KVP_REG_INLINE;
     if (!r->offer.shm_enabled)
         snprintf(inst->reason, sizeof(inst->reason), "%s", r->offer.shm_reason);
     else if (req->reason[0])
         snprintf(inst->reason, sizeof(inst->reason), "%s", req->reason);
-    else if (req->transport == KVP_WIRE_INLINE)
+    else if (req->transport == KVP_REG_INLINE)
         snprintf(inst->reason, sizeof(inst->reason), "requested by worker");
     else
         snprintf(inst->reason, sizeof(inst->reason), "worker did not map the segment");
@@ -129,7 +129,7 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
 static int do_find_id(struct kvp_registry *r, const char *id)
 {
     for (int i = 0; i < KVP_MAX_INSTANCES; i++)
-        if (r->slots[i].used && strcmp(r->slots[i].inst.req.instance_id, id) == 0)
+        if (r->slots[i].used && strcmp(r->slots[i].inst.spec.instance_id, id) == 0)
             return i;
     return -1;
 }
@@ -146,16 +146,16 @@ static int do_find_handle(struct kvp_registry *r, uint32_t handle)
 /* The one INFO line per registration that names the transport actually in use. */
 static void log_transport(const struct kvp_registration *inst, const struct kvp_offer *offer)
 {
-    if (inst->transport == KVP_WIRE_SHM && offer->memfd)
+    if (inst->transport == KVP_REG_SHM && offer->memfd)
         log_info("Instance %s non-GPU context using SHM transport (backend=memfd, "
                  "pool_size=%" PRIu64 ")",
-                 inst->req.instance_id, offer->pool_size);
-    else if (inst->transport == KVP_WIRE_SHM)
+                 inst->spec.instance_id, offer->pool_size);
+    else if (inst->transport == KVP_REG_SHM)
         log_info("Instance %s non-GPU context using SHM transport (shm_name=%s, "
                  "pool_size=%" PRIu64 ")",
-                 inst->req.instance_id, offer->shm_name, offer->pool_size);
+                 inst->spec.instance_id, offer->shm_name, offer->pool_size);
     else
-        log_info("Instance %s non-GPU context using inline transport (%s)", inst->req.instance_id,
+        log_info("Instance %s non-GPU context using inline transport (%s)", inst->spec.instance_id,
                  inst->reason);
 }
 
@@ -164,8 +164,8 @@ static void log_transport(const struct kvp_registration *inst, const struct kvp_
  * both values. Returns true if one differs. The transport and its reason are not identity: a
  * worker may ask for another transport and still gets its own registration back.
  */
-static bool differs(const struct kvp_register_req *have, const struct kvp_register_req *want,
-                    char *msg, size_t msg_size)
+static bool differs(const struct kvp_reg_spec *have, const struct kvp_reg_spec *want, char *msg,
+                    size_t msg_size)
 {
 #define STR_FIELD(f)                                                                       \
     if (strcmp(have->f, want->f) != 0) {                                                   \
@@ -197,20 +197,20 @@ static bool differs(const struct kvp_register_req *have, const struct kvp_regist
  * Logging happens after the lock is dropped: a log write is a syscall and must not stretch a
  * critical section that every registration and request goes through.
  */
-int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
-                     struct kvp_registration *inst, bool *existing, char *msg, size_t msg_size)
+int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint32_t max_per_owner,
+                     bool *existing, char *msg, size_t msg_size)
 {
     *existing = false;
     pthread_mutex_lock(&r->lock);
-    int i = do_find_id(r, inst->req.instance_id);
+    int i = do_find_id(r, inst->spec.instance_id);
     if (i >= 0) {
         const struct kvp_registration *have = &r->slots[i].inst;
         int rc = 0;
-        if (differs(&have->req, &inst->req, msg, msg_size)) {
+        if (differs(&have->spec, &inst->spec, msg, msg_size)) {
             rc = -EEXIST;
-        } else if (have->owner != owner) {
+        } else if (have->owner != inst->owner) {
             snprintf(msg, msg_size, "instance id %s in use by another connection, pid %" PRId32,
-                     have->req.instance_id, have->owner_pid);
+                     have->spec.instance_id, have->owner_pid);
             rc = -EBUSY;
         } else {
             *inst = *have;
@@ -220,8 +220,20 @@ int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
         if (rc == 0)
             log_warn("Instance %s is already registered by this connection; returning the "
                      "existing registration",
-                     inst->req.instance_id);
+                     inst->spec.instance_id);
         return rc;
+    }
+    /* One client must not take the table from the others (--max-instances-per-client). */
+    uint32_t mine = 0;
+    for (i = 0; max_per_owner && i < KVP_MAX_INSTANCES; i++)
+        mine += r->slots[i].used && r->slots[i].inst.owner == inst->owner;
+    if (max_per_owner && mine >= max_per_owner) {
+        pthread_mutex_unlock(&r->lock);
+        snprintf(msg, msg_size,
+                 "this client has %" PRIu32 " instances registered, the most "
+                 "--max-instances-per-client (%" PRIu32 ") allows",
+                 mine, max_per_owner);
+        return -EDQUOT;
     }
     for (i = 0; i < KVP_MAX_INSTANCES && r->slots[i].used; i++)
         ;
@@ -234,11 +246,9 @@ int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
     if (++r->slots[i].gen == 0)
         r->slots[i].gen = 1;
     inst->handle = ((uint32_t)r->slots[i].gen << 16) | (uint32_t)i;
-    inst->owner = owner;
-    inst->owner_pid = owner_pid;
     r->slots[i].inst = *inst;
     r->count++;
-    r->count_shm += inst->transport == KVP_WIRE_SHM;
+    r->count_shm += inst->transport == KVP_REG_SHM;
     struct kvp_instance_io *io = &r->slots[i].io;
     atomic_store_explicit(&io->stored_chunks, 0, memory_order_relaxed);
     atomic_store_explicit(&io->stored_bytes, 0, memory_order_relaxed);
@@ -247,7 +257,7 @@ int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
     pthread_mutex_unlock(&r->lock);
 
     KVP_COUNT(registrations, 1);
-    if (inst->transport == KVP_WIRE_SHM)
+    if (inst->transport == KVP_REG_SHM)
         KVP_COUNT(registrations_shm, 1);
     else
         KVP_COUNT(registrations_inline, 1);
@@ -285,10 +295,10 @@ void kvp_registration_key_ns(const struct kvp_registration *inst, const void *sa
                              uint32_t salt_len, struct kvp_key_ns *ns)
 {
     *ns = (struct kvp_key_ns){
-        .model_name = inst->req.model_name,
-        .world_size = inst->req.world_size,
-        .rank = inst->req.use_mla ? KVP_RANK_SHARED : inst->req.worker_rank,
-        .dtype = inst->req.dtype,
+        .model_name = inst->spec.model_name,
+        .world_size = inst->spec.world_size,
+        .rank = inst->spec.use_mla ? KVP_RANK_SHARED : inst->spec.worker_rank,
+        .dtype = inst->spec.dtype,
         .ndim = inst->layout.ndim,
         .shape = inst->layout.shape,
         .salt = salt,
@@ -302,10 +312,10 @@ int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why
     pthread_mutex_lock(&r->lock);
     int i = do_find_handle(r, handle);
     if (i >= 0) {
-        memcpy(id, r->slots[i].inst.req.instance_id, sizeof(id));
+        memcpy(id, r->slots[i].inst.spec.instance_id, sizeof(id));
         r->slots[i].used = false;
         r->count--;
-        r->count_shm -= r->slots[i].inst.transport == KVP_WIRE_SHM;
+        r->count_shm -= r->slots[i].inst.transport == KVP_REG_SHM;
     }
     pthread_mutex_unlock(&r->lock);
     if (i < 0)

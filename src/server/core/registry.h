@@ -2,11 +2,11 @@
  * registry.h - registered worker instances and the per-instance transport decision.
  *
  * An instance is one worker (one tensor-parallel rank) with one KV layout, owned by the one
- * connection that registered it. An instance id names at most one registration: a namesake with
- * another layout is refused (-EEXIST), and so is an identical one from another connection
- * (-EBUSY), so one model's chunks are never served to another and nobody can adopt a live
- * worker's instance. Handles are (generation << 16 | slot): a handle of an unregistered instance
- * never names a newer one.
+ * owner (owner.h: a kvpool connection, an LMCache worker) that registered it. An instance id
+ * names at most one registration: a namesake with another layout is refused (-EEXIST), and so is
+ * an identical one from another owner (-EBUSY), so one model's chunks are never served to another
+ * and nobody can adopt a live worker's instance. Handles are (generation << 16 | slot): a handle of
+ * an unregistered instance never names a newer one.
  */
 #ifndef KVP_REGISTRY_H
 #define KVP_REGISTRY_H
@@ -18,21 +18,44 @@
 
 #include "common/chunk_hash.h"
 #include "common/layout.h"
-#include "common/msg.h"
+#include "common/wire.h" /* the limits: KVP_MAX_NAME, KVP_MAX_REASON */
 
 #define KVP_MAX_INSTANCES 1024
 
+/* How an instance's chunks travel. A registration asks for AUTO, SHM or INLINE; the registry
+ * settles on SHM or INLINE (kvp_registry_choose_transport()). */
+enum kvp_reg_transport { KVP_REG_AUTO = 0, KVP_REG_SHM = 1, KVP_REG_INLINE = 2 };
+
+/*
+ * What a worker declares when it registers, whatever protocol carried it: its instance id, the
+ * identity of its keys (model, world size, rank, dtype, MLA), its KV layout and the transport it
+ * will use. A front end fills it from its own request; the registry validates every field.
+ */
+struct kvp_reg_spec {
+    char instance_id[KVP_MAX_NAME + 1];
+    char model_name[KVP_MAX_NAME + 1];
+    char dtype[KVP_MAX_NAME + 1];
+    uint32_t world_size, worker_rank, block_size, num_layers, hidden_dim;
+    uint8_t use_mla;                 /* 0 or 1 */
+    uint8_t transport;               /* enum kvp_reg_transport: what the worker will use */
+    char reason[KVP_MAX_REASON + 1]; /* why the worker chose inline, or "" */
+};
+
+/* Longest front-end name ("kvpool", "lmcache") a registration records. */
+#define KVP_MAX_FRONTEND 15
+
+/* A registered instance: the worker's declaration, its owner and what the daemon derived. */
 struct kvp_registration {
     uint32_t handle;
-    uint64_t owner;    /* connection id that registered it */
-    int32_t owner_pid; /* that connection's peer pid (SO_PEERCRED), -1 if unknown */
-    struct kvp_register_req req;
+    uint64_t owner;                      /* id of the owner (owner.h) that registered it */
+    int32_t owner_pid;                   /* that owner's peer pid, -1 if unknown */
+    int64_t connected_since_ms;          /* wall clock (ms since the epoch) the owner connected */
+    char frontend[KVP_MAX_FRONTEND + 1]; /* the protocol that registered it: "kvpool", ... */
+    struct kvp_reg_spec spec;
     struct kvp_chunk_layout layout;
     uint32_t dtype_size;
-    uint8_t transport; /* KVP_WIRE_SHM or KVP_WIRE_INLINE */
+    uint8_t transport; /* KVP_REG_SHM or KVP_REG_INLINE */
     char reason[KVP_MAX_REASON + 1];
-    int64_t connected_since_ms; /* wall clock (ms since the epoch) the owner connected; set by
-                                   the caller of kvp_registry_add() */
     /* The key chain's seed for requests without a salt, computed once at registration
      * (kvp_registration_key_ns() with no salt). */
     uint8_t seed[KVP_KEY_SIZE];
@@ -40,7 +63,7 @@ struct kvp_registration {
 
 /*
  * What one instance moved, for the status report. Updated with relaxed atomics and without the
- * registry lock by the one connection thread that owns the instance (kvp_registry_count_io());
+ * registry lock by the one thread serving the owner of the instance (kvp_registry_count_io());
  * reset under the lock when a registration takes the slot.
  */
 struct kvp_instance_io {
@@ -81,10 +104,10 @@ void kvp_registry_destroy(struct kvp_registry *r);
 
 /*
  * Validates a registration: 0, or -EINVAL with a message naming the field in msg (-ENOMEM when
- * hashing cannot start). On success fills layout, dtype size and the unsalted key seed into
- * *inst (not yet registered).
+ * hashing cannot start). On success copies spec into *inst and fills layout, dtype size and the
+ * unsalted key seed (not yet registered; the owner fields are the caller's).
  */
-int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_register_req *req,
+int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spec *spec,
                           struct kvp_registration *inst, char *msg, size_t msg_size);
 
 /*
@@ -96,24 +119,26 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
                                   char *msg, size_t msg_size);
 
 /*
- * Registers *inst for connection owner, whose peer process is owner_pid, and logs the transport
- * line. If the instance id is already registered:
+ * Registers *inst for the owner its owner fields name (owner, owner_pid, connected_since_ms,
+ * frontend: filled by the caller) and logs the transport line. If the instance id is already
+ * registered:
  *   - with another model_name, world_size, worker_rank, block_size, num_layers, hidden_dim,
  *     dtype or use_mla: -EEXIST, msg names the first differing field with both values;
- *   - identically, by another connection: -EBUSY, msg names that connection's pid;
- *   - identically, by the same connection: 0 with *existing = true, the existing registration
+ *   - identically, by another owner: -EBUSY, msg names that owner's pid;
+ *   - identically, by the same owner: 0 with *existing = true, the existing registration
  *     copied to *inst, and one warning logged.
- * A refusal changes nothing in the table. Returns 0, -EEXIST, -EBUSY or -ENOSPC (table full);
- * msg is set on every error.
+ * A new instance is refused with -EDQUOT when its owner already has max_per_owner (0: no
+ * limit) instances, and -ENOSPC when the table is full. A refusal changes nothing in the table.
+ * Returns 0, -EEXIST, -EBUSY, -EDQUOT or -ENOSPC; msg is set on every error.
  */
-int kvp_registry_add(struct kvp_registry *r, uint64_t owner, int32_t owner_pid,
-                     struct kvp_registration *inst, bool *existing, char *msg, size_t msg_size);
+int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint32_t max_per_owner,
+                     bool *existing, char *msg, size_t msg_size);
 
 /* Copies the instance of handle. Returns 0 or -ENOENT. */
 int kvp_registry_get(struct kvp_registry *r, uint32_t handle, struct kvp_registration *out);
 
-/* Copies the instance of handle if connection owner registered it. Returns 0, or -ENOENT for
- * an unknown handle and for another connection's instance (handles are not capabilities to
+/* Copies the instance of handle if owner registered it. Returns 0, or -ENOENT for
+ * an unknown handle and for another owner's instance (handles are not capabilities to
  * share: requests only ever act on the caller's own registration). */
 int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t owner,
                            struct kvp_registration *out);
@@ -126,7 +151,7 @@ void kvp_registration_key_ns(const struct kvp_registration *inst, const void *sa
 /* Unregisters handle. Returns 0 or -ENOENT. */
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why);
 
-/* Unregisters every instance registered by connection owner. Returns how many. */
+/* Unregisters every instance registered by owner (its client went away). Returns how many. */
 uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner);
 
 uint32_t kvp_registry_count(struct kvp_registry *r);
@@ -136,8 +161,8 @@ void kvp_registry_count_transports(struct kvp_registry *r, uint32_t *total, uint
 
 /*
  * Adds a transfer to the counts of instance handle: chunks and bytes stored (store true) or
- * retrieved. Lock-free. Only the connection that owns handle may call it, while the instance is
- * registered: that connection is the only one that can unregister it, so the slot cannot be
+ * retrieved. Lock-free. Only the owner of handle may call it, while the instance is
+ * registered: that owner is the only one that can unregister it, so the slot cannot be
  * reused meanwhile.
  */
 void kvp_registry_count_io(struct kvp_registry *r, uint32_t handle, bool store, uint64_t chunks,

@@ -6,7 +6,8 @@
  * value orders any other memory. A reader may see one counter updated and its neighbour not yet:
  * reports are a moment's approximation, never a synchronisation point. The histogram's count is
  * derived from its buckets by the reader, so a rendering is internally consistent (the +Inf
- * bucket equals _count) even though it races with recording.
+ * bucket equals _count) even though it races with recording. The store lock's hold histogram
+ * works the same way, with its maximum kept by a compare-and-swap loop.
  */
 #include "core/stats.h"
 
@@ -84,4 +85,45 @@ void kvp_latency_read(struct kvp_latency_copy out[KVP_OP_MAX_])
         }
         c->sum_ns = atomic_load_explicit(&latency[op].sum_ns, memory_order_relaxed);
     }
+}
+
+const uint64_t kvp_hold_bound_ns[KVP_HOLD_BUCKETS] = {
+    1 * US,   2500,   5 * US,    10 * US, 25 * US, 50 * US,  100 * US, 250 * US,
+    500 * US, 1 * MS, 2500 * US, 5 * MS,  10 * MS, 100 * MS, 1 * S,
+};
+
+const char *const kvp_hold_bound_le[KVP_HOLD_BUCKETS] = {
+    "1e-06",  "2.5e-06", "5e-06",  "1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025",
+    "0.0005", "0.001",   "0.0025", "0.005", "0.01",    "0.1",   "1",
+};
+
+static struct {
+    _Atomic uint64_t bucket[KVP_HOLD_BUCKETS + 1];
+    _Atomic uint64_t sum_ns;
+    _Atomic uint64_t max_ns;
+} hold;
+
+void kvp_lock_hold_record(uint64_t ns)
+{
+    int b = 0;
+    while (b < KVP_HOLD_BUCKETS && ns > kvp_hold_bound_ns[b])
+        b++;
+    atomic_fetch_add_explicit(&hold.bucket[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&hold.sum_ns, ns, memory_order_relaxed);
+    uint64_t max = atomic_load_explicit(&hold.max_ns, memory_order_relaxed);
+    while (ns > max &&
+           !atomic_compare_exchange_weak_explicit(&hold.max_ns, &max, ns, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+void kvp_lock_hold_read(struct kvp_hold_copy *out)
+{
+    out->count = 0;
+    for (int b = 0; b <= KVP_HOLD_BUCKETS; b++) {
+        out->bucket[b] = atomic_load_explicit(&hold.bucket[b], memory_order_relaxed);
+        out->count += out->bucket[b];
+    }
+    out->sum_ns = atomic_load_explicit(&hold.sum_ns, memory_order_relaxed);
+    out->max_ns = atomic_load_explicit(&hold.max_ns, memory_order_relaxed);
 }

@@ -210,4 +210,30 @@ void kvp_latency_record(uint16_t op, uint64_t ns);
  * zeroed). */
 void kvp_latency_read(struct kvp_latency_copy out[KVP_OP_MAX_]);
 
+/* ---- the store lock's hold time: kvpool_store_lock_hold_seconds ---- */
+
+/*
+ * Upper bounds of its buckets in nanoseconds (the last bucket, +Inf, is implicit), from 1 us (a
+ * lookup) to 1 s. Recorded by store.c at every release of the store lock, without any lock.
+ */
+#define KVP_HOLD_BUCKETS 15
+extern const uint64_t kvp_hold_bound_ns[KVP_HOLD_BUCKETS];
+/* The same bounds as Prometheus writes them in the "le" label. */
+extern const char *const kvp_hold_bound_le[KVP_HOLD_BUCKETS];
+
+/* A copy of the histogram: per-bucket counts (not cumulative; the last is +Inf), their sum
+ * (count), the sum of the hold times and the longest hold since the daemon started. */
+struct kvp_hold_copy {
+    uint64_t bucket[KVP_HOLD_BUCKETS + 1];
+    uint64_t sum_ns;
+    uint64_t count;
+    uint64_t max_ns;
+};
+
+/* Records one hold of the store lock that lasted ns nanoseconds. */
+void kvp_lock_hold_record(uint64_t ns);
+
+/* Copies the histogram into out. */
+void kvp_lock_hold_read(struct kvp_hold_copy *out);
+
 #endif /* KVP_STATS_H */

@@ -2,27 +2,120 @@
  * store.c - key index, object life cycle and LRU eviction (see store.h for the state machine).
  *
  * Threads: every connection thread and the expiry thread call in; one mutex (s->lock) guards
- * the index, both lists, the counters and the pool allocator. It is held only for metadata work
+ * the index, the lists, the counters and the pool allocator. It is held only for metadata work
  * (hash lookups, list splicing, bitmap updates): no chunk byte is ever copied under it, so a
  * large transfer by one worker never blocks another worker's requests. It is a leaf lock:
- * nothing else is acquired while holding it.
+ * nothing else is acquired while holding it. Every hold is timed into the
+ * kvpool_store_lock_hold_seconds histogram (stats.h).
  *
  * Index: keys are BLAKE2b digests, so their first 8 bytes are already uniformly distributed and
  * serve directly as the bucket hash. The table has one bucket per pool page / 4 (a power of two,
  * at least 1024) and is never resized: objects are at least one page, so chains stay short.
  *
- * Eviction happens on demand inside prepare: while the allocator cannot place a chunk, the
- * least recently used committed object that is not pinned is freed. Lookup, cached-store hits
- * and retrieves refresh recency.
+ * Lists: COMMITTED objects that may be evicted (no pins, no guard) are on the LRU list, most
+ * recent first, ordered by last_use (a clock ticked at every use); pinned or guarded ones wait
+ * on the held list and come back to the LRU's front when released. So the LRU's tail is always
+ * a victim, and evictable_pages (the LRU's pages) tells at once whether a chunk can get space.
+ *
+ * Eviction, on demand inside prepare, targeted (the pool is first fit over pages, pool.c):
+ *
+ *   1. if the allocator finds a free run, done: O(log n);
+ *   2. if free plus evictable pages are fewer than the chunk needs, no space, at once;
+ *   3. else plan a window: a run of pages at least as long as the chunk, made of free pages and
+ *      evictable objects, grown from a victim on the LRU's tail towards whichever neighbour
+ *      (found through edge[], the object at each page where one begins or ends) was used less
+ *      recently. A window's cost is its most recently used victim; the cheapest of up to
+ *      KVP_EVICT_CANDIDATES windows (grown from the oldest objects, a plan stopped as soon as
+ *      it cannot win, all within a step budget proportional to the chunk) is evicted, and the
+ *      allocator places the chunk in the run it leaves. With chunks of one size a window is
+ *      exactly the LRU victim: plain LRU. With mixed sizes it evicts what lies around the
+ *      oldest objects, never more than the chunk's length beyond it, so the hit ratio stays
+ *      near a byte-LRU's and no size class can calcify.
+ *
+ * A step is one object or one bitmap word, so a chunk costs O(its pages + log n), independent
+ * of the pool's size and of where its other objects lie. The steps are counted (s->steps and
+ * the pool's), and tests check the counts.
+ *
+ * Long work, short holds: evicting a window of thousands of one-page objects takes a
+ * millisecond or more. Once a hold has lasted KVP_STORE_SLICE_NS, the evicting prepare ends it
+ * between victims or between chunks (unlock; if threads wait, wait until one of them got the
+ * lock; relock), so no hold lasts much longer than that. What protects a prepare's state
+ * meanwhile: its reservations are RESERVED (never evicted), the objects it reported cached are
+ * guarded (off the LRU list, listed in the tail of its objs array), and the window's pages stay
+ * used as its victims go (the free ones between them are claimed), so nothing else lands in
+ * the part already evicted. A window whose remaining part changed meanwhile (a victim pinned by
+ * a retrieve) is given back and planned again, a bounded number of times.
  */
 #include "core/store.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/stats.h"
+
+/* Windows planned per chunk at most; then the cheapest is evicted. */
+#define KVP_EVICT_CANDIDATES 16
+/* Plan attempts per chunk (a window whose pages changed while others had the lock). */
+#define KVP_EVICT_ATTEMPTS 4
+/* A hold this long ends at the next point where that is safe (do_yield). */
+#define KVP_STORE_SLICE_NS 100000ull
+/* do_yield reads the clock at every this many calls (a victim or a chunk each). */
+#define KVP_STORE_SLICE_CHECK 8
+/* How long a holder that let others in waits for one of them to take the lock. */
+#define KVP_STORE_HANDOFF_YIELDS 200
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void store_lock(struct kvp_store *s)
+{
+    if (pthread_mutex_trylock(&s->lock) != 0) {
+        atomic_fetch_add_explicit(&s->waiters, 1, memory_order_relaxed);
+        pthread_mutex_lock(&s->lock);
+        atomic_fetch_sub_explicit(&s->waiters, 1, memory_order_relaxed);
+    }
+    atomic_fetch_add_explicit(&s->acquired, 1, memory_order_relaxed);
+    s->held_since_ns = now_ns();
+}
+
+static void store_unlock(struct kvp_store *s)
+{
+    uint64_t held = now_ns() - s->held_since_ns;
+    pthread_mutex_unlock(&s->lock);
+    kvp_lock_hold_record(held);
+}
+
+/*
+ * Ends a hold that has lasted a slice: unlock, and when threads wait for the lock, wait
+ * (yielding the CPU) until one of them has taken it, or a bounded while; then lock again. So no
+ * hold is much longer than a slice, and a waiter gets the lock within one. The clock is read
+ * every KVP_STORE_SLICE_CHECK calls. The caller's state must be consistent: it holds nothing
+ * that another thread may not see.
+ */
+static void do_yield(struct kvp_store *s)
+{
+    if (++s->yield_calls % KVP_STORE_SLICE_CHECK != 0 ||
+        now_ns() - s->held_since_ns < KVP_STORE_SLICE_NS)
+        return;
+    bool waiters = atomic_load_explicit(&s->waiters, memory_order_relaxed) != 0;
+    unsigned long long seen = atomic_load_explicit(&s->acquired, memory_order_relaxed);
+    store_unlock(s);
+    for (int i = 0; waiters && i < KVP_STORE_HANDOFF_YIELDS; i++) {
+        if (atomic_load_explicit(&s->acquired, memory_order_relaxed) != seen)
+            break;
+        sched_yield();
+    }
+    store_lock(s);
+    s->handoffs += waiters;
+}
 
 /* Lists are circular and doubly linked around a sentinel, so unlinking needs no head. */
 static void list_init(struct kvp_obj *head)
@@ -53,6 +146,22 @@ static uint64_t bucket_of(const struct kvp_store *s, const uint8_t *key)
     return h & s->mask;
 }
 
+static uint64_t npages_of(uint64_t len)
+{
+    return len / KVP_POOL_PAGE + (len % KVP_POOL_PAGE != 0);
+}
+
+/* The index of the object's first page. */
+static uint64_t first_page(const struct kvp_store *s, const struct kvp_obj *o)
+{
+    return (o->offset - s->pool.base) / KVP_POOL_PAGE;
+}
+
+static bool evictable(const struct kvp_obj *o)
+{
+    return o->state == KVP_OBJ_COMMITTED && o->pins == 0 && o->guard == 0;
+}
+
 /* All index memory is allocated here, once; only objects are allocated per request. */
 int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, uint64_t avail)
 {
@@ -64,13 +173,20 @@ int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, 
     while (nb < s->pool.npages / 4)
         nb *= 2;
     s->buckets = calloc(nb, sizeof(*s->buckets));
-    if (!s->buckets) {
+    s->edge = calloc(s->pool.npages ? s->pool.npages : 1, sizeof(*s->edge));
+    if (!s->buckets || !s->edge) {
+        free(s->buckets);
+        free(s->edge);
+        s->buckets = NULL;
         kvp_pool_destroy(&s->pool);
         return -ENOMEM;
     }
     s->mask = nb - 1;
     list_init(&s->lru);
+    list_init(&s->held);
     list_init(&s->pending);
+    atomic_init(&s->waiters, 0);
+    atomic_init(&s->acquired, 0);
     pthread_mutex_init(&s->lock, NULL);
     return 0;
 }
@@ -90,11 +206,14 @@ void kvp_store_destroy(struct kvp_store *s)
     if (!s->buckets)
         return;
     free_list(&s->lru);
+    free_list(&s->held);
     free_list(&s->pending);
     free(s->buckets);
+    free(s->edge);
     kvp_pool_destroy(&s->pool);
     pthread_mutex_destroy(&s->lock);
     s->buckets = NULL;
+    s->edge = NULL;
 }
 
 /* Index lookup; caller holds the lock. */
@@ -125,50 +244,208 @@ static void do_index_remove(struct kvp_store *s, struct kvp_obj *o)
     o->hnext = NULL;
 }
 
-/* Frees an object that is out of the index; caller holds the lock. */
-static void do_release(struct kvp_store *s, struct kvp_obj *o)
+/* Records o's pages in edge[] (placed) or forgets them. Caller holds the lock. */
+static void do_edges(struct kvp_store *s, struct kvp_obj *o, struct kvp_obj *v)
+{
+    uint64_t f = first_page(s, o);
+    s->edge[f] = v;
+    s->edge[f + npages_of(o->length) - 1] = v;
+}
+
+/* Frees an object that is out of the index and off the LRU accounting, and its pages unless the
+ * caller keeps them (an eviction window takes them over). Caller holds the lock. */
+static void do_release_keep(struct kvp_store *s, struct kvp_obj *o, bool keep_pages)
 {
     list_unlink(o);
-    kvp_pool_free(&s->pool, o->offset, o->length);
+    do_edges(s, o, NULL);
+    if (!keep_pages)
+        kvp_pool_free(&s->pool, o->offset, o->length);
     free(o);
 }
 
-/* Evicts the least recently used unpinned committed object. Returns false if there is none. */
-static bool do_evict_one(struct kvp_store *s)
+static void do_release(struct kvp_store *s, struct kvp_obj *o)
 {
-    for (struct kvp_obj *o = s->lru.prev; o != &s->lru; o = o->prev) {
-        if (o->pins || o->seen_in == s->prepare_seq)
-            continue;
-        do_index_remove(s, o);
-        do_release(s, o);
-        s->ncommitted--;
-        KVP_COUNT(evictions, 1);
-        return true;
-    }
-    return false;
+    do_release_keep(s, o, false);
 }
 
-/*
- * Allocates len bytes, evicting least-recently-used objects until the allocator finds a free
- * run. Eviction frees one object at a time and retries, because under fragmentation the
- * victim's pages may not be adjacent to any other free run. Caller holds the lock.
- */
-static int do_alloc(struct kvp_store *s, uint64_t len, uint64_t *off)
+/* Takes o off the LRU list before a pin or a guard makes it unevictable. Caller holds the
+ * lock; o is committed. */
+static void do_lru_leave(struct kvp_store *s, struct kvp_obj *o)
 {
-    for (;;) {
-        int rc = kvp_pool_alloc(&s->pool, len, off);
-        if (rc != -ENOSPC)
-            return rc;
-        if (!do_evict_one(s))
-            return -ENOSPC;
-    }
+    if (!evictable(o))
+        return;
+    list_unlink(o);
+    list_push_front(&s->held, o);
+    s->evictable_pages -= npages_of(o->length);
+}
+
+/* Puts o back on the LRU's front once its last pin and guard are gone. Caller holds the lock. */
+static void do_lru_return(struct kvp_store *s, struct kvp_obj *o)
+{
+    if (!evictable(o))
+        return;
+    list_unlink(o);
+    list_push_front(&s->lru, o);
+    o->last_use = ++s->clock;
+    s->evictable_pages += npages_of(o->length);
 }
 
 /* Marks a committed object most recently used. Caller holds the lock. */
 static void do_touch(struct kvp_store *s, struct kvp_obj *o)
 {
-    list_unlink(o);
-    list_push_front(&s->lru, o);
+    o->last_use = ++s->clock;
+    if (evictable(o)) {
+        list_unlink(o);
+        list_push_front(&s->lru, o);
+    }
+}
+
+/* Evicts an evictable object, its pages staying used (the window's). Caller holds the lock. */
+static void do_evict(struct kvp_store *s, struct kvp_obj *o)
+{
+    s->evictable_pages -= npages_of(o->length);
+    do_index_remove(s, o);
+    do_release_keep(s, o, true);
+    s->ncommitted--;
+    s->steps++;
+    KVP_COUNT(evictions, 1);
+}
+
+/* A window: pages [lo, hi) of free runs and evictable objects; cost = its newest last_use. */
+struct window {
+    uint64_t lo, hi, cost;
+};
+
+/*
+ * Plans a window of at least need pages around the evictable object c: starting from c's pages
+ * and the free runs beside them, it takes in the neighbour used less recently (or the only
+ * evictable one) with the free run behind it, until the window is long enough. Gives up, false,
+ * when both neighbours are unevictable (pinned, guarded, reserved, expired, or the pool's end),
+ * when the window's cost reaches best (another window is no worse), or when *budget steps are
+ * spent. Caller holds the lock.
+ */
+static bool do_plan(struct kvp_store *s, struct kvp_obj *c, uint64_t need, uint64_t best,
+                    uint64_t *budget, struct window *w)
+{
+    struct kvp_pool *p = &s->pool;
+    uint64_t lo = first_page(s, c), hi = lo + npages_of(c->length), cost = c->last_use;
+
+    if (cost >= best)
+        return false;
+    lo = kvp_pool_free_start(p, lo, hi > need ? hi - need : 0);
+    hi = kvp_pool_free_end(p, hi, lo + need);
+    while (hi - lo < need) {
+        if (*budget == 0)
+            return false;
+        (*budget)--;
+        s->steps++;
+        /* Page lo - 1 (used: free pages there were taken in) is the last page of an object,
+         * page hi the first of one, unless it lies beyond the reserved part (no object). */
+        struct kvp_obj *l = lo > 0 ? s->edge[lo - 1] : NULL;
+        struct kvp_obj *r = hi < p->avail ? s->edge[hi] : NULL;
+        bool lok = l && evictable(l), rok = r && evictable(r);
+        if (!lok && !rok)
+            return false;
+        bool left = lok && (!rok || l->last_use <= r->last_use);
+        struct kvp_obj *v = left ? l : r;
+        if (v->last_use > cost)
+            cost = v->last_use;
+        if (cost >= best)
+            return false;
+        if (left) {
+            lo = first_page(s, v);
+            lo = kvp_pool_free_start(p, lo, hi > need ? hi - need : 0);
+        } else {
+            hi = first_page(s, v) + npages_of(v->length);
+            hi = kvp_pool_free_end(p, hi, lo + need);
+        }
+    }
+    *w = (struct window){lo, hi, cost};
+    return true;
+}
+
+/*
+ * The cheapest window of need pages among those grown from the oldest evictable objects.
+ * The LRU list is in last_use order, so once a candidate is no older than the best window's
+ * cost, no later one can beat it. Returns false if none was found. Caller holds the lock.
+ */
+static bool do_choose(struct kvp_store *s, uint64_t need, struct window *best)
+{
+    uint64_t budget = 2 * need + 64;
+    struct window w = {0};
+    int n = 0;
+
+    best->cost = UINT64_MAX;
+    for (struct kvp_obj *c = s->lru.prev; c != &s->lru && n < KVP_EVICT_CANDIDATES && budget;
+         c = c->prev, n++) {
+        if (c->last_use >= best->cost)
+            break;
+        s->steps++;
+        if (do_plan(s, c, need, best->cost, &budget, &w))
+            *best = w;
+    }
+    return best->cost != UINT64_MAX;
+}
+
+/*
+ * Evicts every object in pages [lo, hi) and claims the free pages between them, so that the
+ * whole window ends up used and ours: no other thread can place anything in it while this one
+ * lets waiters in between victims. Returns 0, or -EAGAIN when the window changed meanwhile (an
+ * object that is not evictable, or that reaches beyond it, was placed in what was still to
+ * do); then the part already taken is freed again. Caller holds the lock.
+ */
+static int do_evict_window(struct kvp_store *s, uint64_t lo, uint64_t hi)
+{
+    struct kvp_pool *p = &s->pool;
+    uint64_t i = lo;
+    while (i < hi) {
+        if (!kvp_pool_page_used(p, i)) {
+            uint64_t e = kvp_pool_free_end(p, i, hi);
+            kvp_pool_claim(p, i, e - i);
+            i = e;
+            continue;
+        }
+        struct kvp_obj *o = s->edge[i];
+        if (!o || first_page(s, o) != i || !evictable(o) || i + npages_of(o->length) > hi) {
+            if (i > lo)
+                kvp_pool_free(p, p->base + lo * KVP_POOL_PAGE, (i - lo) * KVP_POOL_PAGE);
+            return -EAGAIN;
+        }
+        i += npages_of(o->length);
+        do_evict(s, o);
+        do_yield(s);
+    }
+    return 0;
+}
+
+/*
+ * Allocates len bytes, evicting a window of LRU objects when the allocator finds no free run
+ * (see the design note): the chunk takes the window's first pages, the rest is freed. -ENOSPC
+ * when the free and evictable pages are too few, or no window could be planned. Caller holds
+ * the lock (which it may give up for a while, do_yield).
+ */
+static int do_alloc(struct kvp_store *s, uint64_t len, uint64_t *off)
+{
+    struct kvp_pool *p = &s->pool;
+    uint64_t need = npages_of(len);
+    for (int attempt = 0; attempt < KVP_EVICT_ATTEMPTS; attempt++) {
+        int rc = kvp_pool_alloc(p, len, off);
+        if (rc != -ENOSPC)
+            return rc;
+        if (p->avail - p->used + s->evictable_pages < need)
+            return -ENOSPC;
+        struct window w = {0};
+        if (!do_choose(s, need, &w))
+            return -ENOSPC;
+        if (do_evict_window(s, w.lo, w.hi) == 0) {
+            if (w.hi > w.lo + need)
+                kvp_pool_free(p, p->base + (w.lo + need) * KVP_POOL_PAGE,
+                              (w.hi - w.lo - need) * KVP_POOL_PAGE);
+            *off = p->base + w.lo * KVP_POOL_PAGE;
+            return 0;
+        }
+    }
+    return -ENOSPC;
 }
 
 /*
@@ -193,26 +470,39 @@ static uint32_t do_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
     return reserved;
 }
 
+/* Ends the guard a prepare put on the objects it reported cached (objs[0..n)). */
+static void do_unguard(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
+{
+    for (uint32_t j = 0; j < n; j++) {
+        objs[j]->guard--;
+        do_lru_return(s, objs[j]);
+    }
+}
+
 /*
- * One lock hold for the whole request, so its answer is consistent: a chunk reported cached
- * cannot be evicted by a later chunk of the same request (seen_in), and the busy/no-space
- * counts describe one moment.
+ * A chunk reported cached is guarded until the prepare ends, so that no later chunk of the same
+ * request evicts it, even while others hold the lock in between (do_yield). The guarded objects
+ * are listed from the end of objs backwards: objs[n - ncached .. n), disjoint from the
+ * reservations at objs[0 .. nslots) since each key is one or the other.
  */
 int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint64_t chunk_bytes,
                       uint64_t now_ms, struct kvp_obj **objs, uint32_t *idx,
                       struct kvp_prepare_result *res)
 {
+    uint32_t ncached = 0;
+
     *res = (struct kvp_prepare_result){0};
-    pthread_mutex_lock(&s->lock);
-    s->prepare_seq++;
+    store_lock(s);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *key = keys + (size_t)i * KVP_KEY_SIZE;
         struct kvp_obj *o = do_find(s, key);
         if (o) {
             if (o->state == KVP_OBJ_COMMITTED) {
                 res->cached++;
-                o->seen_in = s->prepare_seq;
                 do_touch(s, o);
+                do_lru_leave(s, o);
+                o->guard++;
+                objs[n - 1 - ncached++] = o;
             } else {
                 res->busy++;
             }
@@ -225,7 +515,8 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
         o = calloc(1, sizeof(*o));
         if (!o) {
             do_abort(s, objs, res->nslots);
-            pthread_mutex_unlock(&s->lock);
+            do_unguard(s, objs + n - ncached, ncached);
+            store_unlock(s);
             *res = (struct kvp_prepare_result){0};
             return -ENOMEM;
         }
@@ -238,25 +529,30 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
         o->length = chunk_bytes;
         o->state = KVP_OBJ_RESERVED;
         o->reserved_at_ms = now_ms;
+        do_edges(s, o, o);
         do_index_insert(s, o);
         list_push_front(&s->pending, o);
         s->nreserved++;
         objs[res->nslots] = o;
         idx[res->nslots] = i;
         res->nslots++;
+        /* Between chunks: this one is reserved and indexed, the next not looked at yet. The
+         * key was absent a moment ago; another store of it now sees it busy. */
+        do_yield(s);
     }
-    pthread_mutex_unlock(&s->lock);
+    do_unguard(s, objs + n - ncached, ncached);
+    store_unlock(s);
     return 0;
 }
 
 /* All or nothing: a set of chunks is published together or not at all, never a torn prefix. */
 int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     for (uint32_t i = 0; i < n; i++) {
         if (objs[i]->state == KVP_OBJ_EXPIRED) {
             do_abort(s, objs, n);
-            pthread_mutex_unlock(&s->lock);
+            store_unlock(s);
             return -ETIMEDOUT;
         }
     }
@@ -264,19 +560,21 @@ int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
         struct kvp_obj *o = objs[i];
         list_unlink(o);
         o->state = KVP_OBJ_COMMITTED;
+        o->last_use = ++s->clock;
         list_push_front(&s->lru, o);
+        s->evictable_pages += npages_of(o->length);
     }
     s->nreserved -= n;
     s->ncommitted += n;
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     return (int)n;
 }
 
 uint32_t kvp_store_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     uint32_t r = do_abort(s, objs, n);
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     return r;
 }
 
@@ -293,46 +591,49 @@ static uint32_t do_leading_run(struct kvp_store *s, const uint8_t *keys, uint32_
         struct kvp_obj *o = do_find(s, keys + (size_t)k * KVP_KEY_SIZE);
         if (!o || o->state != KVP_OBJ_COMMITTED)
             break;
+        do_touch(s, o);
         if (objs) {
+            do_lru_leave(s, o);
             if (o->pins++ == 0)
                 s->npinned++;
             objs[k] = o;
         }
-        do_touch(s, o);
     }
     return k;
 }
 
 uint32_t kvp_store_pin(struct kvp_store *s, const uint8_t *keys, uint32_t n, struct kvp_obj **objs)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     uint32_t k = do_leading_run(s, keys, n, objs);
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     return k;
 }
 
 void kvp_store_unpin(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
 {
-    pthread_mutex_lock(&s->lock);
-    for (uint32_t i = 0; i < n; i++)
+    store_lock(s);
+    for (uint32_t i = 0; i < n; i++) {
         if (--objs[i]->pins == 0)
             s->npinned--;
-    pthread_mutex_unlock(&s->lock);
+        do_lru_return(s, objs[i]);
+    }
+    store_unlock(s);
 }
 
 /* A lookup announces a retrieve soon: refreshing recency keeps the prefix from eviction. */
 uint32_t kvp_store_lookup(struct kvp_store *s, const uint8_t *keys, uint32_t n)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     uint32_t k = do_leading_run(s, keys, n, NULL);
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     return k;
 }
 
 uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout_ms)
 {
     uint32_t n = 0;
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     for (struct kvp_obj *o = s->pending.next; o != &s->pending; o = o->next) {
         if (o->state != KVP_OBJ_RESERVED || now_ms - o->reserved_at_ms < timeout_ms)
             continue;
@@ -344,40 +645,40 @@ uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout
         s->nexpired++;
         n++;
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
     return n;
 }
 
+/* Everything on the LRU list is evictable; the held list is what pins and guards keep. */
 void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
 {
     *res = (struct kvp_clear_result){0};
-    pthread_mutex_lock(&s->lock);
-    for (struct kvp_obj *o = s->lru.next, *next; o != &s->lru; o = next) {
-        next = o->next; /* o is freed below */
-        if (o->pins) {
-            res->pinned++;
-            continue;
-        }
+    store_lock(s);
+    for (struct kvp_obj *o = s->held.next; o != &s->held; o = o->next)
+        res->pinned++;
+    while (s->lru.next != &s->lru) {
+        struct kvp_obj *o = s->lru.next;
         res->dropped++;
         res->bytes += o->length;
+        s->evictable_pages -= npages_of(o->length);
         do_index_remove(s, o);
         do_release(s, o);
         s->ncommitted--;
     }
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
 }
 
 void kvp_store_extend(struct kvp_store *s, uint64_t avail)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     kvp_pool_extend(&s->pool, avail);
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
 }
 
-/* A consistent snapshot for STATS; largest_free walks the bitmap, so it is not for hot paths. */
+/* A consistent snapshot for STATS; every figure is kept up to date, so this is O(1). */
 void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g)
 {
-    pthread_mutex_lock(&s->lock);
+    store_lock(s);
     *g = (struct kvp_store_gauges){
         .pool_size = kvp_pool_size(&s->pool),
         .pool_reserved = kvp_pool_avail(&s->pool),
@@ -388,5 +689,13 @@ void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g)
         .expired = s->nexpired,
         .pinned = s->npinned,
     };
-    pthread_mutex_unlock(&s->lock);
+    store_unlock(s);
+}
+
+uint64_t kvp_store_alloc_steps(struct kvp_store *s)
+{
+    store_lock(s);
+    uint64_t n = s->steps + s->pool.steps;
+    store_unlock(s);
+    return n;
 }

@@ -10,7 +10,13 @@
  * RESERVED objects are in the index (so other stores of the key see "busy") but invisible to
  * lookup and retrieve. EXPIRED objects are out of the index but keep their memory until their
  * owner says commit or abort (or disconnects), so a late writer can never scribble over another
- * object. Only COMMITTED objects are visible; pinned ones (pins > 0) are never evicted.
+ * object. Only COMMITTED objects are visible; pinned ones (pins > 0) are never evicted, nor are
+ * the ones a prepare in progress reported as cached (guard > 0).
+ *
+ * Cost: every call does O(1) or O(log n) work per chunk, whatever the pool's size and
+ * fragmentation (store.c and pool.c say how), except kvp_store_clear(), which visits every
+ * object. A prepare that must evict many objects lets waiting threads take the lock between
+ * victims, so no other worker's request waits behind it for long.
  *
  * Every function takes the store lock itself (the do_* helpers in store.c expect it held).
  * Callers hold no other lock when calling in. Object pointers handed out by prepare and pin stay
@@ -20,6 +26,7 @@
 #define KVP_STORE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/chunk_hash.h"
@@ -32,23 +39,35 @@ struct kvp_obj {
     uint64_t offset; /* byte offset in the segment */
     uint64_t length;
     uint64_t reserved_at_ms;
+    uint64_t last_use; /* the store's recency clock when last used (LRU order) */
     uint32_t pins;
-    uint64_t seen_in; /* last prepare that reported it cached (protects it there) */
+    uint32_t guard; /* prepares in progress that reported it cached (protects it there) */
     uint8_t state;
     struct kvp_obj *hnext; /* index chain */
-    struct kvp_obj *prev;  /* COMMITTED: LRU list; RESERVED/EXPIRED: pending list */
+    /* COMMITTED: the LRU list while evictable (no pins, no guard), else the held list;
+     * RESERVED/EXPIRED: the pending list. */
+    struct kvp_obj *prev;
     struct kvp_obj *next;
 };
 
 struct kvp_store {
     pthread_mutex_t lock;
+    atomic_uint waiters;    /* threads blocked on lock (they may be let in early) */
+    atomic_ullong acquired; /* times the lock was taken, to see a waiter got in */
+    uint64_t held_since_ns; /* when the current holder took the lock */
     struct kvp_pool pool;
     struct kvp_obj **buckets;
     uint64_t mask;
-    struct kvp_obj lru;     /* sentinel; lru.next is the most recently used */
+    struct kvp_obj **edge;  /* per page: the object whose first or last page it is, else NULL */
+    struct kvp_obj lru;     /* sentinel of the evictable objects; lru.next is the most recent */
+    struct kvp_obj held;    /* sentinel of committed objects that are pinned or guarded */
     struct kvp_obj pending; /* sentinel of RESERVED and EXPIRED objects */
     uint64_t ncommitted, nreserved, nexpired, npinned;
-    uint64_t prepare_seq; /* numbers prepares, for kvp_obj.seen_in */
+    uint64_t evictable_pages; /* pages of the objects on the LRU list */
+    uint64_t clock;           /* recency clock: the last kvp_obj.last_use handed out */
+    uint64_t steps;           /* eviction steps (windows planned, victims), ever */
+    uint64_t handoffs;        /* times a long hold let waiting threads in (do_yield) */
+    uint64_t yield_calls;     /* points where a long hold could end (do_yield) */
 };
 
 struct kvp_prepare_result {
@@ -74,9 +93,16 @@ void kvp_store_destroy(struct kvp_store *s);
  * Reserves slots for the keys (n x KVP_KEY_SIZE bytes) that are neither committed nor being
  * stored, evicting LRU objects when needed (never one that this same call reported as cached:
  * the worker skips those). Reserved objects go to objs[k] with their position in idx[k],
- * k < res->nslots. After the first chunk that cannot get space, every later chunk that needs
- * space counts as no_space (later cached or busy ones are still reported as such). Returns 0,
- * or -ENOMEM (nothing reserved).
+ * k < res->nslots; objs and idx have room for n entries, and the entries of objs from nslots on
+ * are scratch. After the first chunk that cannot get space, every later chunk that needs space
+ * counts as no_space (later cached or busy ones are still reported as such); a chunk gets no
+ * space at once when the free and evictable pages together are too few, and after a bounded
+ * search when pinned or reserved objects split the evictable ones. Returns 0, or -ENOMEM
+ * (nothing reserved).
+ *
+ * The answer is consistent for each chunk; a prepare that has to evict much may let other
+ * threads in between victims, so another store can commit a key of a later chunk meanwhile
+ * (reported cached) or reserve it (busy), as if it had come first.
  */
 int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint64_t chunk_bytes,
                       uint64_t now_ms, struct kvp_obj **objs, uint32_t *idx,
@@ -103,6 +129,12 @@ uint32_t kvp_store_lookup(struct kvp_store *s, const uint8_t *keys, uint32_t n);
 uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout_ms);
 
 void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g);
+
+/*
+ * Allocator and eviction steps taken so far (tree nodes and bitmap words of the pool, windows
+ * planned and victims evicted): what tests count instead of timing an operation.
+ */
+uint64_t kvp_store_alloc_steps(struct kvp_store *s);
 
 /* What kvp_store_clear() did. */
 struct kvp_clear_result {

@@ -1,7 +1,7 @@
 /*
  * sessions.c - the set of client connections: accepting one into the server's list, its thread,
  * the request loop that reads a frame and dispatches it (handlers.c), and its end, which
- * releases the holds (holds.c) and the instances it owns.
+ * releases its owner (owner.c): the holds and the instances it owns.
  *
  * Threading model: one thread per connection (bounded by --max-clients). A thread blocks only
  * on its own socket, so a worker streaming a 32 MiB inline chunk, or one that stops reading, never
@@ -50,20 +50,21 @@ static struct kvp_session *conn_new(struct kvp_server *s, int fd, int *err)
     c->fd = fd;
     c->cpu = -1;
     kvp_wbuf_init(&c->out);
-    /* Before joining the list: the status report reads both under conns_lock. */
-    socklen_t len = sizeof(c->peer);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->peer, &len) != 0)
-        c->peer = (struct ucred){.pid = -1};
-    c->connected_since_ms = kvp_wall_ms();
+    /* The owner (its id, peer and start time) before joining the list. */
+    struct ucred peer;
+    socklen_t len = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0)
+        peer = (struct ucred){.pid = -1};
+    kvp_owner_init(&c->owner, s, "kvpool", (int32_t)peer.pid, (uint32_t)peer.uid);
 
     pthread_mutex_lock(&s->conns_lock);
     if (s->nconns >= s->cfg.max_clients) {
         pthread_mutex_unlock(&s->conns_lock);
+        kvp_owner_destroy(&c->owner);
         free(c);
         *err = -EUSERS;
         return NULL;
     }
-    c->id = ++s->next_conn_id;
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
@@ -113,6 +114,7 @@ int kvp_session_spawn(struct kvp_server *s, int fd)
         conn_leave(c);
         c->fd = -1; /* the caller closes it */
         kvp_wbuf_free(&c->out);
+        kvp_owner_destroy(&c->owner);
         free(c);
         return -rc;
     }
@@ -136,8 +138,8 @@ static void reply_protocol_error(struct kvp_session *c, const struct kvp_header 
     snprintf(c->errmsg, sizeof(c->errmsg), "%s", what);
     kvp_session_reply(c, h, status, NULL, 0, 0);
     KVP_COUNT(protocol_errors, 1);
-    log_warn_rl("Connection %llu (pid %d): %s; closing", (unsigned long long)c->id,
-                (int)c->peer.pid, what);
+    log_warn_rl("Connection %llu (pid %d): %s; closing", (unsigned long long)c->owner.id,
+                (int)c->owner.pid, what);
 }
 
 /*
@@ -233,24 +235,23 @@ void *kvp_session_main(void *arg)
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 
-    log_debug("Connection %llu opened (pid %d, uid %d)", (unsigned long long)c->id,
-              (int)c->peer.pid, (int)c->peer.uid);
+    log_debug("Connection %llu opened (pid %d, uid %d)", (unsigned long long)c->owner.id,
+              (int)c->owner.pid, (int)c->owner.uid);
     int rc = kvp_session_alloc_buffers(c);
     if (rc == 0)
         rc = conn_serve(c);
     else
         log_error_rl("Connection %llu: out of memory for connection buffers",
-                     (unsigned long long)c->id);
+                     (unsigned long long)c->owner.id);
 
     if (rc == -ETIMEDOUT)
         log_warn_rl("Connection %llu (pid %d) stalled mid-frame for more than %u ms; dropped",
-                    (unsigned long long)c->id, (int)c->peer.pid, s->cfg.io_timeout_ms);
+                    (unsigned long long)c->owner.id, (int)c->owner.pid, s->cfg.io_timeout_ms);
     else
-        log_debug("Connection %llu closed (%s)", (unsigned long long)c->id, kvp_strerror(rc));
+        log_debug("Connection %llu closed (%s)", (unsigned long long)c->owner.id, kvp_strerror(rc));
 
     /* Everything the client held is released now, not at a timeout. */
-    kvp_holds_release_all(&c->holds, 0, true, KVP_DROP_DISCONNECT);
-    kvp_registry_remove_owner(&s->registry, c->id);
+    kvp_owner_release(&c->owner, KVP_DROP_DISCONNECT);
     conn_leave(c);
     kvp_session_free(c);
     return NULL;

@@ -46,7 +46,8 @@ void kvp_placement_follow(struct kvp_session *c, uint32_t hint)
     if (rc) {
         c->placement_off = true;
         log_debug("Connection %llu: cannot run on CPU %d of its worker (%s); not following it",
-                  (unsigned long long)c->id, cpu, rc == EINVAL ? "not allowed here" : "error");
+                  (unsigned long long)c->owner.id, cpu,
+                  rc == EINVAL ? "not allowed here" : "error");
         return;
     }
     c->cpu = cpu;

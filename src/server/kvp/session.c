@@ -188,23 +188,17 @@ int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, in
 /* Scratch sized for the largest request, allocated once per connection, not per request. */
 int kvp_session_alloc_buffers(struct kvp_session *c)
 {
-    c->keys = malloc((size_t)KVP_MAX_CHUNKS * KVP_KEY_SIZE);
-    c->objs = malloc(sizeof(*c->objs) * KVP_MAX_CHUNKS);
-    c->idx = malloc(sizeof(*c->idx) * KVP_MAX_CHUNKS);
     c->slots = malloc(sizeof(*c->slots) * KVP_MAX_CHUNKS);
-    if (!c->keys || !c->objs || !c->idx || !c->slots)
+    if (!c->slots)
         return -ENOMEM;
-    return kvp_holds_init(&c->holds, &c->srv->store);
+    return kvp_owner_alloc(&c->owner);
 }
 
-/* Frees a connection whose holds are already released; closes its socket. */
+/* Frees a connection (and its owner, releasing whatever it still holds); closes its socket. */
 void kvp_session_free(struct kvp_session *c)
 {
-    free(c->keys);
-    free(c->objs);
-    free(c->idx);
     free(c->slots);
-    kvp_holds_destroy(&c->holds);
+    kvp_owner_destroy(&c->owner);
     free(c->body);
     kvp_wbuf_free(&c->out);
     if (c->fd >= 0)

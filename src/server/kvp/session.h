@@ -1,6 +1,7 @@
 /*
  * session.h - the daemon side of one client connection (a session), served by its own thread:
- * framing, I/O with timeouts, and the reservations and pins ("holds", holds.h) the connection owns.
+ * framing, I/O with timeouts, and the owner (owner.h) that holds its reservations, pins and
+ * instances.
  */
 #ifndef KVP_SESSION_H
 #define KVP_SESSION_H
@@ -12,17 +13,17 @@
 
 #include "common/msg.h"
 #include "common/wire.h"
-#include "core/holds.h"
-#include "core/store.h"
+#include "core/owner.h"
 
 struct kvp_server;
 
 struct kvp_session {
     struct kvp_server *srv;
     int fd;
-    uint64_t id;
-    struct ucred peer;               /* set before the connection joins the server's list */
-    int64_t connected_since_ms;      /* wall clock of the accept */
+    /* The connection as the core knows it: its id (also the connection's), the peer's pid and
+     * uid (SO_PEERCRED), when it connected, its reservations, pins and scratch. Set before the
+     * connection joins the server's list. */
+    struct kvp_owner owner;
     struct kvp_session *prev, *next; /* server's connection list */
 
     uint8_t *body; /* current request body */
@@ -30,12 +31,7 @@ struct kvp_session {
     struct kvp_wbuf out; /* reply body being built */
     char errmsg[KVP_MAX_ERRMSG + 1];
 
-    uint8_t *keys;               /* KVP_MAX_CHUNKS keys of the current request */
-    struct kvp_obj **objs;       /* KVP_MAX_CHUNKS */
-    uint32_t *idx;               /* KVP_MAX_CHUNKS */
     struct kvp_wire_slot *slots; /* KVP_MAX_CHUNKS, a slots reply being encoded */
-
-    struct kvp_holds holds; /* reservations and pins of this connection */
 
     bool noreply; /* the request being served is a commit sent with KVP_REQ_NOREPLY */
     /* The first failure of a commit sent with KVP_REQ_NOREPLY, kept for the next request that
@@ -67,11 +63,11 @@ int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, in
  * started header is not. Returns 0, -ECONNRESET on EOF, -ETIMEDOUT, -ESHUTDOWN at a stop. */
 int kvp_session_recv_header(struct kvp_session *c, uint8_t *hdr);
 
-/* Allocates the per-request scratch buffers and the hold table. 0 or -ENOMEM (free still
- * works). */
+/* Allocates the per-request scratch buffers (the session's and its owner's). 0 or -ENOMEM
+ * (free still works). */
 int kvp_session_alloc_buffers(struct kvp_session *c);
 
-/* Frees a session whose holds are already released, and closes its socket. */
+/* Frees a session, releasing what its owner still holds, and closes its socket. */
 void kvp_session_free(struct kvp_session *c);
 
 #endif /* KVP_SESSION_H */

@@ -520,8 +520,8 @@ void kvp_l2_layout_of(const struct kvp_registration *inst, struct kvp_l2_layout 
 {
     *lay = (struct kvp_l2_layout){.ndim = inst->layout.ndim, .bytes = inst->layout.bytes};
     memcpy(lay->shape, inst->layout.shape, sizeof(lay->shape));
-    size_t len = strnlen(inst->req.dtype, sizeof(lay->dtype));
-    memcpy(lay->dtype, inst->req.dtype, len); /* NUL-padded by the initializer */
+    size_t len = strnlen(inst->spec.dtype, sizeof(lay->dtype));
+    memcpy(lay->dtype, inst->spec.dtype, len); /* NUL-padded by the initializer */
 }
 
 void kvp_l2_stored(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,

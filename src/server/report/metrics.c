@@ -8,7 +8,8 @@
  * their label's value). Counters get the "_total" suffix; rows without a family (totals that are
  * a sum of a labelled family) are left to sum() on the Prometheus side.
  *
- * The latency histogram is cumulative, as the format wants: each "le" bucket counts every
+ * The latency histograms (requests by opcode, and the store lock's hold time with its maximum
+ * beside it) are cumulative, as the format wants: each "le" bucket counts every
  * request at most that long. The stored buckets are not cumulative (one increment per request),
  * and _count is their sum, so the +Inf bucket always equals _count.
  *
@@ -27,8 +28,8 @@
 
 #include "common/wire.h"
 #include "core/daemon.h"
+#include "core/snapshot.h"
 #include "core/stats.h"
-#include "report/snapshot.h"
 
 /* Writes the rows of one map; counter adds the "_total" suffix and the counter TYPE. */
 static void write_map(FILE *f, const struct kvp_stat_desc *desc, const uint64_t *v, uint32_t n,
@@ -79,6 +80,29 @@ static void write_latency(FILE *f, const struct kvp_snapshot *snap)
     }
 }
 
+static void write_lock_hold(FILE *f, const struct kvp_hold_copy *h)
+{
+    uint64_t cum = 0;
+
+    fprintf(f, "# HELP kvpool_store_lock_hold_seconds How long the store lock was held, each "
+               "time it was taken (every store, lookup, retrieve and eviction takes it)\n"
+               "# TYPE kvpool_store_lock_hold_seconds histogram\n");
+    for (int b = 0; b < KVP_HOLD_BUCKETS; b++) {
+        cum += h->bucket[b];
+        fprintf(f, "kvpool_store_lock_hold_seconds_bucket{le=\"%s\"} %" PRIu64 "\n",
+                kvp_hold_bound_le[b], cum);
+    }
+    fprintf(f, "kvpool_store_lock_hold_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", h->count);
+    fprintf(f, "kvpool_store_lock_hold_seconds_sum %.9f\n", (double)h->sum_ns / 1e9);
+    fprintf(f, "kvpool_store_lock_hold_seconds_count %" PRIu64 "\n", h->count);
+    fprintf(f,
+            "# HELP kvpool_store_lock_hold_max_seconds The longest hold of the store lock since "
+            "kvpoold started\n"
+            "# TYPE kvpool_store_lock_hold_max_seconds gauge\n"
+            "kvpool_store_lock_hold_max_seconds %.9f\n",
+            (double)h->max_ns / 1e9);
+}
+
 char *kvp_metrics_text(struct kvp_server *s, size_t *len)
 {
     struct kvp_snapshot snap;
@@ -98,6 +122,7 @@ char *kvp_metrics_text(struct kvp_server *s, size_t *len)
     write_map(f, kvp_gauge_desc, snap.gauges, KVP_NGAUGES, false);
     write_map(f, kvp_counter_desc, snap.counters, KVP_NCOUNTERS, true);
     write_latency(f, &snap);
+    write_lock_hold(f, &snap.lock_hold);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) {
         free(text);

@@ -31,9 +31,9 @@
 
 #include "common/wire.h"
 #include "core/daemon.h"
+#include "core/snapshot.h"
 #include "core/stats.h"
 #include "l2/l2.h"
-#include "report/snapshot.h"
 
 /* Building state: the first allocation failure makes the whole document fail. */
 struct doc {
@@ -159,18 +159,18 @@ static json_t *pool_object(struct doc *d, const struct kvp_snapshot *snap)
 static json_t *instance_object(struct doc *d, const struct kvp_instance_view *iv)
 {
     const struct kvp_registration *r = &iv->reg;
-    bool shm = r->transport == KVP_WIRE_SHM;
+    bool shm = r->transport == KVP_REG_SHM;
     json_t *o = json_object();
     json_t *shape = json_array();
 
     for (uint32_t i = 0; i < r->layout.ndim && i < 4; i++)
         append(d, shape, jint(r->layout.shape[i]));
-    put(d, o, "instance_id", jstr(r->req.instance_id));
-    put(d, o, "model_name", jstr(r->req.model_name));
-    put(d, o, "world_size", jint(r->req.world_size));
-    put(d, o, "worker_rank", jint(r->req.worker_rank));
-    put(d, o, "dtype", jstr(r->req.dtype));
-    put(d, o, "use_mla", json_boolean(r->req.use_mla));
+    put(d, o, "instance_id", jstr(r->spec.instance_id));
+    put(d, o, "model_name", jstr(r->spec.model_name));
+    put(d, o, "world_size", jint(r->spec.world_size));
+    put(d, o, "worker_rank", jint(r->spec.worker_rank));
+    put(d, o, "dtype", jstr(r->spec.dtype));
+    put(d, o, "use_mla", json_boolean(r->spec.use_mla));
     put(d, o, "chunk_shape", shape);
     put(d, o, "chunk_bytes", jint(r->layout.bytes));
     put(d, o, "transport", json_string(shm ? "shm" : "inline"));
@@ -191,7 +191,7 @@ static json_t *clients_object(struct doc *d, const struct kvp_server *s,
     json_t *o = json_object();
     json_t *list = json_array();
     for (uint32_t i = 0; i < snap->nclients; i++) {
-        const struct kvp_client_view *c = &snap->clients[i];
+        const struct kvp_owner_view *c = &snap->clients[i];
         json_t *e = json_object();
         uint32_t ninst = 0;
         for (uint32_t k = 0; k < snap->ninstances; k++)

@@ -10,18 +10,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/owner.h"
 #include "core/registry.h"
 #include "core/stats.h"
 
 struct kvp_server;
-
-/* A connected client as the status report shows it. */
-struct kvp_client_view {
-    uint64_t id; /* connection id: what kvp_registration.owner names */
-    int32_t pid; /* peer credentials (SO_PEERCRED), -1 when unknown */
-    uint32_t uid;
-    int64_t connected_since_ms; /* wall clock, ms since the epoch */
-};
 
 struct kvp_snapshot {
     int64_t taken_ms;   /* wall clock of the snapshot, ms since the epoch */
@@ -29,21 +22,22 @@ struct kvp_snapshot {
     uint64_t counters[KVP_NCOUNTERS];
     uint64_t gauges[KVP_NGAUGES];
     struct kvp_latency_copy latency[KVP_OP_MAX_]; /* by opcode */
+    struct kvp_hold_copy lock_hold;               /* the store lock's hold times */
 
     /* With KVP_SNAP_LISTS only (else NULL and 0). */
     struct kvp_instance_view *instances;
     uint32_t ninstances;
-    struct kvp_client_view *clients;
+    struct kvp_owner_view *clients; /* the owners of every front end, newest first */
     uint32_t nclients;
 };
 
 /* Flags of kvp_snapshot_take(). */
-#define KVP_SNAP_LISTS 1u /* also copy the instances and the clients */
+#define KVP_SNAP_LISTS 1u /* also copy the instances and the clients (owners) */
 
 /*
  * Takes a snapshot of s, which must have started (store and registry ready). Takes the store,
- * registry and connection-list locks one after the other (never two at once), each for a copy.
- * Returns 0, or -ENOMEM (nothing to free). Free with kvp_snapshot_free().
+ * registry, owner-list and connection-list locks one after the other (never two at once), each for
+ * a copy. Returns 0, or -ENOMEM (nothing to free). Free with kvp_snapshot_free().
  */
 int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot *snap);
 

@@ -4,42 +4,28 @@
  * Design. Reports are rendered from a copy, never from live structures, so that no lock is held
  * while text is formatted and a slow reader (an HTTP client, a `kvpool stats`) can never delay a
  * worker. Each owner is asked in turn, under its own lock, for a copy: the store for its gauges
- * (kvp_store_get_gauges), the registry for its instances and their transfer counts, the server
- * for its connection list. The locks are leaf locks and are taken one after the other, so the
- * snapshot is a set of consistent parts rather than one instant: an instance may be counted in
- * "instances" and have disconnected by the time the client list is copied. Counters and the
- * latency histogram are relaxed atomic loads, no lock at all.
+ * (kvp_store_get_gauges), the registry for its instances and their transfer counts, the owner
+ * list (owner.c) for the clients of every front end, the server for its connection count. The locks
+ * are leaf locks and are taken one after the other, so the snapshot is a set of consistent parts
+ * rather than one instant: an instance may be counted in "instances" and have disconnected by the
+ * time the client list is copied. Counters and the latency and lock-hold histograms are relaxed
+ * atomic loads, no lock at all.
  *
  * Memory: the lists are allocated before any lock is taken, at their bound (KVP_MAX_INSTANCES
- * instances, --max-clients clients), so a copy never allocates under a lock.
+ * instances; the owners counted just before, and a few more), so a copy never allocates under
+ * a lock.
  *
  * Threads: any thread, once the server has started (the store and the registry exist).
  */
-#include "report/snapshot.h"
+#include "core/snapshot.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/daemon.h"
-#include "kvp/session.h"
+#include "core/owner.h"
 #include "l2/l2.h"
-
-/* Copies the connection list; caller allocated out with room for cap entries. */
-static uint32_t copy_clients(struct kvp_server *s, struct kvp_client_view *out, uint32_t cap)
-{
-    uint32_t n = 0;
-    pthread_mutex_lock(&s->conns_lock);
-    for (const struct kvp_session *c = s->conns; c && n < cap; c = c->next)
-        out[n++] = (struct kvp_client_view){
-            .id = c->id,
-            .pid = c->peer.pid,
-            .uid = c->peer.uid,
-            .connected_since_ms = c->connected_since_ms,
-        };
-    pthread_mutex_unlock(&s->conns_lock);
-    return n;
-}
 
 int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot *snap)
 {
@@ -48,8 +34,9 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
 
     *snap = (struct kvp_snapshot){.taken_ms = kvp_wall_ms(), .started_ms = s->started_wall_ms};
     if (flags & KVP_SNAP_LISTS) {
-        /* The connection list may exceed --max-clients by nobody: conn_new() checks it. */
-        uint32_t max_clients = s->cfg.max_clients ? s->cfg.max_clients : 1;
+        /* Owners that arrive between the count and the copy may be left out; a few more
+         * entries make that rare, and the copy never allocates under the lock. */
+        uint32_t max_clients = kvp_owners_count(&s->owners) + 16;
         snap->instances = malloc(sizeof(*snap->instances) * KVP_MAX_INSTANCES);
         snap->clients = malloc(sizeof(*snap->clients) * max_clients);
         if (!snap->instances || !snap->clients) {
@@ -57,11 +44,12 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
             return -ENOMEM;
         }
         snap->ninstances = kvp_registry_list(&s->registry, snap->instances, KVP_MAX_INSTANCES);
-        snap->nclients = copy_clients(s, snap->clients, max_clients);
+        snap->nclients = kvp_owners_list(&s->owners, snap->clients, max_clients);
     }
 
     kvp_counters_read(snap->counters);
     kvp_latency_read(snap->latency);
+    kvp_lock_hold_read(&snap->lock_hold);
 
     kvp_store_get_gauges(&s->store, &g);
     kvp_registry_count_transports(&s->registry, &ninst, &nshm);

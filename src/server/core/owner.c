@@ -1,0 +1,144 @@
+/*
+ * owner.c - who holds reservations, pins and registrations (see owner.h).
+ *
+ * Design. The core never asks what an owner is on the wire: a front end makes one per client
+ * (a kvpool connection, an LMCache worker), passes it to every operation (ops.h), and releases
+ * it when the client goes away. Releasing is the one path by which a client's state ends: its
+ * reservations are aborted (never published), its pins dropped, then its instances unregistered,
+ * so a dead worker leaves nothing reserved, pinned or registered, whichever protocol it spoke.
+ *
+ * Ids come from one counter for all front ends, so an instance's owner id never names a client
+ * of another protocol. The list of owners exists for the status report (snapshot.c): an owner
+ * joins it at init and leaves it at destroy, under owners.lock, a leaf lock held for list work
+ * only.
+ *
+ * Threads: an owner's fields, holds and scratch are used by the one thread serving it at a time;
+ * the list by any thread under its lock.
+ */
+#include "core/owner.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/wire.h"
+#include "core/daemon.h"
+
+void kvp_owners_init(struct kvp_owners *l)
+{
+    *l = (struct kvp_owners){.head = NULL};
+    pthread_mutex_init(&l->lock, NULL);
+}
+
+void kvp_owners_destroy(struct kvp_owners *l)
+{
+    pthread_mutex_destroy(&l->lock);
+}
+
+void kvp_owner_init(struct kvp_owner *o, struct kvp_server *s, const char *frontend, int32_t pid,
+                    uint32_t uid)
+{
+    *o = (struct kvp_owner){
+        .srv = s,
+        .pid = pid,
+        .uid = pid > 0 ? uid : 0,
+        .connected_since_ms = kvp_wall_ms(),
+        .max_instances = s->cfg.max_instances_per_client,
+    };
+    snprintf(o->frontend, sizeof(o->frontend), "%s", frontend);
+    kvp_holds_init(&o->holds, &s->store);
+
+    /* Newest first, as the status report lists clients. */
+    struct kvp_owners *l = &s->owners;
+    pthread_mutex_lock(&l->lock);
+    o->id = ++l->next_id;
+    o->next = l->head;
+    if (l->head)
+        l->head->prev = o;
+    l->head = o;
+    l->n++;
+    o->listed = true;
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* Sized for the largest request once, not per request. */
+int kvp_owner_alloc(struct kvp_owner *o)
+{
+    if (o->keys && o->objs && o->idx && o->iov)
+        return 0;
+    if (!o->keys)
+        o->keys = malloc((size_t)KVP_MAX_CHUNKS * KVP_KEY_SIZE);
+    if (!o->objs)
+        o->objs = malloc(sizeof(*o->objs) * KVP_MAX_CHUNKS);
+    if (!o->idx)
+        o->idx = malloc(sizeof(*o->idx) * KVP_MAX_CHUNKS);
+    if (!o->iov)
+        o->iov = malloc(sizeof(*o->iov) * KVP_MAX_CHUNKS);
+    return o->keys && o->objs && o->idx && o->iov ? 0 : -ENOMEM;
+}
+
+/* Holds first: an instance's reservations must not outlive it (its layout sized them). */
+uint32_t kvp_owner_release(struct kvp_owner *o, enum kvp_drop_cause why)
+{
+    if (!o->srv)
+        return 0;
+    kvp_holds_release_all(&o->holds, 0, true, why);
+    return kvp_registry_remove_owner(&o->srv->registry, o->id);
+}
+
+void kvp_owner_destroy(struct kvp_owner *o)
+{
+    if (!o->srv)
+        return;
+    kvp_owner_release(o, KVP_DROP_DISCONNECT);
+    if (o->listed) {
+        struct kvp_owners *l = &o->srv->owners;
+        pthread_mutex_lock(&l->lock);
+        if (o->prev)
+            o->prev->next = o->next;
+        else
+            l->head = o->next;
+        if (o->next)
+            o->next->prev = o->prev;
+        l->n--;
+        pthread_mutex_unlock(&l->lock);
+        o->listed = false;
+    }
+    kvp_holds_destroy(&o->holds);
+    free(o->keys);
+    free(o->objs);
+    free(o->idx);
+    free(o->iov);
+    o->keys = NULL;
+    o->objs = NULL;
+    o->idx = NULL;
+    o->iov = NULL;
+    o->srv = NULL;
+}
+
+uint32_t kvp_owners_list(struct kvp_owners *l, struct kvp_owner_view *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&l->lock);
+    for (const struct kvp_owner *o = l->head; o && n < cap; o = o->next) {
+        out[n] = (struct kvp_owner_view){
+            .id = o->id,
+            .pid = o->pid,
+            .uid = o->uid,
+            .connected_since_ms = o->connected_since_ms,
+        };
+        memcpy(out[n].frontend, o->frontend, sizeof(out[n].frontend));
+        n++;
+    }
+    pthread_mutex_unlock(&l->lock);
+    return n;
+}
+
+uint32_t kvp_owners_count(struct kvp_owners *l)
+{
+    pthread_mutex_lock(&l->lock);
+    uint32_t n = l->n;
+    pthread_mutex_unlock(&l->lock);
+    return n;
+}
