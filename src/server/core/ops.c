@@ -172,12 +172,19 @@ static int keyed_prepare(struct kvp_owner *o, uint32_t handle, const struct kvp_
             k->n = KVP_MAX_CHUNKS; /* lookup: counted in windows by the caller */
     }
 
-    /* Without a salt the seed is the registration's; a salt makes a namespace of its own. */
+    /* Without a salt the seed is the registration's; a salt makes a namespace of its own, and
+     * so does another rank (never across models or layouts: the rest comes from inst). */
+    if (src->other_rank && src->rank >= k->inst.spec.world_size)
+        return fail(msg, msg_size, -EINVAL, "rank %" PRIu32 " is not below world size %" PRIu32,
+                    src->rank, k->inst.spec.world_size);
+    bool other = src->other_rank && !k->inst.spec.use_mla && src->rank != k->inst.spec.worker_rank;
     uint8_t seed[KVP_KEY_SIZE];
     memcpy(seed, k->inst.seed, sizeof(seed));
-    if (src->salt_len) {
+    if (src->salt_len || other) {
         struct kvp_key_ns ns;
         kvp_registration_key_ns(&k->inst, src->salt, src->salt_len, &ns);
+        if (other)
+            ns.rank = src->rank;
         if (kvp_key_seed(&ns, seed))
             return fail(msg, msg_size, -ENOMEM, "cannot initialise hashing");
     }

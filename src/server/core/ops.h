@@ -74,7 +74,8 @@
  * ids are not chained (a protocol's own hashes already cover the prefix), but the namespace
  * still comes from the registration.
  *
- * Either way an optional salt (salt_len <= KVP_MAX_SALT) makes a namespace of its own.
+ * Either way an optional salt (salt_len <= KVP_MAX_SALT) makes a namespace of its own, and
+ * other_rank names another rank of the registration's world size.
  */
 struct kvp_key_src {
     const uint8_t *tokens_le; /* token ids, or NULL for chunk ids */
@@ -85,6 +86,12 @@ struct kvp_key_src {
     uint32_t id_len;
     const void *salt;
     uint32_t salt_len;
+    /* The keys of another rank of the registration's model and layout (a tensor-parallel
+     * peer's chunks: a lookup that must find every rank's, a protocol whose requests name
+     * their rank) instead of the registration's own rank; rank < world size. Ignored for MLA
+     * layouts, whose ranks share their chunks. */
+    bool other_rank;
+    uint32_t rank;
 };
 
 /* How the bytes of a commit travelled (the counters it goes to). */
