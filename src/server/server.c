@@ -73,6 +73,7 @@
 #include "http/http.h"
 #include "kvp/listener.h"
 #include "l2/l2.h"
+#include "lmc/listener.h"
 
 /* The directory part of path, for messages. */
 static void dir_of(const char *path, char *dir, size_t size)
@@ -410,6 +411,9 @@ int kvp_server_start(struct kvp_server *s)
     rc = kvp_http_start(s);
     if (rc)
         return rc;
+    /* The LMCache front end's address too is taken before the pool is reserved. */
+    if (cfg->lmcache[0] && (rc = lmc_listener_open(s, &s->lmc)))
+        return rc;
     if (atomic_load(&s->stopping))
         return -ECANCELED;
 
@@ -452,6 +456,8 @@ int kvp_server_start(struct kvp_server *s)
         return -rc;
     }
     s->expiry_started = true;
+    if (s->lmc && (rc = lmc_listener_start(s->lmc)))
+        return rc;
     (void)kvp_warmup_start(s);
     if (atomic_load(&s->stopping))
         return -ECANCELED;
@@ -607,6 +613,9 @@ void kvp_server_destroy(struct kvp_server *s)
         unlink_own_socket(s);
 
     kvp_sessions_close_all(s);
+    /* The LMCache instances' holds go before the store does. */
+    lmc_listener_close(s->lmc);
+    s->lmc = NULL;
     kvp_warmup_join(s);
 
     if (s->expiry_started) {

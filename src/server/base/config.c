@@ -30,6 +30,7 @@
 #include "common/shm_name.h"
 #include "common/socket_path.h"
 #include "http/http.h"
+#include "lmc/listener.h"
 
 #define MIN_L1 (1ull << 20)
 #define MAX_L1 (1ull << 50) /* 1 PiB: far beyond any host, and rounding cannot overflow */
@@ -60,6 +61,9 @@ enum opt_id {
     OPT_L2_QUEUE,
     OPT_L2_TIMEOUT,
     OPT_FOLLOW_CPU,
+    OPT_LMCACHE,
+    OPT_LMCACHE_REAP,
+    OPT_LMCACHE_GRACE,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -162,6 +166,22 @@ static const struct opt_desc opts[] = {
     {"l2-timeout", "KVPOOL_L2_TIMEOUT", "MS",
      "Bound of every L2 connect, command and wait for a load (10..600000). Default: 1000",
      OPT_L2_TIMEOUT},
+    {"lmcache", "KVPOOL_LMCACHE", "ADDR",
+     "Also serve LMCache's multiprocess protocol there, as a drop-in for `lmcache server`\n"
+     "(vLLM's LMCacheMPConnector, SGLang; README: Using kvpool with vLLM, SGLang and\n"
+     "LMCache): tcp://HOST:PORT (LMCache's default is tcp://127.0.0.1:5555; the protocol\n"
+     "has no authentication, see docs/SECURITY.md) or ipc:///PATH. off: not served.\n"
+     "Default: off",
+     OPT_LMCACHE},
+    {"lmcache-reap-timeout", "KVPOOL_LMCACHE_REAP_TIMEOUT", "SECONDS",
+     "An LMCache worker that pinged and then stays silent this long is unregistered and\n"
+     "everything it held is released (LMCache's --worker-reap-timeout-seconds); 0: never.\n"
+     "Default: 120",
+     OPT_LMCACHE_REAP},
+    {"lmcache-registration-grace", "KVPOOL_LMCACHE_REGISTRATION_GRACE", "SECONDS",
+     "The same for an LMCache worker that registered but never pinged (at least the reap\n"
+     "timeout; LMCache's --worker-registration-grace-seconds). Default: 3600",
+     OPT_LMCACHE_GRACE},
     {"help", NULL, NULL, "Show this help and exit", OPT_HELP},
     {"version", NULL, NULL, "Show the version and exit", OPT_VERSION},
 };
@@ -188,6 +208,8 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .l2_queue_bytes = 256ull << 20,
         .l2_timeout_ms = 1000,
         .follow_cpu = true,
+        .lmcache_reap_s = 120,
+        .lmcache_grace_s = 3600,
     };
     /* The clients' rule. A path too long for a socket stays "" and is reported at bind. */
     kvp_socket_path_default(cfg->socket_path, sizeof(cfg->socket_path));
@@ -399,6 +421,23 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
         rc = parse_u32(val, 10, 600000, 10, &cfg->l2_timeout_ms);
         want = "milliseconds from 10 to 600000";
         break;
+    case OPT_LMCACHE:
+        if (strcmp(val, "off") == 0 || val[0] == '\0')
+            cfg->lmcache[0] = '\0';
+        else if (strlen(val) >= sizeof(cfg->lmcache) || lmc_addr_parse(val, NULL))
+            rc = -EINVAL;
+        else
+            snprintf(cfg->lmcache, sizeof(cfg->lmcache), "%s", val);
+        want = "tcp://HOST:PORT (tcp://127.0.0.1:5555), ipc:///PATH, or off";
+        break;
+    case OPT_LMCACHE_REAP:
+        rc = parse_u32(val, 0, 86400, 10, &cfg->lmcache_reap_s);
+        want = "seconds from 0 (never) to 86400";
+        break;
+    case OPT_LMCACHE_GRACE:
+        rc = parse_u32(val, 1, 604800, 10, &cfg->lmcache_grace_s);
+        want = "seconds from 1 to 604800";
+        break;
     default:
         rc = -EINVAL;
     }
@@ -573,6 +612,12 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
     }
     if (optind < argc) {
         fprintf(err, "kvpoold: unexpected argument '%s'\nTry 'kvpoold --help'.\n", argv[optind]);
+        return -EINVAL;
+    }
+    if (cfg->lmcache_reap_s && cfg->lmcache_grace_s < cfg->lmcache_reap_s) {
+        fprintf(err, "kvpoold: lmcache-registration-grace (%u s) must be at least "
+                     "lmcache-reap-timeout (%u s)\n",
+                cfg->lmcache_grace_s, cfg->lmcache_reap_s);
         return -EINVAL;
     }
     if (!cfg->socket_path[0]) {

@@ -23,6 +23,7 @@
 struct kvp_session;
 struct kvp_http;
 struct kvp_l2;
+struct lmc_listener;
 struct kvp_owner;
 
 /* Every owner (owner.h) of the daemon, of any front end: a list for the reports, and the source
@@ -49,6 +50,7 @@ struct kvp_server {
     atomic_bool serving;
     struct kvp_http *http; /* the HTTP endpoint (http.c), NULL with --http off */
     struct kvp_l2 *l2;     /* the L2 tier (l2.h), NULL with --l2 off */
+    struct lmc_listener *lmc; /* the LMCache front end (lmc/listener.h), NULL without --lmcache */
 
     int lock_fd; /* <socket>.lock, flocked for our lifetime */
     int listen_fd;

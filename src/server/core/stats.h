@@ -103,7 +103,19 @@
        "payload bytes received inline (committed or not)")                                     \
     XX(inline_bytes_out, "inline_sent_bytes", "", "", "payload bytes sent inline")             \
     XX(http_requests, "http_requests", "", "", "HTTP requests answered (http.c)")              \
-    XX(http_errors, "http_errors", "", "", "HTTP requests answered with a 4xx or 5xx status")
+    XX(http_errors, "http_errors", "", "", "HTTP requests answered with a 4xx or 5xx status")  \
+    XX(lmcache_requests, "lmcache_requests", "", "",                                           \
+       "requests answered by the LMCache front end (--lmcache)")                               \
+    XX(lmcache_malformed, "lmcache_malformed_requests", "", "",                                \
+       "LMCache requests that did not decode (answered with their negative reply)")            \
+    XX(lmcache_unsupported, "lmcache_unsupported_requests", "", "",                            \
+       "LMCache requests of an operation kvpoold does not serve (GPU, CacheBlend, P2P, unknown)") \
+    XX(lmcache_dropped, "lmcache_dropped_messages", "", "",                                    \
+       "LMCache messages that could not be answered (fewer than 3 frames, stream control)")    \
+    XX(lmcache_replies_lost, "lmcache_replies_lost", "", "",                                   \
+       "LMCache replies not delivered (the client had gone or stopped reading)")               \
+    XX(lmcache_reaped, "lmcache_reaped_instances", "", "",                                     \
+       "LMCache instances unregistered because they fell silent (--lmcache-reap-timeout)")
 
 #define KVP_GAUGE_MAP(XX)                                                                     \
     XX(pool_size, "pool_capacity_bytes", "", "", "bytes of the L1 pool")                      \

@@ -1,0 +1,64 @@
+/*
+ * front.h - inside the LMCache front end: one decoded request, the front end's state, and the
+ * calls between the listener (listener.c: the socket and its thread), the request handlers
+ * (handlers.c) and the LMCache semantics kvpool's own protocol does not have (instances.c:
+ * instances and their liveness, lookup read locks, prefetch jobs, sessions).
+ *
+ * Threads: everything here belongs to the listener's one thread, which owns the ZeroMQ socket,
+ * calls lmc_dispatch() for every request and lmc_tick() between them: no lock. The core (the
+ * operations, the store, the registry) takes its own locks. Only the counters in struct
+ * lmc_gauges are read by other threads (the reports), as relaxed atomics.
+ */
+#ifndef KVP_LMC_FRONT_H
+#define KVP_LMC_FRONT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lmc/codec.h"
+#include "lmc/messages.h"
+
+struct kvp_server;
+struct lmc_state;
+
+/* One request as the listener received it, after the identity frame. */
+struct lmc_req {
+    enum lmc_op op;
+    char name[64]; /* the name an op frame carried as a str ("" for an int) */
+    const uint8_t *op_frame;
+    size_t op_len;
+    uint32_t npayloads; /* payload frames received (counted beyond LMC_MAX_PAYLOADS too) */
+    const uint8_t *p[LMC_MAX_PAYLOADS];
+    size_t n[LMC_MAX_PAYLOADS];
+};
+
+struct lmc_front {
+    struct kvp_server *srv;
+    struct lmc_mp_writer out; /* the reply's value */
+    uint8_t *tokens;          /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
+    uint64_t now_ms;          /* monotonic time of the request being served */
+    struct lmc_state *st;     /* instances.c */
+    uint64_t warned_ops;      /* bit per unsupported operation id already logged at WARN */
+    bool warned_unknown;
+};
+
+/* Sets up the front end's state for server s. Returns 0 or -ENOMEM. */
+int lmc_front_init(struct lmc_front *f, struct kvp_server *s);
+
+/* Releases every instance (reservations aborted, pins dropped), then frees the state. */
+void lmc_front_destroy(struct lmc_front *f);
+
+/*
+ * Serves one request: writes the reply's value into f->out and returns true, or returns false
+ * when the reply is None (the three frames alone). Never fails: a request it cannot serve gets
+ * the negative reply of its operation's type.
+ */
+bool lmc_dispatch(struct lmc_front *f, const struct lmc_req *r);
+
+/* Periodic work between requests (reaping silent instances, expiring lookup locks). Returns
+ * the milliseconds until it wants to run again. */
+uint64_t lmc_tick(struct lmc_front *f);
+
+#endif /* KVP_LMC_FRONT_H */

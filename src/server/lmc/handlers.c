@@ -1,0 +1,368 @@
+/*
+ * handlers.c - one handler per LMCache operation: decode the payloads, call the semantics
+ * (instances.c, over the core's operations), encode the reply (docs/LMCACHE.md is the
+ * contract).
+ *
+ * The dispatch table gives each served operation the payload counts LMCache 0.5.5 and 0.5.6
+ * send (ping, clear and end_session have a shorter older form). Every request is answered:
+ *   - a served operation whose payloads do not decode, or whose count is wrong, gets its
+ *     operation's negative reply (messages.c) and one rate-limited WARN naming the problem;
+ *   - an operation kvpoold does not serve (GPU transfers, CacheBlend, P2P, the KV event stream,
+ *     server modules, an unknown id or name) gets the negative reply its type allows, a WARN
+ *     the first time it is seen (GPU registrations: an ERROR that names the fix), and is
+ *     counted. Payloads of those are never decoded: a GPU registration carries pickled ext
+ *     values that kvpoold must not touch.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "core/daemon.h"
+#include "core/stats.h"
+#include "lmc/front.h"
+#include "lmc/instances.h"
+#include "lmc/messages.h"
+
+typedef bool (*lmc_handler_fn)(struct lmc_front *f, const struct lmc_req *r);
+
+struct handler {
+    enum lmc_op op;
+    uint8_t min, max; /* payload frames accepted */
+    lmc_handler_fn fn;
+};
+
+/* A request that did not decode: counted, logged at a limited rate, answered negatively. */
+static bool malformed(struct lmc_front *f, const struct lmc_req *r, const char *why)
+{
+    KVP_COUNT(lmcache_malformed, 1);
+    log_warn_rl("LMCache %s request malformed (%s): answered negatively", lmc_op_name(r->op), why);
+    return lmc_encode_negative(&f->out, r->op);
+}
+
+static bool decode_key(struct lmc_front *f, const struct lmc_req *r, uint32_t i, struct lmc_key *k,
+                       char *why, size_t why_size)
+{
+    return lmc_decode_key(r->p[i], r->n[i], k, f->tokens, why, why_size) == 0;
+}
+
+static bool h_get_chunk_size(struct lmc_front *f, const struct lmc_req *r)
+{
+    (void)r;
+    lmc_mp_put_uint(&f->out, f->srv->cfg.chunk_tokens);
+    return true;
+}
+
+static bool h_get_experimental(struct lmc_front *f, const struct lmc_req *r)
+{
+    (void)r;
+    /* No experimental transfers and no optional capability (kv_event_stream, ...). */
+    lmc_mp_put_array(&f->out, 0);
+    return true;
+}
+
+static bool h_noop(struct lmc_front *f, const struct lmc_req *r)
+{
+    (void)r;
+    lmc_mp_put_cstr(&f->out, "OK");
+    return true;
+}
+
+static bool h_ping(struct lmc_front *f, const struct lmc_req *r)
+{
+    bool has = false;
+    uint64_t iid = 0;
+    if (r->npayloads == 1 && lmc_decode_opt_instance_id(r->p[0], r->n[0], &has, &iid))
+        return malformed(f, r, "instance_id is not an int or nil");
+    lmc_mp_put_bool(&f->out, lmc_inst_ping(f, has, iid));
+    return true;
+}
+
+static bool h_register(struct lmc_front *f, const struct lmc_req *r)
+{
+    struct lmc_register m;
+    struct lmc_reg_answer a;
+    char why[160];
+    if (lmc_decode_register(r->p[0], r->n[0], &m, why, sizeof(why))) {
+        KVP_COUNT(lmcache_malformed, 1);
+        log_warn_rl("LMCache registration malformed (%s): refused", why);
+        /* Refused with the segment still named (docs/LMCACHE.md: never send a worker to
+         * pickle for a refusal). */
+        const struct kvp_server *s = f->srv;
+        bool shm = s->seg.shared && !s->seg.memfd;
+        char err[200];
+        snprintf(err, sizeof(err), "kvpoold refused the registration: %s", why);
+        lmc_encode_register_reply(&f->out, shm ? s->seg.name : "", shm ? s->seg.size : 0, err);
+        return true;
+    }
+    lmc_inst_register(f, &m, &a);
+    lmc_encode_register_reply(&f->out, a.shm_name, a.pool_size, a.error[0] ? a.error : NULL);
+    return true;
+}
+
+static bool h_unregister(struct lmc_front *f, const struct lmc_req *r)
+{
+    uint64_t iid;
+    if (lmc_decode_instance_id(r->p[0], r->n[0], &iid))
+        return malformed(f, r, "instance_id is not a non-negative int");
+    lmc_inst_unregister(f, iid);
+    return false;
+}
+
+/* The key and instance id of a worker's keyed request (payloads 0 and 1). */
+static bool worker_args(struct lmc_front *f, const struct lmc_req *r, struct lmc_key *k,
+                        uint64_t *iid, char *why, size_t why_size)
+{
+    if (!decode_key(f, r, 0, k, why, why_size))
+        return false;
+    if (lmc_decode_instance_id(r->p[1], r->n[1], iid)) {
+        snprintf(why, why_size, "instance_id is not a non-negative int");
+        return false;
+    }
+    return true;
+}
+
+static bool h_prepare_store(struct lmc_front *f, const struct lmc_req *r)
+{
+    struct lmc_key k;
+    uint64_t iid;
+    char why[160];
+    struct lmc_slots s;
+    if (!worker_args(f, r, &k, &iid, why, sizeof(why)))
+        return malformed(f, r, why);
+    lmc_prepare_store(f, iid, &k, &s);
+    lmc_encode_prepare_store_reply(&f->out, s.slots, s.chunk_indices, s.n, &s.shape,
+                                   s.no_buffers);
+    return true;
+}
+
+static bool h_commit_store(struct lmc_front *f, const struct lmc_req *r)
+{
+    struct lmc_key k;
+    uint64_t iid, len;
+    const uint8_t *data;
+    char why[160];
+    if (!worker_args(f, r, &k, &iid, why, sizeof(why)))
+        return malformed(f, r, why);
+    if (lmc_decode_bin(r->p[2], r->n[2], UINT64_MAX, &data, &len))
+        return malformed(f, r, "data is not bin");
+    lmc_mp_put_bool(&f->out, lmc_commit_store(f, iid, &k, len));
+    return true;
+}
+
+static bool h_prepare_retrieve(struct lmc_front *f, const struct lmc_req *r)
+{
+    struct lmc_key k;
+    uint64_t iid;
+    char why[160];
+    struct lmc_slots s;
+    if (!worker_args(f, r, &k, &iid, why, sizeof(why)))
+        return malformed(f, r, why);
+    bool hit = lmc_prepare_retrieve(f, iid, &k, &s);
+    lmc_encode_prepare_retrieve_reply(&f->out, hit, s.slots, s.n, &s.shape);
+    return true;
+}
+
+static bool h_commit_retrieve(struct lmc_front *f, const struct lmc_req *r)
+{
+    struct lmc_key k;
+    uint64_t iid;
+    char why[160];
+    if (!worker_args(f, r, &k, &iid, why, sizeof(why)))
+        return malformed(f, r, why);
+    lmc_mp_put_bool(&f->out, lmc_commit_retrieve(f, iid, &k));
+    return true;
+}
+
+/* The key and tp_size of the scheduler's lookup and free_lookup_locks. */
+static bool scheduler_args(struct lmc_front *f, const struct lmc_req *r, struct lmc_key *k,
+                           char *why, size_t why_size)
+{
+    int64_t tp;
+    if (!decode_key(f, r, 0, k, why, why_size))
+        return false;
+    if (lmc_decode_int(r->p[1], r->n[1], 0, 65535, &tp)) {
+        snprintf(why, why_size, "tp_size is not an int of 0..65535");
+        return false;
+    }
+    return true;
+}
+
+static bool h_lookup(struct lmc_front *f, const struct lmc_req *r)
+{
+    struct lmc_key k;
+    char why[160];
+    if (!scheduler_args(f, r, &k, why, sizeof(why)))
+        return malformed(f, r, why);
+    lmc_lookup(f, &k);
+    return false;
+}
+
+static bool h_free_lookup_locks(struct lmc_front *f, const struct lmc_req *r)
+{
+    struct lmc_key k;
+    char why[160];
+    if (!scheduler_args(f, r, &k, why, sizeof(why)))
+        return malformed(f, r, why);
+    lmc_free_lookup_locks(f, &k);
+    return false;
+}
+
+static bool h_query(struct lmc_front *f, const struct lmc_req *r)
+{
+    char rid[LMC_MAX_REQUEST_ID + 1];
+    double timeout;
+    if (lmc_decode_request_id(r->p[0], r->n[0], rid, sizeof(rid)))
+        return malformed(f, r, "request_id is not a str of at most 255 bytes");
+    if (r->op == LMC_OP_WAIT_PREFETCH_STATUS && lmc_decode_float(r->p[1], r->n[1], &timeout))
+        return malformed(f, r, "timeout is not a number");
+    /* Jobs are done when the lookup returns: a wait never has to wait. */
+    lmc_mp_put_int(&f->out, lmc_query(f, rid));
+    return true;
+}
+
+static bool h_end_session(struct lmc_front *f, const struct lmc_req *r)
+{
+    char rid[LMC_MAX_REQUEST_ID + 1];
+    if (lmc_decode_request_id(r->p[0], r->n[0], rid, sizeof(rid)))
+        return malformed(f, r, "request_id is not a str of at most 255 bytes");
+    if (r->npayloads == 2 && lmc_decode_any(r->p[1], r->n[1]))
+        return malformed(f, r, "end_info is not msgpack");
+    lmc_end_session(f, rid);
+    return false;
+}
+
+static bool h_clear(struct lmc_front *f, const struct lmc_req *r)
+{
+    bool force;
+    if (r->npayloads == 1 && lmc_decode_bool(r->p[0], r->n[0], &force))
+        return malformed(f, r, "force is not a bool");
+    lmc_clear(f);
+    return false;
+}
+
+static bool h_report_block_allocation(struct lmc_front *f, const struct lmc_req *r)
+{
+    uint64_t iid;
+    char model[KVP_MAX_NAME + 1];
+    struct lmc_mp_reader rd;
+    uint32_t n;
+    if (lmc_decode_instance_id(r->p[0], r->n[0], &iid))
+        return malformed(f, r, "instance_id is not a non-negative int");
+    if (lmc_decode_request_id(r->p[1], r->n[1], model, sizeof(model)))
+        return malformed(f, r, "model_name is not a str");
+    /* The records are accepted and ignored (upstream only publishes them as events). */
+    lmc_mp_reader_init(&rd, r->p[2], r->n[2]);
+    if (lmc_mp_read_array(&rd, LMC_MAX_RECORDS, &n) || lmc_decode_any(r->p[2], r->n[2]))
+        return malformed(f, r, "records is not an array of at most 4096");
+    return false;
+}
+
+static const struct handler table[] = {
+    {LMC_OP_GET_CHUNK_SIZE, 0, 0, h_get_chunk_size},
+    {LMC_OP_GET_EXPERIMENTAL, 0, 0, h_get_experimental},
+    {LMC_OP_NOOP, 0, 0, h_noop},
+    {LMC_OP_PING, 0, 1, h_ping},
+    {LMC_OP_REGISTER_ENGINE_DRIVEN, 1, 1, h_register},
+    {LMC_OP_UNREGISTER_ENGINE_DRIVEN, 1, 1, h_unregister},
+    {LMC_OP_PREPARE_STORE, 2, 2, h_prepare_store},
+    {LMC_OP_COMMIT_STORE, 3, 3, h_commit_store},
+    {LMC_OP_PREPARE_RETRIEVE, 2, 2, h_prepare_retrieve},
+    {LMC_OP_COMMIT_RETRIEVE, 2, 2, h_commit_retrieve},
+    {LMC_OP_LOOKUP, 2, 2, h_lookup},
+    {LMC_OP_QUERY_PREFETCH_STATUS, 1, 1, h_query},
+    {LMC_OP_WAIT_PREFETCH_STATUS, 2, 2, h_query},
+    {LMC_OP_FREE_LOOKUP_LOCKS, 2, 2, h_free_lookup_locks},
+    {LMC_OP_END_SESSION, 1, 2, h_end_session},
+    {LMC_OP_CLEAR, 0, 1, h_clear},
+    {LMC_OP_REPORT_BLOCK_ALLOCATION, 3, 3, h_report_block_allocation},
+};
+
+/* An operation kvpoold does not serve: its negative reply, and a WARN the first time. */
+static bool unsupported(struct lmc_front *f, const struct lmc_req *r)
+{
+    KVP_COUNT(lmcache_unsupported, 1);
+    const char *name = r->op != LMC_OP_UNKNOWN ? lmc_op_name(r->op) : r->name[0] ? r->name : "?";
+    bool first;
+    if (r->op != LMC_OP_UNKNOWN && r->op < 64) {
+        first = !(f->warned_ops & (1ull << r->op));
+        f->warned_ops |= 1ull << r->op;
+    } else if (r->op != LMC_OP_UNKNOWN) {
+        first = !(f->warned_ops & (1ull << 0));
+        f->warned_ops |= 1ull;
+    } else {
+        first = !f->warned_unknown;
+        f->warned_unknown = true;
+    }
+    if (r->op == LMC_OP_REGISTER_KV_CACHE || r->op == LMC_OP_REGISTER_Q_CACHE) {
+        if (first)
+            log_error("An LMCache worker asked for the GPU transfer (%s): kvpoold serves the "
+                      "engine-driven one only; set LMCACHE_MP_TRANSFER_MODE=engine_driven "
+                      "(or lmcache.mp.mp_transfer_mode) in the worker",
+                      name);
+    } else if (r->op == LMC_OP_COMMIT_STORE && r->npayloads == 0) {
+        if (first)
+            log_warn("An LMCache client sent operation 17 without payloads: it predates LMCache "
+                     "0.5.5 (an older numbering); upgrade it");
+    } else if (first) {
+        log_warn("LMCache operation %s is not served by kvpoold: answered with its negative "
+                 "reply (logged once)",
+                 name);
+    } else {
+        log_debug("LMCache operation %s not served", name);
+    }
+    return lmc_encode_negative(&f->out, r->op);
+}
+
+bool lmc_dispatch(struct lmc_front *f, const struct lmc_req *r)
+{
+    KVP_COUNT(lmcache_requests, 1);
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
+        const struct handler *h = &table[i];
+        if (h->op != r->op)
+            continue;
+        if (r->npayloads < h->min || r->npayloads > h->max) {
+            char why[96];
+            if (r->op == LMC_OP_COMMIT_STORE && r->npayloads == 0)
+                return unsupported(f, r);
+            snprintf(why, sizeof(why), "%u payloads, expected %u%s%u", r->npayloads, h->min,
+                     h->min == h->max ? "" : " to ", h->min == h->max ? 0 : h->max);
+            if (h->min == h->max)
+                snprintf(why, sizeof(why), "%u payloads, expected %u", r->npayloads, h->min);
+            return malformed(f, r, why);
+        }
+        return h->fn(f, r);
+    }
+    return unsupported(f, r);
+}
+
+uint64_t lmc_tick(struct lmc_front *f)
+{
+    return lmc_state_tick(f);
+}
+
+int lmc_front_init(struct lmc_front *f, struct kvp_server *s)
+{
+    memset(f, 0, sizeof(*f));
+    f->srv = s;
+    lmc_mp_writer_init(&f->out);
+    f->tokens = malloc((size_t)KVP_MAX_TOKENS * 4);
+    if (!f->tokens)
+        return -ENOMEM;
+    int rc = lmc_state_init(f);
+    if (rc) {
+        free(f->tokens);
+        f->tokens = NULL;
+    }
+    return rc;
+}
+
+void lmc_front_destroy(struct lmc_front *f)
+{
+    lmc_state_destroy(f);
+    free(f->tokens);
+    f->tokens = NULL;
+    lmc_mp_writer_free(&f->out);
+}

@@ -1,0 +1,863 @@
+/*
+ * instances.c - LMCache's instances, liveness, lookup read locks, prefetch jobs and sessions,
+ * over the core's operations (see instances.h; docs/LMCACHE.md, "Semantics").
+ *
+ * Instances. A registration makes an instance: one core owner (frontend "lmcache") and one
+ * core registration of its layout (instance id "lmcache-<id>"), through kvp_op_register(),
+ * which validates it, chooses the transport and logs it. LMCache's registration has no rank:
+ * the rank comes with each request (the key's worker_id), and every keyed operation asks the
+ * core for the keys of that rank (struct kvp_key_src.other_rank). A refused registration is
+ * remembered (so that its requests get the negative answers at once and the refusal is logged
+ * once) but holds nothing.
+ *
+ * Pending pairs. A prepare_store that reserved something, and a prepare_retrieve that pinned,
+ * leave a pending entry under the instance and the key's identity (a 128-bit digest of the
+ * fields LMCache compares: model, world size, worker, tokens, range, salt); the matching commit
+ * pops it and ends the core's hold. A second prepare of the same key replaces the first (whose
+ * hold is ended: aborted or unpinned), as upstream overwrites its pending map.
+ *
+ * Lookups. The scheduler's lookup names no worker: a chunk is a hit only if every rank of the
+ * world size has it (one rank for an MLA layout, whose keys all ranks share), and the hit count
+ * is the leading run of hits. For each rank the lookup runs as an instance that serves that rank
+ * (the one whose requests named it, else any instance of the model and world size: tensor-
+ * parallel ranks share a layout) with KVP_LOOKUP_PIN, so the chunks found stay pinned for the
+ * request's readers: LMCache's lookup read locks. They are held by that instance's owner, so
+ * reaping it drops them too. A rank's locks end when num_kv_readers retrieves of that rank
+ * have claimed them (each retrieve pins what it reads by itself first), or on
+ * free_lookup_locks, end_session, a new lookup of the same request, or after LMCache's read TTL.
+ *
+ * Prefetch jobs. L1 lookups finish at once, L2 ones are waited for inside the lookup operation,
+ * so a job is always done when query or wait see it: they return its hit count (a chunk
+ * count) once and 0 afterwards, and for unknown ids.
+ *
+ * Liveness. Registration, pings with the instance's id and every prepare and commit refresh an
+ * instance; a ping also marks it as pinging. lmc_state_tick() reaps an instance silent longer
+ * than --lmcache-reap-timeout (pinged) or --lmcache-registration-grace (never pinged): the
+ * owner's release frees everything it held, at once, and it is logged. The first ping of a
+ * reaped id is answered false, the next true: vLLM's adapter re-registers on that
+ * unhealthy-to-healthy edge, so a worker that was only paused gets its cache back.
+ *
+ * Thread: the listener's only; no lock here (the core takes its own).
+ */
+#include "lmc/instances.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "base/log.h"
+#include "common/layout.h"
+#include "core/daemon.h"
+#include "core/ops.h"
+#include "core/owner.h"
+#include "core/stats.h"
+
+#define JOB_BUCKETS 1024u
+
+struct pending {
+    uint64_t hold;     /* the core's reservation or pin-set id */
+    uint8_t digest[16]; /* the key's identity */
+    bool read;         /* a prepare_retrieve's pins, else a prepare_store's reservation */
+};
+
+struct inst {
+    uint64_t iid;
+    bool registered; /* owner and core registration exist */
+    bool refused;
+    char refusal[640];
+    struct kvp_owner owner;
+    uint32_t handle;
+    struct kvp_registration reg;
+    struct lmc_register asked; /* what the worker sent, to compare a re-registration */
+    bool shm;                  /* the segment was offered */
+    bool pickle;               /* it sent a serialized commit */
+    int32_t rank;              /* the worker_id of its requests, -1 before the first */
+    uint64_t last_seen_ms;
+    bool pinged;
+    struct pending pend[LMC_MAX_PENDING];
+    uint32_t npend;
+};
+
+/* One rank's lookup read locks of a job. */
+struct job_pin {
+    uint64_t iid;    /* the instance whose owner holds them */
+    uint32_t handle; /* its registration then (a new one has another handle) */
+    uint64_t hold;   /* the pin set; 0 when the lookup found nothing in L1 */
+    uint32_t rank;
+    uint32_t readers_left;
+};
+
+struct job {
+    char rid[LMC_MAX_REQUEST_ID + 1];
+    uint64_t hash;
+    uint32_t hits;
+    bool consumed;
+    uint64_t created_ms;
+    uint32_t npins;
+    struct job_pin *pins;
+    struct job *hnext;        /* bucket chain */
+    struct job *older, *newer; /* age list (sentinel: lmc_state.jobs) */
+};
+
+struct reaped {
+    uint64_t iid;
+    bool told; /* its first ping after the reaping was answered false */
+};
+
+struct lmc_state {
+    struct inst *inst[LMC_MAX_INSTANCES];
+    uint32_t ninst;
+    struct job *buckets[JOB_BUCKETS];
+    struct job jobs; /* age list sentinel: jobs.newer is the oldest */
+    uint32_t njobs;
+    struct reaped reaped[LMC_MAX_REAPED];
+    uint32_t reaped_next;
+    struct lmc_slot slots[KVP_MAX_CHUNKS];
+    uint32_t idx[KVP_MAX_CHUNKS];
+    uint64_t next_reap_ms;
+    char msg[KVP_MAX_ERRMSG + 1];
+};
+
+/* ---- instances ---- */
+
+static struct inst *find(struct lmc_state *st, uint64_t iid)
+{
+    for (uint32_t i = 0; i < st->ninst; i++)
+        if (st->inst[i]->iid == iid)
+            return st->inst[i];
+    return NULL;
+}
+
+/* Ends every hold of a pending entry: a reservation is aborted, a pin set released. */
+static void end_pending(struct inst *in, const struct pending *p, struct lmc_state *st)
+{
+    if (p->read)
+        kvp_op_commit_retrieve(&in->owner, in->handle, p->hold, st->msg, sizeof(st->msg));
+    else
+        kvp_op_abort_store(&in->owner, in->handle, p->hold, KVP_DROP_ABORT, st->msg,
+                           sizeof(st->msg));
+}
+
+/* Removes instance in from the table and frees it; its owner's release ends everything it
+ * held (reservations, pins, registration). */
+static void drop_inst(struct lmc_state *st, struct inst *in)
+{
+    for (uint32_t i = 0; i < st->ninst; i++) {
+        if (st->inst[i] == in) {
+            st->inst[i] = st->inst[--st->ninst];
+            break;
+        }
+    }
+    if (in->registered)
+        kvp_owner_destroy(&in->owner);
+    free(in);
+}
+
+static void remember_reaped(struct lmc_state *st, uint64_t iid)
+{
+    st->reaped[st->reaped_next] = (struct reaped){.iid = iid};
+    st->reaped_next = (st->reaped_next + 1) % LMC_MAX_REAPED;
+}
+
+/* torch's names and aliases onto kvpool's dtype names. */
+static const char *canonical_dtype(const char *d)
+{
+    if (strcmp(d, "half") == 0)
+        return "float16";
+    if (strcmp(d, "float") == 0)
+        return "float32";
+    if (strcmp(d, "double") == 0)
+        return "float64";
+    return d;
+}
+
+static bool same_layout(const struct lmc_register *a, const struct lmc_register *b)
+{
+    return strcmp(a->model_name, b->model_name) == 0 && a->world_size == b->world_size &&
+           a->block_size == b->block_size && a->num_layers == b->num_layers &&
+           a->hidden_dim == b->hidden_dim && strcmp(a->dtype, b->dtype) == 0 &&
+           a->use_mla == b->use_mla && a->num_physical_slots == b->num_physical_slots;
+}
+
+static void answer_offer(struct lmc_front *f, const struct inst *in, struct lmc_reg_answer *a)
+{
+    const struct kvp_server *s = f->srv;
+    /* A refused instance still gets the segment: a worker that ignores `error` then runs
+     * uncached with empty slot lists instead of gathering and pickling every chunk. */
+    bool shm = s->seg.shared && !s->seg.memfd && (in->refused || in->shm);
+    snprintf(a->shm_name, sizeof(a->shm_name), "%s", shm ? s->seg.name : "");
+    a->pool_size = shm ? s->seg.size : 0;
+    snprintf(a->error, sizeof(a->error), "%s", in->refused ? in->refusal : "");
+}
+
+/* Why a registration cannot be served, or NULL. */
+static const char *refusal(struct lmc_front *f, const struct lmc_register *m, char *buf,
+                           size_t size)
+{
+    uint32_t C = f->srv->cfg.chunk_tokens;
+    const char *dtype = canonical_dtype(m->dtype);
+    if (m->unsupported[0]) {
+        snprintf(buf, size, "%s", m->unsupported);
+        return buf;
+    }
+    if (!kvp_dtype_find(dtype)) {
+        snprintf(buf, size, "dtype '%s' is not one kvpool knows (%s)", m->dtype,
+                 kvp_dtype_names());
+        return buf;
+    }
+    if (m->num_physical_slots && m->num_physical_slots != C) {
+        snprintf(buf, size,
+                 "a chunk of %u token slots, but kvpoold's chunk size is %u: start kvpoold "
+                 "with --chunk-size %u (the connector's lmcache chunk size)",
+                 m->num_physical_slots, C, m->num_physical_slots);
+        return buf;
+    }
+    /* Lookups name a model and a world size only: one dtype per pair, or they could not
+     * tell whose chunks to look for. */
+    for (uint32_t i = 0; i < f->st->ninst; i++) {
+        const struct inst *o = f->st->inst[i];
+        if (o->registered && strcmp(o->asked.model_name, m->model_name) == 0 &&
+            o->asked.world_size == m->world_size &&
+            strcmp(canonical_dtype(o->asked.dtype), dtype) != 0) {
+            snprintf(buf, size,
+                     "model %s with world size %u is registered with dtype %s (instance %" PRIu64
+                     "); one dtype per model and world size",
+                     m->model_name, m->world_size, o->asked.dtype, o->iid);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct lmc_reg_answer *a)
+{
+    struct lmc_state *st = f->st;
+    struct inst *in = find(st, m->instance_id);
+    char why[600];
+
+    memset(a, 0, sizeof(*a));
+    if (in) {
+        in->last_seen_ms = f->now_ms;
+        if (in->refused || same_layout(&in->asked, m)) {
+            log_info("Instance %" PRIu64 " already registered (non-GPU); refreshing liveness",
+                     m->instance_id);
+        } else {
+            /* The first layout stays: chunks were stored in it. */
+            log_warn_rl("LMCache instance %" PRIu64
+                        " registered again with another layout; keeping the first",
+                        m->instance_id);
+            answer_offer(f, in, a);
+            snprintf(a->error, sizeof(a->error),
+                     "instance %" PRIu64 " is already registered with another layout",
+                     m->instance_id);
+            return;
+        }
+        answer_offer(f, in, a);
+        return;
+    }
+    if (st->ninst == LMC_MAX_INSTANCES) {
+        const struct kvp_server *s = f->srv;
+        bool shm = s->seg.shared && !s->seg.memfd;
+        snprintf(a->shm_name, sizeof(a->shm_name), "%s", shm ? s->seg.name : "");
+        a->pool_size = shm ? s->seg.size : 0;
+        snprintf(a->error, sizeof(a->error), "kvpoold refused the registration: %u LMCache "
+                 "instances are registered already", LMC_MAX_INSTANCES);
+        log_warn_rl("LMCache instance %" PRIu64 " refused: %s", m->instance_id, a->error);
+        return;
+    }
+    in = calloc(1, sizeof(*in));
+    if (!in) {
+        snprintf(a->error, sizeof(a->error), "out of memory");
+        return;
+    }
+    in->iid = m->instance_id;
+    in->asked = *m;
+    in->rank = -1;
+    in->last_seen_ms = f->now_ms;
+    st->inst[st->ninst++] = in;
+
+    const char *no = refusal(f, m, why, sizeof(why));
+    if (!no) {
+        struct kvp_reg_spec spec;
+        bool existing;
+        memset(&spec, 0, sizeof(spec));
+        snprintf(spec.instance_id, sizeof(spec.instance_id), "lmcache-%" PRIu64, m->instance_id);
+        snprintf(spec.model_name, sizeof(spec.model_name), "%s", m->model_name);
+        snprintf(spec.dtype, sizeof(spec.dtype), "%s", canonical_dtype(m->dtype));
+        spec.world_size = m->world_size;
+        spec.worker_rank = 0; /* each request names its rank */
+        spec.block_size = m->block_size;
+        spec.num_layers = m->num_layers;
+        spec.hidden_dim = m->hidden_dim;
+        spec.use_mla = m->use_mla;
+        /* LMCache workers open the segment by name: a named POSIX segment or nothing. */
+        if (f->srv->seg.shared && !f->srv->seg.memfd) {
+            spec.transport = KVP_REG_SHM;
+        } else {
+            spec.transport = KVP_REG_INLINE;
+            snprintf(spec.reason, sizeof(spec.reason), "%s",
+                     f->srv->seg.memfd ? "--shm-backend memfd: LMCache workers open the segment "
+                                         "by name"
+                                       : f->srv->shm_reason);
+        }
+        kvp_owner_init(&in->owner, f->srv, "lmcache", -1, 0);
+        int rc = kvp_op_register(&in->owner, &spec, &in->reg, &existing, st->msg, sizeof(st->msg));
+        if (rc == 0) {
+            in->registered = true;
+            in->handle = in->reg.handle;
+            in->shm = in->reg.transport == KVP_REG_SHM && !f->srv->seg.memfd;
+        } else {
+            kvp_owner_destroy(&in->owner);
+            snprintf(why, sizeof(why), "%s", st->msg);
+            no = why;
+        }
+    }
+    if (no) {
+        in->refused = true;
+        snprintf(in->refusal, sizeof(in->refusal), "kvpoold refused the registration: %s", no);
+        log_warn("LMCache instance %" PRIu64 " (model %s, world size %u) refused: %s",
+                 m->instance_id, m->model_name, m->world_size, no);
+        answer_offer(f, in, a);
+        return;
+    }
+    answer_offer(f, in, a);
+    log_info("Registered non-GPU context for instance %" PRIu64 " (model=%s, world_size=%u)",
+             m->instance_id, m->model_name, m->world_size);
+    /* The registry logged "Instance lmcache-<id> non-GPU context using ... transport". */
+    if (a->shm_name[0]) {
+        log_info("Using shm non-GPU transfer strategy");
+    } else {
+        log_info("Using pickle non-GPU transfer strategy");
+        log_warn("Instance %" PRIu64 " non-GPU context using pickle transport (%s): kvpoold "
+                 "does not serve pickle commits yet, so this worker runs uncached",
+                 m->instance_id,
+                 f->srv->seg.memfd      ? "--shm-backend memfd: workers cannot open it by name"
+                 : !f->srv->seg.shared ? f->srv->shm_reason
+                                        : in->reg.reason);
+    }
+}
+
+static void release_job_pins_of(struct lmc_state *st, uint64_t iid);
+
+void lmc_inst_unregister(struct lmc_front *f, uint64_t iid)
+{
+    struct lmc_state *st = f->st;
+    struct inst *in = find(st, iid);
+    if (!in) {
+        log_warn_rl("No registered non-GPU context found for instance ID %" PRIu64, iid);
+        return;
+    }
+    release_job_pins_of(st, iid);
+    drop_inst(st, in);
+    log_info("Unregistered non-CUDA context for instance ID %" PRIu64, iid);
+}
+
+bool lmc_inst_ping(struct lmc_front *f, bool has, uint64_t iid)
+{
+    struct lmc_state *st = f->st;
+    if (!has)
+        return true;
+    struct inst *in = find(st, iid);
+    if (in) {
+        in->last_seen_ms = f->now_ms;
+        in->pinged = true;
+        return true;
+    }
+    for (uint32_t i = 0; i < LMC_MAX_REAPED; i++) {
+        struct reaped *r = &st->reaped[i];
+        if (r->iid == iid && iid != 0 && !r->told) {
+            r->told = true;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- keys and pending pairs ---- */
+
+static void digest(const struct lmc_front *f, const struct lmc_key *k, uint8_t out[16])
+{
+    XXH3_state_t *s = XXH3_createState();
+    uint32_t v[5] = {k->world_size, k->has_worker_id ? k->worker_id : UINT32_MAX, k->start,
+                     k->end, k->ntokens};
+    XXH128_hash_t h;
+    if (!s) {
+        memset(out, 0, 16);
+        return;
+    }
+    XXH3_128bits_reset(s);
+    XXH3_128bits_update(s, k->model_name, strlen(k->model_name) + 1);
+    XXH3_128bits_update(s, v, sizeof(v));
+    XXH3_128bits_update(s, k->salt, k->salt_len);
+    XXH3_128bits_update(s, f->tokens, (size_t)k->ntokens * 4);
+    h = XXH3_128bits_digest(s);
+    XXH3_freeState(s);
+    memcpy(out, &h.low64, 8);
+    memcpy(out + 8, &h.high64, 8);
+}
+
+static void key_src(const struct lmc_front *f, const struct lmc_key *k, uint32_t rank, bool lookup,
+                    struct kvp_key_src *src)
+{
+    memset(src, 0, sizeof(*src));
+    src->tokens_le = f->tokens;
+    /* A lookup hashes the tokens up to its end, as LMCache does. */
+    src->ntokens = lookup && k->end < k->ntokens ? k->end : k->ntokens;
+    src->start = k->start;
+    src->end = k->end;
+    src->salt = k->salt;
+    src->salt_len = k->salt_len;
+    src->other_rank = true;
+    src->rank = rank;
+}
+
+static struct pending *pending_find(struct inst *in, const uint8_t d[16], bool read)
+{
+    for (uint32_t i = 0; i < in->npend; i++)
+        if (in->pend[i].read == read && memcmp(in->pend[i].digest, d, 16) == 0)
+            return &in->pend[i];
+    return NULL;
+}
+
+static void pending_remove(struct inst *in, struct pending *p)
+{
+    *p = in->pend[--in->npend];
+}
+
+/* Records a pending pair, replacing one of the same key (its hold is ended) and, when the
+ * table is full, ending the oldest. */
+static void pending_add(struct lmc_state *st, struct inst *in, const uint8_t d[16], bool read,
+                        uint64_t hold)
+{
+    struct pending *old = pending_find(in, d, read);
+    if (old) {
+        end_pending(in, old, st);
+        pending_remove(in, old);
+    }
+    if (in->npend == LMC_MAX_PENDING) {
+        log_warn_rl("LMCache instance %" PRIu64 ": %u prepares without their commit; ending "
+                    "the oldest",
+                    in->iid, LMC_MAX_PENDING);
+        end_pending(in, &in->pend[0], st);
+        memmove(&in->pend[0], &in->pend[1], (LMC_MAX_PENDING - 1) * sizeof(in->pend[0]));
+        in->npend--;
+    }
+    struct pending *p = &in->pend[in->npend++];
+    p->hold = hold;
+    p->read = read;
+    memcpy(p->digest, d, 16);
+}
+
+/* The instance a keyed worker request acts for, refreshed; NULL (logged) when it cannot. */
+static struct inst *worker_inst(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
+                                const char *op)
+{
+    struct inst *in = find(f->st, iid);
+    if (!in) {
+        log_warn_rl("LMCache %s of unknown instance %" PRIu64
+                    " (never registered, unregistered or reaped): answered negatively",
+                    op, iid);
+        return NULL;
+    }
+    in->last_seen_ms = f->now_ms;
+    if (in->refused)
+        return NULL;
+    if (!k->has_worker_id) {
+        log_warn_rl("LMCache %s of instance %" PRIu64 " without a worker_id", op, iid);
+        return NULL;
+    }
+    in->rank = (int32_t)k->worker_id;
+    return in;
+}
+
+static void fill_slots(struct lmc_state *st, const struct inst *in, const struct kvp_op_slots *res,
+                       struct lmc_slots *out)
+{
+    for (uint32_t j = 0; j < res->nslots; j++) {
+        st->slots[j].offset = res->objs[j]->offset;
+        st->slots[j].length = res->chunk_bytes;
+        st->idx[j] = res->idx ? res->idx[j] : j;
+    }
+    out->n = res->nslots;
+    out->slots = st->slots;
+    out->chunk_indices = st->idx;
+    out->shape.ndim = in->reg.layout.ndim;
+    memcpy(out->shape.shape, in->reg.layout.shape, sizeof(out->shape.shape));
+    out->shape.dtype = in->reg.spec.dtype;
+}
+
+void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
+                       struct lmc_slots *out)
+{
+    struct lmc_state *st = f->st;
+    struct kvp_op_slots res;
+    struct kvp_key_src src;
+    uint8_t d[16];
+
+    memset(out, 0, sizeof(*out));
+    struct inst *in = worker_inst(f, iid, k, "prepare_store");
+    if (!in)
+        return;
+    if (in->pickle || !in->shm) {
+        out->no_buffers = true; /* its commit will carry the chunks, and be refused */
+        return;
+    }
+    key_src(f, k, k->worker_id, false, &src);
+    int rc = kvp_op_prepare_store(&in->owner, in->handle, &src, &res, st->msg, sizeof(st->msg));
+    if (rc) {
+        log_warn_rl("LMCache prepare_store of instance %" PRIu64 " failed: %s", iid, st->msg);
+        return;
+    }
+    if (res.no_space)
+        log_warn_rl("LMCache instance %" PRIu64 ": %u chunk%s not stored for lack of "
+                    "evictable space in the pool",
+                    iid, res.no_space, res.no_space == 1 ? "" : "s");
+    if (res.nslots == 0)
+        return; /* everything cached or being stored: the worker sends no commit */
+    digest(f, k, d);
+    pending_add(st, in, d, false, res.id);
+    fill_slots(st, in, &res, out);
+}
+
+bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k, uint64_t data_len)
+{
+    struct lmc_state *st = f->st;
+    uint8_t d[16];
+    struct inst *in = worker_inst(f, iid, k, "commit_store");
+    if (!in)
+        return false;
+    digest(f, k, d);
+    struct pending *p = pending_find(in, d, false);
+    if (data_len > 0) {
+        /* A serialized commit: the worker could not map the segment (or was told to use its
+         * pickle transport). Nothing it reserved was written. */
+        if (p) {
+            end_pending(in, p, st);
+            pending_remove(in, p);
+        }
+        if (!in->pickle && in->shm)
+            log_warn("LMCache instance %" PRIu64 " fell back to the pickle transport (could not "
+                     "map %s: check its uid, --shm-mode and a shared /dev/shm)",
+                     iid, f->srv->seg.name);
+        in->pickle = true;
+        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit of %" PRIu64
+                    " bytes refused (kvpoold does not serve the pickle transport yet)",
+                    iid, data_len);
+        return false;
+    }
+    if (!p)
+        return false;
+    uint64_t hold = p->hold;
+    pending_remove(in, p);
+    return kvp_op_commit_store(&in->owner, in->handle, hold, KVP_VIA_SHM, st->msg,
+                               sizeof(st->msg)) >= 0;
+}
+
+static struct job *job_find(struct lmc_state *st, const char *rid);
+static void job_claim(struct lmc_state *st, struct job *j, uint32_t rank);
+
+bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
+                          struct lmc_slots *out)
+{
+    struct lmc_state *st = f->st;
+    struct kvp_op_slots res;
+    struct kvp_key_src src;
+    uint8_t d[16];
+
+    memset(out, 0, sizeof(*out));
+    struct inst *in = worker_inst(f, iid, k, "prepare_retrieve");
+    if (!in || in->pickle || !in->shm)
+        return false;
+    key_src(f, k, k->worker_id, false, &src);
+    int rc = kvp_op_prepare_retrieve(&in->owner, in->handle, &src, &res, st->msg, sizeof(st->msg));
+    if (rc) {
+        log_warn_rl("LMCache prepare_retrieve of instance %" PRIu64 " failed: %s", iid, st->msg);
+        return false;
+    }
+    /* All or nothing, as upstream: the worker scatters every chunk of the range. */
+    if (res.nchunks == 0 || res.nslots < res.nchunks) {
+        if (res.id)
+            kvp_op_commit_retrieve(&in->owner, in->handle, res.id, st->msg, sizeof(st->msg));
+        return false;
+    }
+    digest(f, k, d);
+    pending_add(st, in, d, true, res.id);
+    fill_slots(st, in, &res, out);
+    /* This retrieve pinned what it reads: one reader of the lookup's locks is done. */
+    struct job *j = job_find(st, k->request_id);
+    if (j)
+        job_claim(st, j, k->worker_id);
+    return true;
+}
+
+bool lmc_commit_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k)
+{
+    struct lmc_state *st = f->st;
+    uint8_t d[16];
+    struct inst *in = find(st, iid);
+    if (!in)
+        return false;
+    in->last_seen_ms = f->now_ms;
+    if (!in->registered)
+        return true;
+    digest(f, k, d);
+    struct pending *p = pending_find(in, d, true);
+    if (p) {
+        uint64_t hold = p->hold;
+        pending_remove(in, p);
+        kvp_op_commit_retrieve(&in->owner, in->handle, hold, st->msg, sizeof(st->msg));
+    }
+    return true;
+}
+
+/* ---- prefetch jobs and lookup read locks ---- */
+
+static uint64_t rid_hash(const char *rid)
+{
+    return XXH3_64bits(rid, strlen(rid));
+}
+
+static struct job *job_find(struct lmc_state *st, const char *rid)
+{
+    uint64_t h = rid_hash(rid);
+    for (struct job *j = st->buckets[h % JOB_BUCKETS]; j; j = j->hnext)
+        if (j->hash == h && strcmp(j->rid, rid) == 0)
+            return j;
+    return NULL;
+}
+
+/* Ends rank pin i of job j, if its instance still holds it. */
+static void job_pin_release(struct lmc_state *st, struct job_pin *p)
+{
+    if (!p->hold)
+        return;
+    struct inst *in = find(st, p->iid);
+    if (in && in->registered && in->handle == p->handle)
+        kvp_op_commit_retrieve(&in->owner, in->handle, p->hold, st->msg, sizeof(st->msg));
+    p->hold = 0;
+}
+
+static void job_release_pins(struct lmc_state *st, struct job *j)
+{
+    for (uint32_t i = 0; i < j->npins; i++)
+        job_pin_release(st, &j->pins[i]);
+}
+
+static void job_free(struct lmc_state *st, struct job *j)
+{
+    job_release_pins(st, j);
+    struct job **pp = &st->buckets[j->hash % JOB_BUCKETS];
+    while (*pp != j)
+        pp = &(*pp)->hnext;
+    *pp = j->hnext;
+    j->older->newer = j->newer;
+    j->newer->older = j->older;
+    st->njobs--;
+    free(j->pins);
+    free(j);
+}
+
+static void job_claim(struct lmc_state *st, struct job *j, uint32_t rank)
+{
+    for (uint32_t i = 0; i < j->npins; i++) {
+        struct job_pin *p = &j->pins[i];
+        if ((p->rank == rank || j->npins == 1) && p->readers_left > 0) {
+            if (--p->readers_left == 0)
+                job_pin_release(st, p);
+            return;
+        }
+    }
+}
+
+/* Drops what the jobs remember of instance iid's pins (its owner is being released). */
+static void release_job_pins_of(struct lmc_state *st, uint64_t iid)
+{
+    for (struct job *j = st->jobs.newer; j != &st->jobs; j = j->newer)
+        for (uint32_t i = 0; i < j->npins; i++)
+            if (j->pins[i].iid == iid)
+                job_pin_release(st, &j->pins[i]);
+}
+
+/* The instance a lookup of rank r acts as: one whose requests named r, else any instance of
+ * the model and world size. */
+static struct inst *rank_inst(struct lmc_state *st, const struct lmc_key *k, uint32_t r)
+{
+    struct inst *any = NULL;
+    for (uint32_t i = 0; i < st->ninst; i++) {
+        struct inst *in = st->inst[i];
+        if (!in->registered || !in->shm || strcmp(in->asked.model_name, k->model_name) != 0 ||
+            in->asked.world_size != k->world_size)
+            continue;
+        if (in->rank == (int32_t)r)
+            return in;
+        if (!any)
+            any = in;
+    }
+    return any;
+}
+
+void lmc_lookup(struct lmc_front *f, const struct lmc_key *k)
+{
+    struct lmc_state *st = f->st;
+    struct job *j = job_find(st, k->request_id);
+
+    if (j)
+        job_free(st, j); /* a new lookup of the request replaces the old one */
+    if (st->njobs == LMC_MAX_JOBS) {
+        log_warn_rl("LMCache front end: %u prefetch jobs open; dropping the oldest (%s)",
+                    LMC_MAX_JOBS, st->jobs.newer->rid);
+        job_free(st, st->jobs.newer);
+    }
+    j = calloc(1, sizeof(*j));
+    if (!j) {
+        log_warn_rl("LMCache lookup of request %s: out of memory", k->request_id);
+        return;
+    }
+    snprintf(j->rid, sizeof(j->rid), "%s", k->request_id);
+    j->hash = rid_hash(j->rid);
+    j->created_ms = f->now_ms;
+    j->hnext = st->buckets[j->hash % JOB_BUCKETS];
+    st->buckets[j->hash % JOB_BUCKETS] = j;
+    j->newer = &st->jobs;
+    j->older = st->jobs.older;
+    st->jobs.older->newer = j;
+    st->jobs.older = j;
+    st->njobs++;
+
+    struct inst *first = rank_inst(st, k, 0);
+    if (!first) {
+        log_warn_rl("No registered LMCache instance of model %s with world size %u during "
+                    "lookup: 0 hits",
+                    k->model_name, k->world_size);
+        return;
+    }
+    /* MLA layouts share their keys across ranks: one rank covers them all. */
+    uint32_t nranks = first->reg.spec.use_mla ? 1 : k->world_size;
+    uint32_t readers = k->num_kv_readers ? k->num_kv_readers : 1;
+    j->pins = calloc(nranks, sizeof(*j->pins));
+    if (!j->pins)
+        return;
+    uint32_t hits = UINT32_MAX;
+    for (uint32_t r = 0; r < nranks && hits > 0; r++) {
+        struct inst *in = rank_inst(st, k, r);
+        struct kvp_op_slots res;
+        struct kvp_key_src src;
+        key_src(f, k, r, true, &src);
+        if (!in || kvp_op_lookup(&in->owner, in->handle, &src, KVP_LOOKUP_PIN, &res, st->msg,
+                                 sizeof(st->msg))) {
+            hits = 0;
+            break;
+        }
+        j->pins[j->npins++] = (struct job_pin){.iid = in->iid, .handle = in->handle,
+                                               .hold = res.id, .rank = r,
+                                               .readers_left = readers};
+        if (res.cached < hits)
+            hits = res.cached;
+    }
+    j->hits = hits == UINT32_MAX ? 0 : hits;
+    if (j->hits == 0)
+        job_release_pins(st, j);
+}
+
+int64_t lmc_query(struct lmc_front *f, const char *request_id)
+{
+    struct job *j = job_find(f->st, request_id);
+    if (!j || j->consumed) {
+        log_debug("Prefetch job for request %s not found (already completed or invalid)",
+                  request_id);
+        return 0;
+    }
+    j->consumed = true;
+    return j->hits;
+}
+
+void lmc_free_lookup_locks(struct lmc_front *f, const struct lmc_key *k)
+{
+    if (k->start >= k->end)
+        return;
+    struct job *j = job_find(f->st, k->request_id);
+    if (!j)
+        return;
+    job_release_pins(f->st, j);
+    j->consumed = true;
+}
+
+void lmc_end_session(struct lmc_front *f, const char *request_id)
+{
+    struct job *j = job_find(f->st, request_id);
+    if (j)
+        job_free(f->st, j);
+}
+
+void lmc_clear(struct lmc_front *f)
+{
+    struct kvp_owner admin;
+    struct kvp_clear_result res;
+    kvp_owner_init(&admin, f->srv, "lmcache", -1, 0);
+    kvp_op_clear(&admin, &res);
+    kvp_owner_destroy(&admin);
+}
+
+/* ---- liveness ---- */
+
+uint64_t lmc_state_tick(struct lmc_front *f)
+{
+    struct lmc_state *st = f->st;
+    const struct kvp_config *cfg = &f->srv->cfg;
+    uint64_t now = f->now_ms;
+
+    /* Lookup read locks nobody claimed, after LMCache's read TTL. */
+    while (st->jobs.newer != &st->jobs && now - st->jobs.newer->created_ms > LMC_READ_TTL_MS)
+        job_free(st, st->jobs.newer);
+    if (cfg->lmcache_reap_s == 0)
+        return 1000;
+    uint64_t period = (uint64_t)cfg->lmcache_reap_s * 1000 / 4;
+    if (period < 100)
+        period = 100;
+    if (now < st->next_reap_ms)
+        return st->next_reap_ms - now;
+    st->next_reap_ms = now + period;
+    for (uint32_t i = 0; i < st->ninst;) {
+        struct inst *in = st->inst[i];
+        uint64_t limit = (uint64_t)(in->pinged ? cfg->lmcache_reap_s : cfg->lmcache_grace_s) * 1000;
+        uint64_t silent = now - in->last_seen_ms;
+        if (now < in->last_seen_ms || silent <= limit) {
+            i++;
+            continue;
+        }
+        log_warn("Reaped non-GPU instance %" PRIu64 ": silent for %.1fs (pinged=%s); its "
+                 "reservations, pins and registration are released",
+                 in->iid, (double)silent / 1000.0, in->pinged ? "True" : "False");
+        KVP_COUNT(lmcache_reaped, 1);
+        release_job_pins_of(st, in->iid);
+        remember_reaped(st, in->iid);
+        drop_inst(st, in); /* moves the last instance into slot i */
+    }
+    return period;
+}
+
+int lmc_state_init(struct lmc_front *f)
+{
+    struct lmc_state *st = calloc(1, sizeof(*st));
+    if (!st)
+        return -ENOMEM;
+    st->jobs.newer = st->jobs.older = &st->jobs;
+    f->st = st;
+    return 0;
+}
+
+void lmc_state_destroy(struct lmc_front *f)
+{
+    struct lmc_state *st = f->st;
+    if (!st)
+        return;
+    while (st->jobs.newer != &st->jobs)
+        job_free(st, st->jobs.newer);
+    while (st->ninst)
+        drop_inst(st, st->inst[st->ninst - 1]);
+    free(st);
+    f->st = NULL;
+}

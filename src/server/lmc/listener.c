@@ -1,0 +1,460 @@
+/*
+ * listener.c - the LMCache front end's ZeroMQ ROUTER and its one thread (see listener.h).
+ *
+ * Framing (LMCache's transport/zmq_impl/mq.py): a request arrives as [identity][uid][op]
+ * [payload...], DEALER to ROUTER without a delimiter frame; the reply is [identity][uid][op]
+ * [value], uid and op echoed byte for byte, or the three frames alone for a None reply. Every
+ * request of three frames or more is answered exactly once (handlers.c decides what); a message
+ * of fewer than three frames cannot be answered and is dropped (counted, logged at a limited
+ * rate), and so is a stream control message (an empty op frame: LMCache's ack or cancel of an
+ * event stream, which this server never opens).
+ *
+ * Thread: one thread owns the socket (ZeroMQ sockets are not thread-safe) and serves every
+ * request itself, in arrival order, so requests of one peer are handled first in, first out,
+ * as LMCache's affinity pool does for a worker's prepare/commit pairs, and a commit is always
+ * applied before the same worker's next prepare. Nothing in a request blocks: the operations
+ * take the core's leaf locks around metadata only, the workers copy the bytes themselves. The
+ * thread waits in zmq_poll() on the socket and on an eventfd that lmc_listener_close() writes.
+ *
+ * Sending never blocks either (ZMQ_DONTWAIT). ZMQ_ROUTER_MANDATORY makes a reply to a peer that
+ * has gone fail with EHOSTUNREACH instead of vanishing; such a reply, and one refused because
+ * the peer stopped reading (its queue is full), is counted and logged, never retried.
+ *
+ * Frames are bounded by ZMQ_MAXMSGSIZE: the largest legal request is a commit that carries a
+ * pool's worth of serialized chunks, so l1-size plus the largest key (KVP_MAX_TOKENS token ids).
+ * A larger frame makes libzmq drop the peer's connection.
+ */
+#include "lmc/listener.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "base/log.h"
+#include "common/errors.h"
+#include "common/socket_path.h"
+#include "core/daemon.h"
+#include "core/stats.h"
+#include "lmc/front.h"
+
+/* Frames kept of one message: identity, uid, op and LMC_MAX_PAYLOADS payloads. */
+#define MAX_FRAMES (3 + LMC_MAX_PAYLOADS)
+/* Requests served before the thread looks at the wake-up descriptor and the timers again. */
+#define BATCH 64
+
+struct lmc_listener {
+    struct kvp_server *srv;
+    struct lmc_addr addr;
+    char url[300];
+    void *zctx, *router;
+    int wake_fd;
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+    bool ipc_bound; /* the ipc socket file is ours ... */
+    dev_t ipc_dev;  /* ... as long as it is this inode */
+    ino_t ipc_ino;
+    struct lmc_front front;
+    bool front_ready;
+};
+
+static bool is_ipv4(const char *s)
+{
+    unsigned a, b, c, d;
+    char tail;
+    return sscanf(s, "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a < 256 && b < 256 &&
+           c < 256 && d < 256;
+}
+
+int lmc_addr_parse(const char *s, struct lmc_addr *out)
+{
+    struct lmc_addr a;
+    memset(&a, 0, sizeof(a));
+    if (strncmp(s, "ipc://", 6) == 0) {
+        const char *p = s + 6;
+        if (p[0] != '/' || strlen(p) >= sizeof(a.path) || strlen(p) < 2)
+            return -EINVAL;
+        a.ipc = true;
+        snprintf(a.path, sizeof(a.path), "%s", p);
+    } else if (strncmp(s, "tcp://", 6) == 0) {
+        const char *p = s + 6, *colon;
+        if (p[0] == '[') {
+            const char *close = strchr(p, ']');
+            if (!close || close[1] != ':')
+                return -EINVAL;
+            colon = close + 1;
+        } else {
+            colon = strrchr(p, ':');
+            if (!colon)
+                return -EINVAL;
+        }
+        size_t hlen = (size_t)(colon - p);
+        if (hlen == 0 || hlen >= sizeof(a.host))
+            return -EINVAL;
+        memcpy(a.host, p, hlen);
+        a.host[hlen] = '\0';
+        if (a.host[0] != '[') {
+            for (const char *c = a.host; *c; c++)
+                if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                      (*c >= '0' && *c <= '9') || *c == '.' || *c == '-' || *c == '*'))
+                    return -EINVAL;
+        } else {
+            for (const char *c = a.host + 1; *c && *c != ']'; c++)
+                if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') ||
+                      (*c >= 'A' && *c <= 'F') || *c == ':' || *c == '.'))
+                    return -EINVAL;
+        }
+        char *end;
+        errno = 0;
+        unsigned long port = strtoul(colon + 1, &end, 10);
+        if (errno || *end || colon[1] < '0' || colon[1] > '9' || port < 1 || port > 65535)
+            return -EINVAL;
+        a.port = (uint16_t)port;
+        a.loopback = strcmp(a.host, "localhost") == 0 || strcmp(a.host, "[::1]") == 0 ||
+                     (is_ipv4(a.host) && strncmp(a.host, "127.", 4) == 0);
+    } else {
+        return -EINVAL;
+    }
+    if (out)
+        *out = a;
+    return 0;
+}
+
+/* True if something accepts connections on the Unix socket path. */
+static bool socket_answers(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    close(fd);
+    return rc == 0;
+}
+
+/* The rules of kvpool's own socket for an ipc:// path: a private directory, no live socket
+ * and nothing else at the path (libzmq would unlink whatever is there). */
+static int check_ipc_path(const char *path)
+{
+    char dir[sizeof(((struct lmc_addr *)0)->path)], why[512];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
+    int rc = kvp_socket_dir_check(dir, geteuid(), why, sizeof(why));
+    if (rc) {
+        log_error("%s: the LMCache socket %s: %s", rc == -EPERM ? "Refusing to start" : "Cannot start",
+                  path, why);
+        return rc;
+    }
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            log_error("Refusing to start: %s exists and is not a socket (--lmcache)", path);
+            return -EEXIST;
+        }
+        if (socket_answers(path)) {
+            log_error("Refusing to start: something is listening on %s (--lmcache)", path);
+            return -EADDRINUSE;
+        }
+        unlink(path);
+    }
+    return 0;
+}
+
+static int bind_router(struct lmc_listener *l)
+{
+    const struct kvp_config *cfg = &l->srv->cfg;
+    int one = 1, zero = 0;
+    /* A commit may carry a pool's worth of serialized chunks; a key at most KVP_MAX_TOKENS
+     * token ids of 5 bytes each. */
+    int64_t maxmsg = (int64_t)cfg->l1_size + (int64_t)KVP_MAX_TOKENS * 5 + (1 << 20);
+
+    if (zmq_setsockopt(l->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) ||
+        zmq_setsockopt(l->router, ZMQ_LINGER, &zero, sizeof(zero)) ||
+        zmq_setsockopt(l->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)))
+        return -errno;
+    if (!l->addr.ipc && l->addr.host[0] == '[' &&
+        zmq_setsockopt(l->router, ZMQ_IPV6, &one, sizeof(one)))
+        return -errno;
+    if (l->addr.ipc) {
+        int rc = check_ipc_path(l->addr.path);
+        if (rc)
+            return rc;
+        mode_t old = umask(0777 & ~cfg->socket_mode);
+        rc = zmq_bind(l->router, l->url);
+        int err = errno;
+        umask(old);
+        if (rc) {
+            log_error("Cannot start: cannot bind the LMCache socket %s: %s", l->url,
+                      zmq_strerror(err));
+            return -err;
+        }
+        struct stat st;
+        if (stat(l->addr.path, &st) == 0) {
+            l->ipc_bound = true;
+            l->ipc_dev = st.st_dev;
+            l->ipc_ino = st.st_ino;
+        }
+        if (chmod(l->addr.path, cfg->socket_mode) != 0)
+            log_warn("Cannot set mode %o on %s: %s", cfg->socket_mode, l->addr.path,
+                     kvp_strerror(-errno));
+        return 0;
+    }
+    if (zmq_bind(l->router, l->url)) {
+        int err = errno;
+        log_error("Cannot start: cannot bind the LMCache front end to %s: %s", l->url,
+                  zmq_strerror(err));
+        return -err;
+    }
+    return 0;
+}
+
+int lmc_listener_open(struct kvp_server *s, struct lmc_listener **out)
+{
+    struct lmc_listener *l = calloc(1, sizeof(*l));
+    sigset_t old;
+    int rc;
+
+    *out = NULL;
+    if (!l)
+        return -ENOMEM;
+    l->srv = s;
+    l->wake_fd = -1;
+    if (lmc_addr_parse(s->cfg.lmcache, &l->addr)) {
+        log_error("Cannot start: invalid --lmcache address %s", s->cfg.lmcache);
+        free(l);
+        return -EINVAL;
+    }
+    snprintf(l->url, sizeof(l->url), "%s", s->cfg.lmcache);
+    l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (l->wake_fd < 0) {
+        rc = -errno;
+        log_error("Cannot start: eventfd: %s", kvp_strerror(rc));
+        goto out_free;
+    }
+    /* libzmq starts its I/O thread here: it must not take the stop signals. */
+    kvp_stop_signals_block(&old);
+    l->zctx = zmq_ctx_new();
+    l->router = l->zctx ? zmq_socket(l->zctx, ZMQ_ROUTER) : NULL;
+    kvp_stop_signals_restore(&old);
+    if (!l->router) {
+        rc = -errno;
+        log_error("Cannot start: cannot create the LMCache front end's socket: %s",
+                  zmq_strerror(-rc));
+        goto out_close;
+    }
+    rc = bind_router(l);
+    if (rc)
+        goto out_close;
+    if (!l->addr.ipc && !l->addr.loopback)
+        log_warn("The LMCache front end listens on %s, which is not a loopback address: "
+                 "LMCache's protocol has no authentication, so whoever reaches that port can "
+                 "read and write every chunk (docs/SECURITY.md; ipc:// is safer)",
+                 l->url);
+    *out = l;
+    return 0;
+
+out_close:
+    if (l->router)
+        zmq_close(l->router);
+    if (l->zctx)
+        zmq_ctx_term(l->zctx);
+    close(l->wake_fd);
+out_free:
+    free(l);
+    return rc;
+}
+
+/* Receives one whole message (nonblocking). Returns the number of frames received (frames
+ * beyond MAX_FRAMES are counted, not kept), 0 when none is waiting, or -1 on error. */
+static int recv_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t *nkept)
+{
+    int total = 0;
+    *nkept = 0;
+    for (;;) {
+        zmq_msg_t tmp;
+        zmq_msg_t *dst = *nkept < MAX_FRAMES ? &m[*nkept] : &tmp;
+        zmq_msg_init(dst);
+        if (zmq_msg_recv(dst, l->router, total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            int err = errno;
+            zmq_msg_close(dst);
+            if (total == 0 && err == EAGAIN)
+                return 0;
+            if (err != ETERM)
+                log_warn_rl("LMCache front end: receiving a message failed: %s",
+                            zmq_strerror(err));
+            return -1;
+        }
+        total++;
+        bool more = zmq_msg_more(dst);
+        if (dst == &tmp)
+            zmq_msg_close(&tmp);
+        else
+            (*nkept)++;
+        if (!more)
+            return total;
+    }
+}
+
+static int send_frame(struct lmc_listener *l, const void *p, size_t n, bool more)
+{
+    return zmq_send(l->router, p, n, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0 ? -errno : 0;
+}
+
+/* Sends [identity][uid][op] and, when has_value, the value in l->front.out. */
+static void send_reply(struct lmc_listener *l, zmq_msg_t *m, const struct lmc_req *r,
+                       bool has_value)
+{
+    struct lmc_mp_writer *w = &l->front.out;
+    int rc = send_frame(l, zmq_msg_data(&m[0]), zmq_msg_size(&m[0]), true);
+    if (rc == 0) {
+        /* Once the first frame is queued, ZeroMQ takes the rest of the message. */
+        send_frame(l, zmq_msg_data(&m[1]), zmq_msg_size(&m[1]), true);
+        send_frame(l, r->op_frame, r->op_len, has_value);
+        if (has_value)
+            send_frame(l, w->buf, w->len, false);
+        return;
+    }
+    KVP_COUNT(lmcache_replies_lost, 1);
+    log_warn_rl("LMCache front end: the reply to %s was lost: %s", lmc_op_name(r->op),
+                rc == -EHOSTUNREACH ? "its client has gone"
+                : rc == -EAGAIN     ? "its client does not read its replies"
+                                    : zmq_strerror(-rc));
+}
+
+static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, int total)
+{
+    struct lmc_req r;
+    memset(&r, 0, sizeof(r));
+    if (total < 3) {
+        KVP_COUNT(lmcache_dropped, 1);
+        log_warn_rl("LMCache front end: dropped a message of %d frame%s (a request has at least "
+                    "3: identity, uid, operation)",
+                    total, total == 1 ? "" : "s");
+        return;
+    }
+    r.op_frame = zmq_msg_data(&m[2]);
+    r.op_len = zmq_msg_size(&m[2]);
+    if (r.op_len == 0) {
+        /* LMCache's stream control (ack, cancel) for an event stream: none is ever open. */
+        KVP_COUNT(lmcache_dropped, 1);
+        log_debug("LMCache front end: ignored a stream control message");
+        return;
+    }
+    r.op = lmc_op_decode(r.op_frame, r.op_len, r.name, sizeof(r.name));
+    r.npayloads = (uint32_t)total - 3;
+    for (uint32_t i = 0; i + 3 < nkept; i++) {
+        r.p[i] = zmq_msg_data(&m[3 + i]);
+        r.n[i] = zmq_msg_size(&m[3 + i]);
+    }
+    l->front.now_ms = kvp_mono_ms();
+    lmc_mp_writer_reset(&l->front.out);
+    bool has_value = lmc_dispatch(&l->front, &r);
+    if (has_value && l->front.out.failed) {
+        /* Out of memory for the reply: the negative one is a few bytes. */
+        lmc_mp_writer_reset(&l->front.out);
+        has_value = lmc_encode_negative(&l->front.out, r.op) && !l->front.out.failed;
+    }
+    send_reply(l, m, &r, has_value);
+}
+
+static void *listener_main(void *arg)
+{
+    struct lmc_listener *l = arg;
+    zmq_pollitem_t items[2] = {
+        {.socket = l->router, .events = ZMQ_POLLIN},
+        {.fd = l->wake_fd, .events = ZMQ_POLLIN},
+    };
+    zmq_msg_t m[MAX_FRAMES];
+
+    while (!atomic_load_explicit(&l->stop, memory_order_acquire)) {
+        l->front.now_ms = kvp_mono_ms();
+        uint64_t wait = lmc_tick(&l->front);
+        if (wait > 1000)
+            wait = 1000;
+        if (zmq_poll(items, 2, (long)wait) < 0) {
+            if (errno == EINTR)
+                continue;
+            log_error("LMCache front end: zmq_poll: %s; stopping", zmq_strerror(errno));
+            break;
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            uint64_t v;
+            if (read(l->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                log_debug("LMCache front end: reading the wake-up descriptor: %s",
+                          kvp_strerror(-errno));
+        }
+        for (int i = 0; i < BATCH && !atomic_load_explicit(&l->stop, memory_order_acquire); i++) {
+            uint32_t nkept;
+            int total = recv_message(l, m, &nkept);
+            if (total <= 0)
+                break;
+            serve_message(l, m, nkept, total);
+            for (uint32_t k = 0; k < nkept; k++)
+                zmq_msg_close(&m[k]);
+        }
+    }
+    return NULL;
+}
+
+int lmc_listener_start(struct lmc_listener *l)
+{
+    int rc = lmc_front_init(&l->front, l->srv);
+    if (rc) {
+        log_error("Cannot start the LMCache front end: %s", kvp_strerror(rc));
+        return rc;
+    }
+    l->front_ready = true;
+    rc = kvp_thread_create(&l->thread, NULL, listener_main, l);
+    if (rc) {
+        log_error("Cannot start the LMCache front end's thread: %s", kvp_strerror(-rc));
+        return -rc;
+    }
+    l->started = true;
+    const struct kvp_server *s = l->srv;
+    bool shm = s->seg.shared && !s->seg.memfd;
+    log_info("LMCache front end listening on %s (chunk size %u tokens; %s%s)", l->url,
+             s->cfg.chunk_tokens, shm ? "shared memory " : "no named shared memory: ",
+             shm ? s->seg.name : "workers fall back to their pickle transport");
+    return 0;
+}
+
+void lmc_listener_close(struct lmc_listener *l)
+{
+    if (!l)
+        return;
+    if (l->started) {
+        uint64_t one = 1;
+        atomic_store_explicit(&l->stop, true, memory_order_release);
+        if (write(l->wake_fd, &one, sizeof(one)) < 0)
+            log_debug("LMCache front end: waking its thread: %s", kvp_strerror(-errno));
+        pthread_join(l->thread, NULL);
+    }
+    if (l->front_ready)
+        lmc_front_destroy(&l->front);
+    zmq_close(l->router);
+    zmq_ctx_term(l->zctx);
+    if (l->ipc_bound) {
+        struct stat st;
+        if (lstat(l->addr.path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == l->ipc_dev &&
+            st.st_ino == l->ipc_ino)
+            unlink(l->addr.path);
+    }
+    close(l->wake_fd);
+    free(l);
+}
