@@ -72,12 +72,12 @@ $(ASAN_BUILD)/CMakeCache.txt:
 $(TSAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(TSAN_BUILD) $(SAN_CMAKE_FLAGS) -DKVP_TSAN=ON
 
-test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
+test-asan: deps lmcache-env $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	$(SAN_ENV) scripts/sanitized-ctest.sh $(ASAN_BUILD) -j $(JOBS) -LE python
 
 # Single-threaded fuzz corpus replays gain nothing under TSan.
-test-tsan: deps $(TSAN_BUILD)/CMakeCache.txt
+test-tsan: deps lmcache-env $(TSAN_BUILD)/CMakeCache.txt
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
 	$(SAN_ENV) scripts/sanitized-ctest.sh $(TSAN_BUILD) -j $(JOBS) -LE 'python|fuzz'
 

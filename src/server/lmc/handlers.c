@@ -80,23 +80,27 @@ static bool h_ping(struct lmc_front *f, const struct lmc_req *r)
     return true;
 }
 
+/* A registration that did not decode: refused with the segment still named (a worker told
+ * "no shared memory" would gather and pickle every chunk only to have it refused). */
+static bool register_malformed(struct lmc_front *f, const char *why)
+{
+    const struct kvp_server *s = f->srv;
+    bool shm = s->seg.shared && !s->seg.memfd;
+    char err[200];
+    KVP_COUNT(lmcache_malformed, 1);
+    log_warn_rl("LMCache registration malformed (%s): refused", why);
+    snprintf(err, sizeof(err), "kvpoold refused the registration: %s", why);
+    lmc_encode_register_reply(&f->out, shm ? s->seg.name : "", shm ? s->seg.size : 0, err);
+    return true;
+}
+
 static bool h_register(struct lmc_front *f, const struct lmc_req *r)
 {
     struct lmc_register m;
     struct lmc_reg_answer a;
     char why[160];
-    if (lmc_decode_register(r->p[0], r->n[0], &m, why, sizeof(why))) {
-        KVP_COUNT(lmcache_malformed, 1);
-        log_warn_rl("LMCache registration malformed (%s): refused", why);
-        /* Refused with the segment still named (docs/LMCACHE.md: never send a worker to
-         * pickle for a refusal). */
-        const struct kvp_server *s = f->srv;
-        bool shm = s->seg.shared && !s->seg.memfd;
-        char err[200];
-        snprintf(err, sizeof(err), "kvpoold refused the registration: %s", why);
-        lmc_encode_register_reply(&f->out, shm ? s->seg.name : "", shm ? s->seg.size : 0, err);
-        return true;
-    }
+    if (lmc_decode_register(r->p[0], r->n[0], &m, why, sizeof(why)))
+        return register_malformed(f, why);
     lmc_inst_register(f, &m, &a);
     lmc_encode_register_reply(&f->out, a.shm_name, a.pool_size, a.error[0] ? a.error : NULL);
     return true;
@@ -327,10 +331,21 @@ bool lmc_dispatch(struct lmc_front *f, const struct lmc_req *r)
             char why[96];
             if (r->op == LMC_OP_COMMIT_STORE && r->npayloads == 0)
                 return unsupported(f, r);
-            snprintf(why, sizeof(why), "%u payloads, expected %u%s%u", r->npayloads, h->min,
-                     h->min == h->max ? "" : " to ", h->min == h->max ? 0 : h->max);
             if (h->min == h->max)
                 snprintf(why, sizeof(why), "%u payloads, expected %u", r->npayloads, h->min);
+            else
+                snprintf(why, sizeof(why), "%u payloads, expected %u to %u", r->npayloads,
+                         h->min, h->max);
+            if (r->op == LMC_OP_REGISTER_ENGINE_DRIVEN)
+                return register_malformed(f, why);
+            if (h->max == 0) {
+                /* get_chunk_size, get_experimental, noop: a value of their type is only
+                 * useful if it is the real one. */
+                KVP_COUNT(lmcache_malformed, 1);
+                log_warn_rl("LMCache %s request malformed (%s): answered as usual",
+                            lmc_op_name(r->op), why);
+                return h->fn(f, r);
+            }
             return malformed(f, r, why);
         }
         return h->fn(f, r);

@@ -239,6 +239,11 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
     char why[600];
 
     memset(a, 0, sizeof(*a));
+    if (in && in->refused && !same_layout(&in->asked, m)) {
+        /* Refused before, asking again with another layout: judged afresh. */
+        drop_inst(st, in);
+        in = NULL;
+    }
     if (in) {
         in->last_seen_ms = f->now_ms;
         if (in->refused || same_layout(&in->asked, m)) {

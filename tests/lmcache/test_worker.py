@@ -1,0 +1,345 @@
+"""kvpoold's LMCache front end driven by the real LMCache worker.
+
+Usage (ctest label "lmcache"; run by a venv of scripts/lmcache-env.sh, so that
+the worker is the installed lmcache, 0.5.6 or 0.5.5):
+    python tests/lmcache/test_worker.py KVPOOLD GROUP
+GROUP is "transfer" (round trips of every dtype and an MLA layout, two ranks
+of one model, two workers sharing a prefix, two models that must not see each
+other's chunks) or "liveness" (a worker killed in the middle of a store, calls
+of an unregistered and of a reaped instance).
+
+Every request is made by LMCache's own classes (lmc_worker.py): its
+RequestClient and EngineDrivenTransferContext, through shared memory, as
+vLLM's LMCacheMPConnector makes them on a CPU worker.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import lmc_worker  # noqa: E402
+from lmc_worker import Scheduler, Worker, wait_for  # noqa: E402
+
+KVPOOLD = None
+CHUNK = 16
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """A kvpoold with the LMCache front end on a free TCP port, in a private directory."""
+
+    def __init__(self, *extra):
+        self.dir = tempfile.mkdtemp(prefix="kvp-lmc-")
+        os.chmod(self.dir, 0o700)
+        self.port = free_port()
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.shm = f"lmct{os.getpid()}_{self.port}"
+        self.log_path = os.path.join(self.dir, "kvpoold.log")
+        self.log = open(self.log_path, "wb")
+        args = [
+            KVPOOLD, "--socket", os.path.join(self.dir, "kvpool.sock"), "--l1-size", "64MiB",
+            "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0", "--shm-name", self.shm,
+            "--lmcache", self.url,
+        ] + list(extra)
+        env = dict(os.environ)
+        env.pop("KVPOOL_HTTP", None)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        assert wait_for(lambda: "ready:" in self.text() or self.proc.poll() is not None, 60)
+        assert self.proc.poll() is None, self.text()
+        m = re.search(r"HTTP endpoint on [^ ]*?:(\d+)", self.text())
+        self.http = int(m.group(1)) if m else None
+
+    def text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def status(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/api/status", timeout=10) as r:
+            return json.load(r)
+
+    def gauge(self, name):
+        return self.status()["gauges"][name]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(30)
+        self.log.close()
+        assert rc == 0, "kvpoold exited with %d:\n%s" % (rc, self.text())
+
+
+def tokens(n_chunks, base=1, extra=5):
+    return [base + i for i in range(n_chunks * CHUNK + extra)]
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.d = Daemon(*self.daemon_args())
+        self.closers = []
+
+    def daemon_args(self):
+        return ()
+
+    def tearDown(self):
+        for c in reversed(self.closers):
+            try:
+                c()
+            except Exception:
+                pass
+        self.d.stop()
+        self.assertNotIn("ERROR", self.d.text())
+
+    def worker(self, **kw):
+        w = Worker(self.d.url, **kw)
+        self.closers.append(w.close)
+        return w
+
+    def scheduler(self):
+        s = Scheduler(self.d.url)
+        self.closers.append(s.close)
+        return s
+
+
+class Transfer(Base):
+    def roundtrip(self, dtype, layout="NHD", model="m"):
+        w = self.worker(model=model, dtype=dtype, layout=layout, seed=7)
+        s = self.scheduler()
+        self.assertEqual(w.chunk, CHUNK)
+        self.assertEqual(w.experimental, [])
+        self.assertEqual(w.register(), "EngineDrivenContextShm")
+        self.assertTrue(w.ping())
+        toks = tokens(3)
+        n = 3 * CHUNK
+        self.assertTrue(w.store(toks, "r1", end=n))
+        # Stored again: every chunk is cached, no slot is given, no commit is sent.
+        self.assertTrue(w.store(toks, "r1", end=n))
+        s.lookup(w, toks, "r1")
+        self.assertEqual(s.wait("r1"), 3)
+        self.assertEqual(s.query("r1"), 0)  # delivered once
+        out = w.blank()
+        self.assertTrue(w.retrieve(toks, "r1", out, end=n, first_block=8))
+        self.assertTrue(w.blocks_equal(out, 3 * w.bic, 0, 8))
+        # Nothing else of the destination was written.
+        self.assertTrue(all(float(t.abs().sum()) == 0 for t in
+                            (v[:8] if layout == "MLA" else v[:, :8] for v in out.values())))
+        s.end_session("r1")
+        # A miss: false, and commit_retrieve is still sent and answered.
+        other = tokens(2, base=5000)
+        self.assertFalse(w.retrieve(other, "r2", w.blank(), end=2 * CHUNK))
+        st = self.d.status()
+        mine = [i for i in st["instances"] if i["instance_id"] == "lmcache-%d" % w.iid]
+        self.assertEqual(len(mine), 1, st["instances"])
+        self.assertEqual(mine[0]["transport"], "shm")
+        self.assertEqual(mine[0]["use_mla"], layout == "MLA")
+        self.assertEqual(mine[0]["dtype"], dtype)
+        w.unregister()
+        self.assertEqual(self.d.status()["instances"], [])
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+        self.assertEqual(self.d.gauge("objects_reserved"), 0)
+        log = self.d.text()
+        self.assertIn("Using shm non-GPU transfer strategy", log)
+        self.assertIn("Instance lmcache-%d non-GPU context using SHM transport (shm_name="
+                      "kvpool_l1_pool_%s" % (w.iid, self.d.shm), log)
+
+    def test_float16(self):
+        self.roundtrip("float16")
+
+    def test_bfloat16(self):
+        self.roundtrip("bfloat16")
+
+    def test_float32(self):
+        self.roundtrip("float32")
+
+    def test_mla(self):
+        self.roundtrip("bfloat16", layout="MLA")
+
+    def test_two_ranks(self):
+        r0 = self.worker(model="tp", world_size=2, rank=0, seed=1)
+        r1 = self.worker(model="tp", world_size=2, rank=1, seed=2)
+        s = self.scheduler()
+        r0.register()
+        r1.register()
+        toks = tokens(2)
+        n = 2 * CHUNK
+        self.assertTrue(r0.store(toks, "a", end=n))
+        # Only rank 0 has the chunks: a lookup needs every rank.
+        s.lookup(r0, toks, "a")
+        self.assertEqual(s.wait("a"), 0)
+        self.assertTrue(r1.store(toks, "a", end=n))
+        s.lookup(r0, toks, "b")
+        self.assertEqual(s.wait("b"), 2)
+        # Each rank reads its own chunks back, not the other's.
+        for w in (r0, r1):
+            out = w.blank()
+            self.assertTrue(w.retrieve(toks, "b", out, end=n))
+            self.assertTrue(w.blocks_equal(out, 2 * w.bic))
+        self.assertFalse(r0.blocks_equal(r1.kv, 2 * r0.bic))
+        s.end_session("b")
+        s.end_session("a")
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+
+    def test_shared_prefix(self):
+        a = self.worker(model="p", seed=3)
+        b = self.worker(model="p", seed=4)
+        s = self.scheduler()
+        a.register()
+        b.register()
+        prefix = tokens(2, extra=0)
+        ta = prefix + [900 + i for i in range(CHUNK)]
+        tb = prefix + [700 + i for i in range(CHUNK)]
+        self.assertTrue(a.store(ta, "x", end=3 * CHUNK))
+        s.lookup(b, tb, "y")
+        self.assertEqual(s.wait("y"), 2)  # the shared prefix, not the third chunk
+        out = b.blank()
+        self.assertTrue(b.retrieve(tb, "y", out, end=2 * CHUNK))
+        self.assertTrue(a.blocks_equal(out, 2 * a.bic))  # a's bytes, read by b
+        self.assertFalse(b.retrieve(tb, "y", b.blank(), end=3 * CHUNK))
+        s.end_session("y")
+
+    def test_models_isolated(self):
+        a = self.worker(model="alpha", seed=5)
+        b = self.worker(model="beta", seed=6)
+        s = self.scheduler()
+        a.register()
+        b.register()
+        toks = tokens(2)
+        self.assertTrue(a.store(toks, "x", end=2 * CHUNK))
+        s.lookup(b, toks, "y")
+        self.assertEqual(s.wait("y"), 0)
+        self.assertFalse(b.retrieve(toks, "y", b.blank(), end=2 * CHUNK))
+        # The same tokens under another salt are another namespace too.
+        s.lookup(a, toks, "z", salt="tenant2")
+        self.assertEqual(s.wait("z"), 0)
+        s.lookup(a, toks, "w")
+        self.assertEqual(s.wait("w"), 2)
+        s.end_session("w")
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, %r)
+    from lmc_worker import Worker
+    w = Worker(%r, model="k", seed=9, instance_id=%d)
+    w.register()
+    w.ping()
+    toks = list(range(1, 2 * w.chunk + 1))
+    key = w.key(toks, "dead", end=len(toks))
+    # The first half of the real worker's store: slots reserved, never committed.
+    slots, idx = w.tc.engine_driven_context.prepare_store(key, w.iid)
+    assert len(slots) == 2, (slots, idx)
+    for t in slots:
+        t.fill_(1)
+    sys.stdout.write("prepared\\n")
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+class Liveness(Base):
+    def daemon_args(self):
+        return ("--lmcache-reap-timeout", "1", "--lmcache-registration-grace", "2")
+
+    def test_killed_mid_store(self):
+        iid = lmc_worker.new_instance_id()
+        child = subprocess.run(
+            [sys.executable, "-c", KILLED % (HERE, self.d.url, iid)],
+            capture_output=True, text=True, timeout=120,
+        )
+        self.assertEqual(child.returncode, -signal.SIGKILL, child.stderr[-2000:])
+        self.assertIn("prepared", child.stdout)
+        s = self.scheduler()
+        other = self.worker(model="k", seed=10)
+        other.register()
+        toks = list(range(1, 2 * CHUNK + 1))
+        # Nothing half-written is visible.
+        s.lookup(other, toks, "q")
+        self.assertEqual(s.wait("q"), 0)
+        self.assertFalse(other.retrieve(toks, "q", other.blank(), end=2 * CHUNK))
+        self.assertEqual(self.d.gauge("objects_reserved"), 2)
+        # Reaped after the reap timeout: its reservations go, another worker stores the chunks.
+        self.assertTrue(wait_for(lambda: "Reaped non-GPU instance %d" % iid in self.d.text(), 30))
+        self.assertEqual(self.d.gauge("objects_reserved"), 0)
+        self.assertTrue(other.ping())
+        self.assertTrue(other.store(toks, "q2", end=2 * CHUNK))
+        s.lookup(other, toks, "q3")
+        self.assertEqual(s.wait("q3"), 2)
+        out = other.blank()
+        self.assertTrue(other.retrieve(toks, "q3", out, end=2 * CHUNK))
+        self.assertTrue(other.blocks_equal(out, 2 * other.bic))
+        s.end_session("q3")
+        self.assertEqual(self.d.status()["counters"]["lmcache_reaped"], 1)
+
+    def test_lookup_locks_released_by_reaping(self):
+        w = self.worker(model="l", seed=11)
+        s = self.scheduler()
+        w.register()
+        w.ping()
+        toks = tokens(2)
+        self.assertTrue(w.store(toks, "a", end=2 * CHUNK))
+        s.lookup(w, toks, "a")
+        self.assertEqual(s.wait("a"), 2)
+        self.assertEqual(self.d.gauge("objects_pinned"), 2)  # the lookup's read locks
+        # The worker falls silent (it never retrieves): reaping releases the locks it held.
+        self.assertTrue(wait_for(lambda: self.d.gauge("objects_pinned") == 0, 30))
+        self.assertIn("Reaped non-GPU instance %d" % w.iid, self.d.text())
+
+    def test_unregistered_and_reaped_calls_answered(self):
+        w = self.worker(model="u", seed=12)
+        w.register()
+        toks = tokens(2)
+        w.unregister()
+        # Every call of an unregistered instance is answered at once, negatively.
+        self.assertTrue(w.store(toks, "u1", end=2 * CHUNK))  # empty slot list: nothing to do
+        self.assertEqual(self.d.gauge("objects_reserved"), 0)
+        self.assertFalse(w.retrieve(toks, "u1", w.blank(), end=2 * CHUNK))
+        self.assertTrue(w.req.commit_store(w.key(toks, "u1"), w.iid, b"").result(timeout=10)
+                        is False)
+        self.assertTrue(w.ping())  # an unknown instance's ping, as upstream
+        # Registered again, pinged, then silent: reaped.
+        w2 = self.worker(model="u", seed=13)
+        w2.register()
+        self.assertTrue(w2.ping())
+        self.assertTrue(wait_for(lambda: "Reaped non-GPU instance %d" % w2.iid in self.d.text(),
+                                 30))
+        self.assertFalse(w2.store(toks, "u2", end=2 * CHUNK) is None)
+        self.assertFalse(w2.retrieve(toks, "u2", w2.blank(), end=2 * CHUNK))
+        # Its next ping says unhealthy once, then healthy: vLLM's adapter re-registers on that
+        # edge; registering again serves it again.
+        self.assertFalse(w2.ping())
+        self.assertTrue(w2.ping())
+        w2.register()
+        self.assertTrue(w2.store(toks, "u3", end=2 * CHUNK))
+        self.assertEqual(self.d.gauge("objects_committed"), 2)
+
+
+def main():
+    global KVPOOLD
+    KVPOOLD = sys.argv[1]
+    group = sys.argv[2]
+    print("lmcache %s, test group %s" % (lmc_worker.lmcache_version(), group), flush=True)
+    suite = unittest.defaultTestLoader.loadTestsFromTestCase(
+        {"transfer": Transfer, "liveness": Liveness}[group]
+    )
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()
