@@ -40,8 +40,22 @@ def lmcache_version():
 
 
 def client(url):
-    """A request client of the real LMCache worker, connected to url."""
-    return RequestClientFactory.create(url, context=zmq.Context.instance())
+    """A request client of the real LMCache worker, connected to url, with a ZeroMQ context of
+    its own (close it with close_client()).
+
+    vLLM passes zmq.Context.instance(), and creates a client once per process. Tests create and
+    close dozens in one process; on the shared context a client created right after another was
+    closed sometimes never connected (no TCP connection at all), so each gets its own context.
+    """
+    ctx = zmq.Context()
+    c = RequestClientFactory.create(url, context=ctx)
+    c._kvp_ctx = ctx
+    return c
+
+
+def close_client(c):
+    c.close()
+    c._kvp_ctx.term()
 
 
 def new_instance_id():
@@ -184,7 +198,7 @@ class Worker:
 
     def close(self):
         self.tc.close()
-        self.req.close()
+        close_client(self.req)
 
 
 class Scheduler:
@@ -211,7 +225,7 @@ class Scheduler:
         self.req.end_session(request_id).result(timeout=TIMEOUT)
 
     def close(self):
-        self.req.close()
+        close_client(self.req)
 
 
 def wait_for(pred, timeout=30.0, step=0.05):

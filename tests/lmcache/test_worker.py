@@ -55,7 +55,7 @@ class Daemon:
         args = [
             KVPOOLD, "--socket", os.path.join(self.dir, "kvpool.sock"), "--l1-size", "64MiB",
             "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0", "--shm-name", self.shm,
-            "--lmcache", self.url,
+            "--lmcache", self.url, "--log-level", "debug",
         ] + list(extra)
         env = dict(os.environ)
         env.pop("KVPOOL_HTTP", None)
@@ -97,10 +97,7 @@ class Base(unittest.TestCase):
 
     def tearDown(self):
         for c in reversed(self.closers):
-            try:
-                c()
-            except Exception:
-                pass
+            c()
         self.d.stop()
         self.assertNotIn("ERROR", self.d.text())
 

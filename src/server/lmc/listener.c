@@ -364,6 +364,8 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
     }
     l->front.now_ms = kvp_mono_ms();
     lmc_mp_writer_reset(&l->front.out);
+    log_debug("LMCache %s (%u payload%s)", r.op != LMC_OP_UNKNOWN ? lmc_op_name(r.op) : r.name,
+              r.npayloads, r.npayloads == 1 ? "" : "s");
     bool has_value = lmc_dispatch(&l->front, &r);
     if (has_value && l->front.out.failed) {
         /* Out of memory for the reply: the negative one is a few bytes. */
