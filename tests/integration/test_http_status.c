@@ -118,6 +118,14 @@ static void test_healthcheck(void **state)
     assert_string_equal(str(h, "status"), "healthy");
     json_decref(h);
     kvpt_http_free(&r);
+    /* /healthcheck, where LMCache's tooling probes `lmcache server`, answers the same. */
+    assert_rc(kvpt_http_request(port, "GET", "/healthcheck", &r), 0);
+    assert_int_equal(r.status, 200);
+    h = json_loads(r.body, 0, NULL);
+    assert_non_null(h);
+    assert_string_equal(str(h, "status"), "healthy");
+    json_decref(h);
+    kvpt_http_free(&r);
     kvpt_daemon_stop(&d);
 }
 

@@ -348,6 +348,16 @@ uint32_t kvp_registry_count(struct kvp_registry *r)
     return n;
 }
 
+uint32_t kvp_registry_count_frontend(struct kvp_registry *r, const char *frontend)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t i = 0; i < KVP_MAX_INSTANCES && n < r->count; i++)
+        n += r->slots[i].used && strcmp(r->slots[i].inst.frontend, frontend) == 0;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
 void kvp_registry_count_transports(struct kvp_registry *r, uint32_t *total, uint32_t *shm)
 {
     pthread_mutex_lock(&r->lock);

@@ -156,6 +156,10 @@ uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner);
 
 uint32_t kvp_registry_count(struct kvp_registry *r);
 
+/* The number of registered instances whose front end (struct kvp_registration.frontend) is
+ * frontend ("kvpool", "lmcache"). */
+uint32_t kvp_registry_count_frontend(struct kvp_registry *r, const char *frontend);
+
 /* The number of registered instances and, of those, how many use the shm transport. */
 void kvp_registry_count_transports(struct kvp_registry *r, uint32_t *total, uint32_t *shm);
 

@@ -58,7 +58,7 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     pthread_mutex_unlock(&s->conns_lock);
 
     /* Every gauge of KVP_GAUGE_MAP gets its value here: a new one must be added below. */
-    _Static_assert(KVP_NGAUGES == 19, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
+    _Static_assert(KVP_NGAUGES == 21, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
     uint64_t *v = snap->gauges;
     v[KVP_GAUGE_pool_size] = g.pool_size;
     v[KVP_GAUGE_pool_reserved] = g.pool_reserved;
@@ -71,6 +71,8 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     v[KVP_GAUGE_instances] = ninst;
     v[KVP_GAUGE_instances_shm] = nshm;
     v[KVP_GAUGE_instances_inline] = ninst - nshm;
+    v[KVP_GAUGE_instances_lmcache] = kvp_registry_count_frontend(&s->registry, "lmcache");
+    v[KVP_GAUGE_instances_kvpool] = ninst - v[KVP_GAUGE_instances_lmcache];
     v[KVP_GAUGE_connections] = nconns;
     v[KVP_GAUGE_max_clients] = s->cfg.max_clients;
     v[KVP_GAUGE_shm_enabled] = s->seg.shared;

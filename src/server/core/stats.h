@@ -134,6 +134,10 @@
        "registered instances, by the transport they use")                                     \
     XX(instances_inline, "instances", "transport", "inline",                                  \
        "registered instances on the inline transport")                                        \
+    XX(instances_kvpool, "frontend_instances", "frontend", "kvpool",                          \
+       "registered instances, by the protocol that registered them")                          \
+    XX(instances_lmcache, "frontend_instances", "frontend", "lmcache",                        \
+       "instances registered through the LMCache front end (--lmcache)")                      \
     XX(l2_up, "l2_up", "", "", "1 when the L2 tier answers, 0 when it is unreachable or off") \
     XX(l2_backlog_chunks, "l2_backlog_chunks", "", "", "chunks waiting for a copy to L2")     \
     XX(l2_backlog_bytes, "l2_backlog_bytes", "", "", "bytes waiting for a copy to L2")        \

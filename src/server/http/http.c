@@ -334,15 +334,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0)
         return reply(h, conn, MHD_HTTP_OK, "text/html; charset=utf-8",
                      (const char *)kvp_status_page, kvp_status_page_len, MHD_RESPMEM_PERSISTENT);
-    if (strcmp(url, "/api/healthcheck") == 0)
+    /* /healthcheck: where LMCache's tooling probes `lmcache server`. */
+    if (strcmp(url, "/api/healthcheck") == 0 || strcmp(url, "/healthcheck") == 0)
         return serve_health(h, conn);
     if (strcmp(url, "/api/status") == 0)
         return serve_status(h, conn);
     if (strcmp(url, "/metrics") == 0)
         return serve_metrics(h, conn);
     return reply_static(h, conn, MHD_HTTP_NOT_FOUND, TYPE_JSON,
-                        "{\"error\": \"not found: kvpoold serves /, /api/healthcheck, "
-                        "/api/status and /metrics\"}\n");
+                        "{\"error\": \"not found: kvpoold serves /, /api/healthcheck "
+                        "(also /healthcheck), /api/status and /metrics\"}\n");
 }
 
 /* Paths are matched as sent: none of ours needs an escape, so "%2F" or "%00" never decodes

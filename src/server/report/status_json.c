@@ -166,6 +166,7 @@ static json_t *instance_object(struct doc *d, const struct kvp_instance_view *iv
     for (uint32_t i = 0; i < r->layout.ndim && i < 4; i++)
         append(d, shape, jint(r->layout.shape[i]));
     put(d, o, "instance_id", jstr(r->spec.instance_id));
+    put(d, o, "frontend", jstr(r->frontend));
     put(d, o, "model_name", jstr(r->spec.model_name));
     put(d, o, "world_size", jint(r->spec.world_size));
     put(d, o, "worker_rank", jint(r->spec.worker_rank));
@@ -197,6 +198,7 @@ static json_t *clients_object(struct doc *d, const struct kvp_server *s,
         for (uint32_t k = 0; k < snap->ninstances; k++)
             ninst += snap->instances[k].reg.owner == c->id;
         put(d, e, "id", jint(c->id));
+        put(d, e, "frontend", jstr(c->frontend));
         put(d, e, "pid", c->pid > 0 ? json_integer(c->pid) : json_null());
         put(d, e, "uid", jint(c->uid));
         put(d, e, "connected_since", jtime(c->connected_since_ms));
