@@ -50,11 +50,11 @@ def unpack(b):
 
 
 class Daemon:
-    def __init__(self):
+    def __init__(self, url=None, expect_start=True):
         self.dir = tempfile.mkdtemp(prefix="kvp-lmcw-")
         os.chmod(self.dir, 0o700)
         self.port = free_port()
-        self.url = "tcp://127.0.0.1:%d" % self.port
+        self.url = url or "tcp://127.0.0.1:%d" % self.port
         self.log_path = os.path.join(self.dir, "kvpoold.log")
         self.log = open(self.log_path, "wb")
         env = dict(os.environ)
@@ -64,6 +64,10 @@ class Daemon:
              "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0",
              "--shm-name", "lmcw%d_%d" % (os.getpid(), self.port), "--lmcache", self.url],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        if not expect_start:
+            self.rc = self.proc.wait(60)
+            self.log.close()
+            return
         deadline = time.monotonic() + 60
         while "ready:" not in self.text():
             assert self.proc.poll() is None and time.monotonic() < deadline, self.text()
@@ -376,6 +380,56 @@ class Hostile(unittest.TestCase):
         counters = self.d.counters()
         self.assertGreater(counters["lmcache_unsupported"], 10)
         self.alive()
+
+
+class Addresses(unittest.TestCase):
+    def test_ipc(self):
+        base = tempfile.mkdtemp(prefix="kvp-lmci-")
+        os.chmod(base, 0o700)
+        path = os.path.join(base, "lmc.sock")
+        d = Daemon("ipc://" + path)
+        try:
+            # The socket file has kvpool's socket mode (0600 by default).
+            self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+            c = Client("ipc://" + path)
+            try:
+                got = c.call([pack(1), pack(21)])
+                self.assertEqual(unpack(got[2]), CHUNK)
+            finally:
+                c.close()
+            # A second daemon on the same path is refused, and leaves the first one's file.
+            other = Daemon("ipc://" + path, expect_start=False)
+            self.assertNotEqual(other.rc, 0)
+            self.assertIn("listening on " + path, other.text())
+            self.assertTrue(os.path.exists(path))
+        finally:
+            d.stop()
+        self.assertFalse(os.path.exists(path))  # removed at exit
+        # Something else than a socket at the path: refused, untouched.
+        with open(path, "w") as f:
+            f.write("x")
+        d = Daemon("ipc://" + path, expect_start=False)
+        self.assertNotEqual(d.rc, 0)
+        self.assertIn("is not a socket", d.text())
+        os.unlink(path)
+        # A directory others can write to: refused (kvpool's socket directory rule).
+        os.chmod(base, 0o777)
+        d = Daemon("ipc://" + path, expect_start=False)
+        self.assertNotEqual(d.rc, 0)
+        self.assertIn("Refusing to start", d.text())
+
+    def test_tcp_not_loopback_warns(self):
+        d = Daemon("tcp://0.0.0.0:%d" % free_port())
+        try:
+            self.assertIn("not a loopback address", d.text())
+            self.assertIn("SECURITY.md", d.text())
+        finally:
+            d.stop()
+        d = Daemon()
+        try:
+            self.assertNotIn("not a loopback address", d.text())
+        finally:
+            d.stop()
 
 
 def main():

@@ -16,6 +16,7 @@
 #include "base/config.h"
 #include "common/kvp_assert.h"
 #include "config_fixture.h"
+#include "lmc/listener.h"
 
 /* ---- kvp_parse_size ---- */
 
@@ -526,6 +527,69 @@ static void test_long_socket_path(void **state)
     run_free(&r);
 }
 
+/* --lmcache ADDR and the liveness timeouts of the LMCache front end (lmc/listener.h). */
+static void test_lmcache(void **state)
+{
+    (void)state;
+    struct run r;
+    struct lmc_addr a;
+
+    parse(&r, NULL);
+    expect_ok(&r);
+    assert_string_equal(r.cfg.lmcache, ""); /* off by default */
+    assert_int_equal(r.cfg.lmcache_reap_s, 120);
+    assert_int_equal(r.cfg.lmcache_grace_s, 3600);
+    run_free(&r);
+
+    parse(&r, "--lmcache", "tcp://127.0.0.1:5555", "--lmcache-reap-timeout", "0", NULL);
+    expect_ok(&r);
+    assert_string_equal(r.cfg.lmcache, "tcp://127.0.0.1:5555");
+    assert_int_equal(r.cfg.lmcache_reap_s, 0);
+    run_free(&r);
+
+    setenv("KVPOOL_LMCACHE", "ipc:///run/kvpool/lmc", 1);
+    parse(&r, NULL);
+    expect_ok(&r);
+    assert_string_equal(r.cfg.lmcache, "ipc:///run/kvpool/lmc");
+    run_free(&r);
+    parse(&r, "--lmcache", "off", NULL);
+    expect_ok(&r);
+    assert_string_equal(r.cfg.lmcache, "");
+    run_free(&r);
+    unsetenv("KVPOOL_LMCACHE");
+
+    static const char *const bad[] = {"5555",         "tcp://:5555",    "tcp://host",
+                                      "tcp://h:0",    "tcp://h:65536",  "tcp://h:55x",
+                                      "tcp://[::1:5", "tcp://a b:1",    "ipc://relative",
+                                      "ipc:///",      "grpc://h:1",     "tcp://[zz]:1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        parse(&r, "--lmcache", bad[i], NULL);
+        expect_einval(&r, "lmcache", NULL);
+        run_free(&r);
+    }
+    parse(&r, "--lmcache-reap-timeout", "100", "--lmcache-registration-grace", "50", NULL);
+    expect_einval(&r, "lmcache-registration-grace", NULL);
+    run_free(&r);
+
+    assert_rc(lmc_addr_parse("tcp://127.0.0.1:5555", &a), 0);
+    assert_true(a.loopback && !a.ipc && a.port == 5555);
+    assert_string_equal(a.host, "127.0.0.1");
+    assert_rc(lmc_addr_parse("tcp://localhost:1", &a), 0);
+    assert_true(a.loopback);
+    assert_rc(lmc_addr_parse("tcp://[::1]:7", &a), 0);
+    assert_true(a.loopback);
+    assert_string_equal(a.host, "[::1]");
+    assert_rc(lmc_addr_parse("tcp://0.0.0.0:5555", &a), 0);
+    assert_false(a.loopback);
+    assert_rc(lmc_addr_parse("tcp://*:5555", &a), 0);
+    assert_false(a.loopback);
+    assert_rc(lmc_addr_parse("tcp://127.example.com:5555", &a), 0);
+    assert_false(a.loopback); /* a name that starts like a loopback address is not one */
+    assert_rc(lmc_addr_parse("ipc:///tmp/x/lmc:5555", &a), 0);
+    assert_true(a.ipc);
+    assert_string_equal(a.path, "/tmp/x/lmc:5555");
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, clean_env, clean_env)
 
 int main(void)
@@ -548,6 +612,7 @@ int main(void)
         T(test_bad_values_name_the_option),
         T(test_long_socket_path),
         T(test_log_format),
+        T(test_lmcache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
