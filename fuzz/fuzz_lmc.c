@@ -1,28 +1,43 @@
 /*
- * fuzz_lmc.c - the LMCache front end's decoding of untrusted ZeroMQ messages: the msgpack
- * codec (src/server/lmc/codec.c) and every payload decoder of LMCache's messages
- * (src/server/lmc/messages.c).
+ * fuzz_lmc.c - the LMCache front end on untrusted ZeroMQ messages: the msgpack codec
+ * (src/server/lmc/codec.c), every payload decoder of LMCache's messages (messages.c), and the
+ * whole front end behind the socket: dispatch, handlers, LMCache's semantics, the core's
+ * operations, store and registry (handlers.c, instances.c), as the listener's thread runs them.
  *
- * Input: one multipart message as the listener receives it after the identity frame, each
- * frame as a 4-byte little-endian length and its bytes (a short last frame takes the rest).
- * The committed seeds, fuzz/corpus/lmc/, are real requests of LMCache 0.5.5 and 0.5.6 workers
- * recorded between them and `lmcache server` (tests/lmcache/record_frames.py).
+ * Input: a session of multipart messages as the listener receives them after the identity
+ * frame. Each frame is a 4-byte little-endian length and its bytes (a short last frame takes the
+ * rest); the length 0xffffffff ends a message. The committed seeds, fuzz/corpus/lmc/, are real
+ * requests of LMCache 0.5.5 and 0.5.6 workers recorded between them and `lmcache server`
+ * (tests/lmcache/record_frames.py), one per file, and whole recorded sessions.
  *
  * What must hold, beyond "no crash, no leak, no read outside the frame":
  *   - the skipper and the typed readers agree: a frame the skipper calls one whole value is
  *     exactly what lmc_mp_check_one() accepts;
  *   - every decoder that accepts a payload leaves values inside their documented bounds;
- *   - every reply encoder produces exactly one well-formed msgpack value, for any inputs.
+ *   - every reply encoder produces exactly one well-formed msgpack value, for any inputs;
+ *   - the front end answers every message of 3 frames or more with nothing (a None reply) or
+ *     exactly one well-formed value, a bool where the operation's type is bool, an int where
+ *     it is int, and slots that lie inside the segment;
+ *   - once the front end is gone, nothing is held: no reservation, no pin, no instance.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
+#include "core/daemon.h"
+#include "core/owner.h"
 #include "fuzz.h"
 #include "lmc/codec.h"
+#include "lmc/front.h"
 #include "lmc/messages.h"
 
 #define MAX_FRAMES 16
+#define END_OF_MESSAGE 0xffffffffu
+#define POOL_SIZE (256u << 10)
+#define CHUNK_TOKENS 16u
 
 static uint8_t tokens[KVP_MAX_TOKENS * 4];
 
@@ -31,28 +46,35 @@ struct frame {
     size_t n;
 };
 
-static size_t split(const uint8_t *data, size_t size, struct frame *f)
+/* Splits the next message off *data: its frames into f (at most MAX_FRAMES; more are
+ * counted in *total). Returns false when the input is used up. */
+static bool next_message(const uint8_t **data, size_t *size, struct frame *f, size_t *n,
+                         size_t *total)
 {
-    size_t n = 0;
-    while (size > 0 && n < MAX_FRAMES) {
-        size_t len = size;
-        if (size >= 4) {
-            len = (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 |
-                  (size_t)data[3] << 24;
-            data += 4;
-            size -= 4;
-            if (len > size)
-                len = size;
-        } else {
-            len = size;
+    *n = *total = 0;
+    if (*size == 0)
+        return false;
+    while (*size > 0) {
+        size_t len = *size;
+        if (*size >= 4) {
+            uint32_t v = (uint32_t)(*data)[0] | (uint32_t)(*data)[1] << 8 |
+                         (uint32_t)(*data)[2] << 16 | (uint32_t)(*data)[3] << 24;
+            *data += 4;
+            *size -= 4;
+            if (v == END_OF_MESSAGE)
+                break;
+            len = v > *size ? *size : v;
         }
-        f[n].p = data;
-        f[n].n = len;
-        n++;
-        data += len;
-        size -= len;
+        if (*n < MAX_FRAMES) {
+            f[*n].p = *data;
+            f[*n].n = len;
+            (*n)++;
+        }
+        (*total)++;
+        *data += len;
+        *size -= len;
     }
-    return n;
+    return true;
 }
 
 static void check_frame_codec(const struct frame *f)
@@ -196,12 +218,173 @@ static void check_encoders(const uint8_t *data, size_t size)
     lmc_mp_writer_free(&w);
 }
 
+static struct kvp_server srv;
+static struct kvp_offer offer;
+
+static void init_once(void)
+{
+    static bool done;
+    if (done)
+        return;
+    done = true;
+    kvp_log_threshold = (enum kvp_log_level)(KVP_LOG_ERROR + 1); /* silence */
+    kvp_config_defaults(&srv.cfg);
+    srv.cfg.l1_size = POOL_SIZE;
+    srv.cfg.chunk_tokens = CHUNK_TOKENS;
+    srv.listen_fd = -1;
+    srv.wake_fds[0] = srv.wake_fds[1] = -1;
+    kvp_owners_init(&srv.owners);
+    pthread_mutex_init(&srv.conns_lock, NULL);
+    pthread_cond_init(&srv.conns_cv, NULL);
+    offer = (struct kvp_offer){
+        .shm_enabled = true,
+        .shm_name = "kvpool_l1_pool_fuzz",
+        .shm_reason = "",
+        .pool_size = POOL_SIZE,
+        .chunk_tokens = CHUNK_TOKENS,
+    };
+}
+
+/* Slots of a prepare reply lie inside the segment and have the chunk's length. */
+static void check_slots(struct lmc_mp_reader *r)
+{
+    uint32_t n;
+    FUZZ_CHECK(lmc_mp_read_array(r, UINT32_MAX, &n) == 0);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t nf;
+        uint64_t off = UINT64_MAX, len = UINT64_MAX;
+        FUZZ_CHECK(lmc_mp_read_map(r, 4, &nf) == 0 && nf == 4);
+        for (uint32_t k = 0; k < nf; k++) {
+            const char *s;
+            uint32_t sl;
+            FUZZ_CHECK(lmc_mp_read_str(r, 16, &s, &sl) == 0);
+            if (sl == 6 && memcmp(s, "offset", 6) == 0)
+                FUZZ_CHECK(lmc_mp_read_uint(r, UINT64_MAX, &off) == 0);
+            else if (sl == 6 && memcmp(s, "length", 6) == 0)
+                FUZZ_CHECK(lmc_mp_read_uint(r, UINT64_MAX, &len) == 0);
+            else
+                FUZZ_CHECK(lmc_mp_skip(r) == 0);
+        }
+        FUZZ_CHECK(off >= KVP_SEG_HEADER && len > 0 && len <= POOL_SIZE);
+        FUZZ_CHECK(off + len <= srv.seg.size);
+    }
+}
+
+/* The reply of op: its type, and for prepares the slots. */
+static void check_reply(enum lmc_op op, bool has, const struct lmc_mp_writer *w)
+{
+    if (!has) {
+        FUZZ_CHECK(w->len == 0);
+        return;
+    }
+    FUZZ_CHECK(!w->failed && lmc_mp_check_one(w->buf, w->len) == 0);
+    struct lmc_mp_reader r;
+    enum lmc_mp_type t;
+    lmc_mp_reader_init(&r, w->buf, w->len);
+    FUZZ_CHECK(lmc_mp_peek(&r, &t) == 0);
+    switch (op) {
+    case LMC_OP_PING:
+    case LMC_OP_COMMIT_STORE:
+    case LMC_OP_COMMIT_RETRIEVE:
+        FUZZ_CHECK(t == LMC_MP_BOOL);
+        break;
+    case LMC_OP_GET_CHUNK_SIZE:
+    case LMC_OP_QUERY_PREFETCH_STATUS:
+    case LMC_OP_WAIT_PREFETCH_STATUS:
+        FUZZ_CHECK(t == LMC_MP_INT);
+        break;
+    case LMC_OP_PREPARE_STORE:
+    case LMC_OP_PREPARE_RETRIEVE: {
+        uint32_t nf;
+        FUZZ_CHECK(lmc_mp_read_map(&r, 3, &nf) == 0);
+        for (uint32_t k = 0; k < nf; k++) {
+            const char *s;
+            uint32_t sl, nc;
+            FUZZ_CHECK(lmc_mp_read_str(&r, 16, &s, &sl) == 0);
+            if (sl != 7 || memcmp(s, "context", 7) != 0) {
+                FUZZ_CHECK(lmc_mp_skip(&r) == 0);
+                continue;
+            }
+            FUZZ_CHECK(lmc_mp_read_map(&r, 2, &nc) == 0);
+            for (uint32_t c = 0; c < nc; c++) {
+                FUZZ_CHECK(lmc_mp_read_str(&r, 16, &s, &sl) == 0);
+                if (sl == 5 && memcmp(s, "slots", 5) == 0)
+                    check_slots(&r);
+                else
+                    FUZZ_CHECK(lmc_mp_skip(&r) == 0);
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* The session through a fresh front end over a fresh store and registry. */
+static void run_front(const uint8_t *data, size_t size)
+{
+    struct lmc_front front;
+    struct frame fr[MAX_FRAMES];
+    size_t n, total;
+    char name[64];
+
+    init_once();
+    uint8_t *mem = malloc(KVP_SEG_HEADER + POOL_SIZE);
+    FUZZ_CHECK(mem != NULL);
+    srv.seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    srv.seg.base = mem;
+    srv.seg.size = KVP_SEG_HEADER + POOL_SIZE;
+    srv.seg.shared = true;
+    snprintf(srv.seg.name, sizeof(srv.seg.name), "kvpool_l1_pool_fuzz");
+    FUZZ_CHECK(kvp_store_init(&srv.store, KVP_SEG_HEADER, POOL_SIZE, POOL_SIZE) == 0);
+    kvp_registry_init(&srv.registry, &offer);
+    FUZZ_CHECK(lmc_front_init(&front, &srv) == 0);
+
+    uint64_t now = 1000;
+    while (next_message(&data, &size, fr, &n, &total)) {
+        if (total < 3 || fr[1].n == 0)
+            continue; /* the listener drops these before dispatching */
+        struct lmc_req r;
+        memset(&r, 0, sizeof(r));
+        r.op_frame = fr[1].p;
+        r.op_len = fr[1].n;
+        r.op = lmc_op_decode(fr[1].p, fr[1].n, name, sizeof(name));
+        memcpy(r.name, name, sizeof(r.name));
+        r.npayloads = (uint32_t)(total - 2);
+        for (size_t i = 2; i < n && i - 2 < LMC_MAX_PAYLOADS; i++) {
+            r.p[i - 2] = fr[i].p;
+            r.n[i - 2] = fr[i].n;
+        }
+        /* Time moves a second per message, so reaping and the read TTL are reachable. */
+        now += 1000;
+        front.now_ms = now;
+        lmc_tick(&front);
+        lmc_mp_writer_reset(&front.out);
+        bool has = lmc_dispatch(&front, &r);
+        check_reply(r.op, has, &front.out);
+    }
+    lmc_front_destroy(&front);
+
+    struct kvp_store_gauges g;
+    kvp_store_get_gauges(&srv.store, &g);
+    FUZZ_CHECK(g.reserved == 0 && g.expired == 0 && g.pinned == 0);
+    FUZZ_CHECK(kvp_registry_count(&srv.registry) == 0);
+    kvp_registry_destroy(&srv.registry);
+    kvp_store_destroy(&srv.store);
+    free(mem);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct frame f[MAX_FRAMES];
-    size_t n = split(data, size, f);
+    size_t n, total;
+    const uint8_t *p = data;
+    size_t left = size;
     char name[64];
 
+    /* The decoders, on the first message: identity frame left out, [uid][op][payload...]. */
+    next_message(&p, &left, f, &n, &total);
     for (size_t i = 0; i < n; i++) {
         check_frame_codec(&f[i]);
         check_scalars(&f[i]);
@@ -218,5 +401,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_register(&f[i]);
     }
     check_encoders(data, size);
+    run_front(data, size);
     return 0;
 }

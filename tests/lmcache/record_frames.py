@@ -12,6 +12,7 @@ request and reply the proxy forwarded:
                                       each frame (identity left out) in hex
   OUT_DIR/corpus/<nn>-<op>            each request for fuzz/corpus/lmc/: frames as
                                       4-byte little-endian length + bytes
+  OUT_DIR/corpus/<version>-session    every request, each ended by the length 0xffffffff
 
 The committed copies are tests/lmcache/frames/ and fuzz/corpus/lmc/.
 """
@@ -168,6 +169,13 @@ def main():
                 with open(os.path.join(out, "corpus", f"{version}-{i:02d}-{name}"), "wb") as c:
                     for fr in frames:
                         c.write(struct.pack("<I", len(fr)) + fr)
+    # The whole session as one input of fuzz_lmc (messages ended by the length 0xffffffff).
+    with open(os.path.join(out, "corpus", f"{version}-session"), "wb") as c:
+        for direction, frames in proxy.log:
+            if direction == "req":
+                for fr in frames:
+                    c.write(struct.pack("<I", len(fr)) + fr)
+                c.write(struct.pack("<I", 0xFFFFFFFF))
     # A sanity check that the recording decodes.
     for direction, frames in proxy.log:
         msgspec.msgpack.decode(frames[0])
