@@ -59,7 +59,8 @@ lmcache-env:
 # there. scripts/sanitized-ctest.sh also fails on a report from any daemon a test started.
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
-SAN_CMAKE_FLAGS = $(CMAKE_FLAGS) -DKVP_BENCH=OFF
+# The sanitizer builds use the LMCache environments of $(BUILD) (make lmcache-env).
+SAN_CMAKE_FLAGS = $(CMAKE_FLAGS) -DKVP_BENCH=OFF -DKVP_LMCACHE_VENV_DIR=$(abspath $(BUILD))
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
