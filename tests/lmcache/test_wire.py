@@ -59,6 +59,8 @@ class Daemon:
         self.log = open(self.log_path, "wb")
         env = dict(os.environ)
         env.pop("KVPOOL_HTTP", None)
+        if "TSAN_OPTIONS" in env:  # a TSan build: libzmq is not instrumented (tsan.supp)
+            env["TSAN_OPTIONS"] += " suppressions=" + os.path.join(HERE, "tsan.supp")
         self.proc = subprocess.Popen(
             [KVPOOLD, "--socket", os.path.join(self.dir, "kvpool.sock"), "--l1-size", "16MiB",
              "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0",

@@ -59,6 +59,8 @@ class Daemon:
         ] + list(extra)
         env = dict(os.environ)
         env.pop("KVPOOL_HTTP", None)
+        if "TSAN_OPTIONS" in env:  # a TSan build: libzmq is not instrumented (tsan.supp)
+            env["TSAN_OPTIONS"] += " suppressions=" + os.path.join(HERE, "tsan.supp")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         assert wait_for(lambda: "ready:" in self.text() or self.proc.poll() is not None, 60)
         assert self.proc.poll() is None, self.text()
