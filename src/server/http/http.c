@@ -264,6 +264,19 @@ static enum MHD_Result reply_static(struct kvp_http *h, struct MHD_Connection *c
     return reply(h, conn, status, type, text, strlen(text), MHD_RESPMEM_PERSISTENT);
 }
 
+/* json_dumps() leaves no final newline; curl users like one. Returns the text's length. */
+static size_t add_newline(char **text)
+{
+    size_t len = strlen(*text);
+    char *t = realloc(*text, len + 2);
+    if (t) {
+        *text = t;
+        t[len++] = '\n';
+        t[len] = '\0';
+    }
+    return len;
+}
+
 /* Serving: the store and the registry exist until kvp_http_stop(). */
 static bool serving(const struct kvp_http *h)
 {
@@ -279,6 +292,13 @@ static enum MHD_Result serve_health(struct kvp_http *h, struct MHD_Connection *c
         return reply_static(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, TYPE_JSON,
                             "{\"status\": \"unhealthy\", \"reason\": \"starting: the pool is "
                             "being reserved\"}\n");
+    /* Still healthy (200) when L2 is not up: the daemon serves from L1, and a liveness probe
+     * must not restart it; the body says what is degraded. */
+    char *text = kvp_status_health_degraded(h->srv);
+    if (text) {
+        size_t len = add_newline(&text);
+        return reply(h, conn, MHD_HTTP_OK, TYPE_JSON, text, len, MHD_RESPMEM_MUST_FREE);
+    }
     return reply_static(h, conn, MHD_HTTP_OK, TYPE_JSON, "{\"status\": \"healthy\"}\n");
 }
 
@@ -289,14 +309,7 @@ static enum MHD_Result serve_status(struct kvp_http *h, struct MHD_Connection *c
     if (!text)
         return reply_static(h, conn, MHD_HTTP_INTERNAL_SERVER_ERROR, TYPE_JSON,
                             "{\"error\": \"out of memory\"}\n");
-    size_t len = strlen(text);
-    /* json_dumps() leaves no final newline; curl users like one. */
-    char *t = realloc(text, len + 2);
-    if (t) {
-        text = t;
-        text[len++] = '\n';
-        text[len] = '\0';
-    }
+    size_t len = add_newline(&text);
     return reply(h, conn, status, TYPE_JSON, text, len, MHD_RESPMEM_MUST_FREE);
 }
 

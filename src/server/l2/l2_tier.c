@@ -26,9 +26,12 @@
  * success makes it up again (one INFO line) and the queued copies flow again. Credentials the
  * server refuses make it auth_failed instead (one ERROR line), with a backoff from 1 s to 60 s:
  * they do not fix themselves, and every attempt is a failed login in the server's log.
- * Every operation of the backend, as a whole, ends within --l2-timeout (a server that answers
- * slowly fails it, which makes the tier down like a dead one); a fetch starts no round after
- * its own deadline. The latest error is kept, in words, for the reports (kvp_l2_get_gauges()).
+ * While there is nothing to send, each background thread pings its connection once a second,
+ * so that a server that went away while idle is reported down within about a second plus
+ * --l2-timeout. Every operation of the backend, as a whole, ends within --l2-timeout (a server that
+ * answers slowly fails it, which makes the tier down like a dead one); a fetch starts no round
+ * after its own deadline. The latest error is kept, in words, for the reports
+ * (kvp_l2_get_gauges()).
  *
  * Threads and locks. l2->lock guards the ring, the load table, the foreground connection slots
  * and the state. It is never held across network I/O or a store call: the store lock and this
@@ -59,6 +62,7 @@
 #define KVP_L2_FG_WAIT_MS 100      /* wait for a free foreground connection */
 #define KVP_L2_LOAD_BATCH 16       /* loads read in one pipelined round, at most... */
 #define KVP_L2_LOAD_BATCH_BYTES (1u << 20) /* ...and about this many bytes (see batch_of()) */
+#define KVP_L2_PROBE_MS 1000               /* an idle background connection is pinged this often */
 #define KVP_L2_BACKOFF_MIN_MS 100
 #define KVP_L2_BACKOFF_MAX_MS 5000
 #define KVP_L2_AUTH_BACKOFF_MIN_MS 1000  /* refused credentials: the first retry after 1 s, */
@@ -435,11 +439,16 @@ static void *bg_main(void *arg)
     uint32_t backoff = KVP_L2_BACKOFF_MIN_MS;
     uint8_t keys[KVP_L2_LOAD_BATCH * KVP_KEY_SIZE];
     char why[256];
+    uint64_t last_io = mono_ms(); /* the end of this thread's latest operation */
 
     pthread_mutex_lock(&l2->lock);
     while (!l2->stopping) {
+        /* An idle connection is checked now and then: a server that died while nothing was
+         * sent must not be reported up (it is, before the first chunk is stored). */
+        bool idle = l2->ring_count == 0 && l2->queue.next == &l2->queue;
+        bool probe = conn && idle && mono_ms() >= last_io + KVP_L2_PROBE_MS;
         /* (Re)connect, or check the connection when somebody found L2 down. */
-        if (!conn || (l2->state != KVP_L2_STATE_UP && l2->state != KVP_L2_STATE_UNKNOWN)) {
+        if (!conn || probe || (l2->state != KVP_L2_STATE_UP && l2->state != KVP_L2_STATE_UNKNOWN)) {
             pthread_mutex_unlock(&l2->lock);
             int rc = conn ? l2->be->ping(conn, why, sizeof(why))
                           : l2->be->open(&l2->target, l2->timeout_ms, &conn, why, sizeof(why));
@@ -447,6 +456,7 @@ static void *bg_main(void *arg)
                 l2->be->close(conn);
                 conn = NULL;
             }
+            last_io = mono_ms();
             pthread_mutex_lock(&l2->lock);
             if (rc) {
                 KVP_COUNT(l2_errors, 1);
@@ -474,7 +484,7 @@ static void *bg_main(void *arg)
                (nld == 0 || memcmp(&l2->queue.next->lay, &ld[0]->lay, sizeof(ld[0]->lay)) == 0))
             ld[nld++] = do_pop_load(l2);
         if (!nld && !do_pop_put(l2, &put)) {
-            pthread_cond_wait(&l2->work_cv, &l2->lock);
+            wait_until(&l2->work_cv, &l2->lock, last_io + KVP_L2_PROBE_MS);
             continue;
         }
         pthread_mutex_unlock(&l2->lock);
@@ -487,6 +497,7 @@ static void *bg_main(void *arg)
         } else {
             rc = put_one(l2, conn, &put, why, sizeof(why));
         }
+        last_io = mono_ms();
         pthread_mutex_lock(&l2->lock);
         for (uint32_t i = 0; i < nld; i++)
             do_load_done(l2, ld[i]);
