@@ -264,27 +264,32 @@ static void unlink_own_socket(struct kvp_server *s)
 #define KVP_FD_RESERVE 64
 
 /*
- * --max-clients is only a promise if the descriptor limit allows it: raise the soft limit as far
- * as needed (up to the hard limit) and refuse to start when even the hard limit is too low.
+ * --max-clients is only a promise if the descriptor limit allows it (and the HTTP endpoint's
+ * KVP_HTTP_MAX_CONNECTIONS when it is on): raise the soft limit as far as needed (up to the hard
+ * limit) and refuse to start when even the hard limit is too low.
  */
 static int check_fd_limit(const struct kvp_config *cfg)
 {
     struct rlimit rl;
-    rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE;
+    struct kvp_http_listen l;
+    bool http = kvp_http_parse_listen(cfg->http, &l) == 0 && !l.off;
+    const char *with = http ? " (with the HTTP endpoint's connections)" : "";
+    rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE + (http ? KVP_HTTP_MAX_CONNECTIONS : 0);
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
         return 0;
     if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
-        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, but "
-                  "the limit is %llu (ulimit -n); lower --max-clients or raise the limit",
-                  cfg->max_clients, (unsigned long long)need, (unsigned long long)rl.rlim_max);
+        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors%s, "
+                  "but the limit is %llu (ulimit -n); lower --max-clients or raise the limit",
+                  cfg->max_clients, (unsigned long long)need, with,
+                  (unsigned long long)rl.rlim_max);
         return -EMFILE;
     }
     rl.rlim_cur = need;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
         int err = errno;
-        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, and "
-                  "the limit cannot be raised: %s",
-                  cfg->max_clients, (unsigned long long)need, kvp_strerror(-err));
+        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors%s, "
+                  "and the limit cannot be raised: %s",
+                  cfg->max_clients, (unsigned long long)need, with, kvp_strerror(-err));
         return -err;
     }
     log_debug("Raised the file descriptor limit to %llu for --max-clients %" PRIu32,

@@ -4,7 +4,7 @@
  * lets its script fetch /api/status (under the page's own Content-Security-Policy), and dumps
  * the DOM it rendered: both instances must be there with their transports, the inline one with
  * its reason, next to the SHM decision and the pool usage. A daemon without shared memory
- * shows why.
+ * shows why; one whose L2 tier cannot be reached says so, and why.
  *
  * chromium runs with --no-sandbox because the tests run as root, where its sandbox refuses to
  * start. Exit 77 (skipped) only when chromium is not installed (scripts/install-deps.sh check
@@ -144,6 +144,28 @@ static void test_page_shows_why_shm_is_off(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/* An L2 tier that cannot be reached: the page says so, with the reason. */
+static void test_page_shows_l2_down(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    char url[160];
+    snprintf(url, sizeof(url), "unix:///tmp/kvpt-no-redis-%d/redis.sock", (int)getpid());
+    const char *args[] = {"--l1-size", "16MiB",  "--chunk-size", "16", "--l2",
+                          url,         "--http", "127.0.0.1:0",  NULL};
+    kvpt_daemon_start(&d, args);
+    uint16_t port = kvpt_http_port_in_log(d.log, 5000);
+    assert_true(kvpt_log_wait(&d, "unreachable", 5000));
+
+    char *dom = render(port);
+    assert_non_null(
+        strstr(dom, "<span id=\"l2-state\" class=\"off\" data-state=\"down\">L2 down</span>"));
+    assert_non_null(strstr(dom, "<span id=\"l2-reason\">connect: "));
+    assert_non_null(strstr(dom, "<h2 id=\"l2-title\">L2 tier</h2>"));
+    free(dom);
+    kvpt_daemon_stop(&d);
+}
+
 int main(void)
 {
     FILE *p = popen("command -v chromium || command -v chromium-browser", "r");
@@ -159,6 +181,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_page_shows_both_transports),
         cmocka_unit_test(test_page_shows_why_shm_is_off),
+        cmocka_unit_test(test_page_shows_l2_down),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

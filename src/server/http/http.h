@@ -4,7 +4,8 @@
  * unless the operator says otherwise (docs/HTTP.md, docs/SECURITY.md).
  *
  *   GET /                 the status page (status_page.html), refreshing from /api/status
- *   GET /api/healthcheck  200 {"status":"healthy"} while serving, else 503 with a reason
+ *   GET /api/healthcheck  200 {"status":"healthy"} while serving ("degraded" and its reasons
+ *                         added while the L2 tier is not up), else 503 with a reason
  *   GET /api/status       the status JSON (status.h)
  *   GET /metrics          the Prometheus text format (metrics.h)
  */
@@ -21,7 +22,8 @@ struct kvp_server;
 #define KVP_HTTP_DEFAULT "127.0.0.1:9190"
 
 /* Limits on what an HTTP client can make the daemon hold. */
-#define KVP_HTTP_MAX_CONNECTIONS 16      /* at once; more wait in the listen backlog */
+#define KVP_HTTP_MAX_CONNECTIONS 256     /* at once; more wait in the listen backlog */
+#define KVP_HTTP_REQUEST_TIMEOUT_S 3     /* for a request's line and headers, however they come */
 #define KVP_HTTP_TIMEOUT_S 5             /* a connection idle (or stalled) this long is closed */
 #define KVP_HTTP_MEMORY_LIMIT (16 << 10) /* bytes per connection: request line and headers */
 
@@ -57,5 +59,17 @@ uint16_t kvp_http_port(const struct kvp_server *s);
 /* Closes every HTTP connection, stops the thread and frees the endpoint. Call before the store
  * and the registry go away. Safe when it never started. */
 void kvp_http_stop(struct kvp_server *s);
+
+/*
+ * The same endpoint without a thread or a listening socket, for the fuzz driver: it hands over
+ * connected sockets (kvp_http_add_connection(), which takes fd: the endpoint closes it) and
+ * runs the endpoint itself (kvp_http_run(): what is ready now, without waiting, and the
+ * request deadlines; returns how many connections are open). The requests go through the
+ * same libmicrohttpd options and handlers as on the network. kvp_http_stop() frees it.
+ * Returns 0 or a negative errno.
+ */
+int kvp_http_start_unthreaded(struct kvp_server *s);
+int kvp_http_add_connection(struct kvp_server *s, int fd);
+uint32_t kvp_http_run(struct kvp_server *s);
 
 #endif /* KVP_HTTP_H */

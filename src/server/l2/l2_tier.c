@@ -20,11 +20,18 @@
  * its own thread; one that needs a key another thread is loading waits for it, bounded.
  * Background threads take loads before copies: a worker may be waiting for them.
  *
- * Faults. The state is unknown until the first operation, then up or down. Any failure to
- * reach L2 makes it down (one WARN line), the foreground path then skips L2 at once, and the
- * background threads reconnect with exponential backoff (0.1 s to 5 s); the first success makes
- * it up again (one INFO line) and the queued copies flow again. Every network operation is
- * bounded by --l2-timeout.
+ * Faults. The state is unknown until the first operation, then up, down or auth_failed. Any
+ * failure to reach L2 makes it down (one WARN line), the foreground path then skips L2 at once,
+ * and the background threads reconnect with exponential backoff (0.1 s to 5 s); the first
+ * success makes it up again (one INFO line) and the queued copies flow again. Credentials the
+ * server refuses make it auth_failed instead (one ERROR line), with a backoff from 1 s to 60 s:
+ * they do not fix themselves, and every attempt is a failed login in the server's log.
+ * While there is nothing to send, each background thread pings its connection once a second,
+ * so that a server that went away while idle is reported down within about a second plus
+ * --l2-timeout. Every operation of the backend, as a whole, ends within --l2-timeout (a server that
+ * answers slowly fails it, which makes the tier down like a dead one); a fetch starts no round
+ * after its own deadline. The latest error is kept, in words, for the reports
+ * (kvp_l2_get_gauges()).
  *
  * Threads and locks. l2->lock guards the ring, the load table, the foreground connection slots
  * and the state. It is never held across network I/O or a store call: the store lock and this
@@ -55,10 +62,11 @@
 #define KVP_L2_FG_WAIT_MS 100      /* wait for a free foreground connection */
 #define KVP_L2_LOAD_BATCH 16       /* loads read in one pipelined round, at most... */
 #define KVP_L2_LOAD_BATCH_BYTES (1u << 20) /* ...and about this many bytes (see batch_of()) */
+#define KVP_L2_PROBE_MS 1000               /* an idle background connection is pinged this often */
 #define KVP_L2_BACKOFF_MIN_MS 100
 #define KVP_L2_BACKOFF_MAX_MS 5000
-
-enum l2_state { L2_UNKNOWN, L2_UP, L2_DOWN };
+#define KVP_L2_AUTH_BACKOFF_MIN_MS 1000  /* refused credentials: the first retry after 1 s, */
+#define KVP_L2_AUTH_BACKOFF_MAX_MS 60000 /* then doubling up to a minute */
 enum load_state { LOAD_FREE, LOAD_QUEUED, LOAD_RUNNING };
 
 struct put_item {
@@ -92,8 +100,9 @@ struct kvp_l2 {
     pthread_cond_t work_cv; /* background threads: work, a state change, stop */
     pthread_cond_t done_cv; /* a load ended, a foreground slot was released */
     bool stopping;
-    enum l2_state state;
-    atomic_int state_hint; /* state, readable without the lock (a hint for fast paths) */
+    enum kvp_l2_state state;
+    atomic_int state_hint;          /* state, readable without the lock (for fast paths) */
+    char reason[KVP_L2_REASON_MAX]; /* why the state is not up; "" when it is */
 
     struct put_item *ring; /* write-behind ring */
     uint32_t ring_cap, ring_head, ring_count;
@@ -108,6 +117,18 @@ struct kvp_l2 {
     pthread_t *threads;
     uint32_t nstarted;
 };
+
+const char *kvp_l2_state_name(enum kvp_l2_state st)
+{
+    switch (st) {
+    case KVP_L2_STATE_UP:
+        return "up";
+    case KVP_L2_STATE_AUTH_FAILED:
+        return "auth_failed";
+    default:
+        return "down";
+    }
+}
 
 /* A failure that leaves the connection unusable (l2_backend.h). */
 static bool broken(int rc)
@@ -142,19 +163,31 @@ static uint32_t batch_of(const struct kvp_l2_layout *lay)
 
 /* ---- state ---- */
 
-/* Records the outcome of an operation; logs a change once. Caller holds the lock. */
-static void do_set_state(struct kvp_l2 *l2, enum l2_state st, const char *why)
+/*
+ * Records the outcome of an operation (why: what went wrong, for a state other than up); logs a
+ * change of state once, and keeps the latest reason for the reports. Caller holds the lock.
+ */
+static void do_set_state(struct kvp_l2 *l2, enum kvp_l2_state st, const char *why)
 {
+    if (st != KVP_L2_STATE_UP)
+        snprintf(l2->reason, sizeof(l2->reason), "%s", why && why[0] ? why : "unknown error");
+    else
+        l2->reason[0] = '\0';
     if (l2->state == st)
         return;
-    enum l2_state old = l2->state;
+    enum kvp_l2_state old = l2->state;
     l2->state = st;
     atomic_store_explicit(&l2->state_hint, st, memory_order_relaxed);
-    if (st == L2_DOWN) {
+    if (st != KVP_L2_STATE_UP && (old == KVP_L2_STATE_UP || old == KVP_L2_STATE_UNKNOWN))
         KVP_COUNT(l2_outages, 1);
+    if (st == KVP_L2_STATE_AUTH_FAILED) {
+        log_error("L2 %s: authentication failed (%s): serving from L1 only; trying again with "
+                  "backoff, up to every %d s (check the password: --l2, --l2-password-file)",
+                  l2->name, why, KVP_L2_AUTH_BACKOFF_MAX_MS / 1000);
+    } else if (st == KVP_L2_STATE_DOWN) {
         log_warn("L2 %s unreachable (%s): serving from L1 only; reconnecting in the background",
                  l2->name, why);
-    } else if (old == L2_DOWN) {
+    } else if (old != KVP_L2_STATE_UNKNOWN) {
         log_info("L2 %s reachable again: write-behind and loads resume", l2->name);
     } else {
         log_info("L2 %s connected", l2->name);
@@ -163,9 +196,16 @@ static void do_set_state(struct kvp_l2 *l2, enum l2_state st, const char *why)
     pthread_cond_broadcast(&l2->work_cv);
 }
 
+/* The state after a failed operation: refused credentials are told apart. */
+static enum kvp_l2_state failed_state(int rc)
+{
+    return rc == -EACCES ? KVP_L2_STATE_AUTH_FAILED : KVP_L2_STATE_DOWN;
+}
+
 static bool known_down(struct kvp_l2 *l2)
 {
-    return atomic_load_explicit(&l2->state_hint, memory_order_relaxed) == L2_DOWN;
+    int st = atomic_load_explicit(&l2->state_hint, memory_order_relaxed);
+    return st == KVP_L2_STATE_DOWN || st == KVP_L2_STATE_AUTH_FAILED;
 }
 
 /* ---- write-behind ring ---- */
@@ -399,11 +439,16 @@ static void *bg_main(void *arg)
     uint32_t backoff = KVP_L2_BACKOFF_MIN_MS;
     uint8_t keys[KVP_L2_LOAD_BATCH * KVP_KEY_SIZE];
     char why[256];
+    uint64_t last_io = mono_ms(); /* the end of this thread's latest operation */
 
     pthread_mutex_lock(&l2->lock);
     while (!l2->stopping) {
+        /* An idle connection is checked now and then: a server that died while nothing was
+         * sent must not be reported up (it is, before the first chunk is stored). */
+        bool idle = l2->ring_count == 0 && l2->queue.next == &l2->queue;
+        bool probe = conn && idle && mono_ms() >= last_io + KVP_L2_PROBE_MS;
         /* (Re)connect, or check the connection when somebody found L2 down. */
-        if (!conn || l2->state == L2_DOWN) {
+        if (!conn || probe || (l2->state != KVP_L2_STATE_UP && l2->state != KVP_L2_STATE_UNKNOWN)) {
             pthread_mutex_unlock(&l2->lock);
             int rc = conn ? l2->be->ping(conn, why, sizeof(why))
                           : l2->be->open(&l2->target, l2->timeout_ms, &conn, why, sizeof(why));
@@ -411,19 +456,24 @@ static void *bg_main(void *arg)
                 l2->be->close(conn);
                 conn = NULL;
             }
+            last_io = mono_ms();
             pthread_mutex_lock(&l2->lock);
             if (rc) {
                 KVP_COUNT(l2_errors, 1);
-                do_set_state(l2, L2_DOWN, why);
+                do_set_state(l2, failed_state(rc), why);
+                if (rc == -EACCES && backoff < KVP_L2_AUTH_BACKOFF_MIN_MS)
+                    backoff = KVP_L2_AUTH_BACKOFF_MIN_MS;
                 /* The whole backoff, even when stores wake us: a worker's store must not
                  * become a connection attempt while L2 is down. */
                 uint64_t retry_at = mono_ms() + backoff;
                 while (!l2->stopping && mono_ms() < retry_at)
                     wait_until(&l2->work_cv, &l2->lock, retry_at);
-                backoff = backoff * 2 > KVP_L2_BACKOFF_MAX_MS ? KVP_L2_BACKOFF_MAX_MS : backoff * 2;
+                /* Credentials do not fix themselves: those attempts back off further. */
+                uint32_t cap = rc == -EACCES ? KVP_L2_AUTH_BACKOFF_MAX_MS : KVP_L2_BACKOFF_MAX_MS;
+                backoff = backoff * 2 > cap ? cap : backoff * 2;
                 continue;
             }
-            do_set_state(l2, L2_UP, NULL);
+            do_set_state(l2, KVP_L2_STATE_UP, NULL);
             backoff = KVP_L2_BACKOFF_MIN_MS;
         }
         /* Loads first, several of one layout in one round: a worker may be waiting for them. */
@@ -434,7 +484,7 @@ static void *bg_main(void *arg)
                (nld == 0 || memcmp(&l2->queue.next->lay, &ld[0]->lay, sizeof(ld[0]->lay)) == 0))
             ld[nld++] = do_pop_load(l2);
         if (!nld && !do_pop_put(l2, &put)) {
-            pthread_cond_wait(&l2->work_cv, &l2->lock);
+            wait_until(&l2->work_cv, &l2->lock, last_io + KVP_L2_PROBE_MS);
             continue;
         }
         pthread_mutex_unlock(&l2->lock);
@@ -447,6 +497,7 @@ static void *bg_main(void *arg)
         } else {
             rc = put_one(l2, conn, &put, why, sizeof(why));
         }
+        last_io = mono_ms();
         pthread_mutex_lock(&l2->lock);
         for (uint32_t i = 0; i < nld; i++)
             do_load_done(l2, ld[i]);
@@ -455,7 +506,7 @@ static void *bg_main(void *arg)
             l2->be->close(conn);
             conn = NULL;
             pthread_mutex_lock(&l2->lock);
-            do_set_state(l2, L2_DOWN, why);
+            do_set_state(l2, failed_state(rc), why);
         }
     }
     pthread_mutex_unlock(&l2->lock);
@@ -491,7 +542,7 @@ static struct fg_slot *fg_acquire(struct kvp_l2 *l2)
         return slot;
     KVP_COUNT(l2_errors, 1);
     pthread_mutex_lock(&l2->lock);
-    do_set_state(l2, L2_DOWN, why);
+    do_set_state(l2, failed_state(rc), why);
     slot->busy = false;
     pthread_cond_broadcast(&l2->done_cv);
     pthread_mutex_unlock(&l2->lock);
@@ -508,7 +559,7 @@ static void fg_release(struct kvp_l2 *l2, struct fg_slot *slot, int rc, const ch
     }
     pthread_mutex_lock(&l2->lock);
     if (broken(rc))
-        do_set_state(l2, L2_DOWN, why);
+        do_set_state(l2, failed_state(rc), why);
     slot->busy = false;
     pthread_cond_broadcast(&l2->done_cv);
     pthread_mutex_unlock(&l2->lock);
@@ -659,6 +710,9 @@ uint32_t kvp_l2_fetch(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
         while (j < n && claim[j] == CLAIM_OURS && j - i < batch_of(lay))
             j++;
         const uint8_t *k = keys + (size_t)i * KVP_KEY_SIZE;
+        /* Each round ends within --l2-timeout; none starts after the fetch's own deadline. */
+        if (i > 0 && mono_ms() >= deadline)
+            break;
         if (!slot && !(slot = fg_acquire(l2)))
             break;
         rc = load_batch(l2, slot->conn, k, j - i, lay, why, sizeof(why));
@@ -686,7 +740,12 @@ void kvp_l2_get_gauges(struct kvp_l2 *l2, struct kvp_l2_gauges *g)
     if (!l2)
         return;
     pthread_mutex_lock(&l2->lock);
-    g->up = l2->state == L2_UP;
+    g->up = l2->state == KVP_L2_STATE_UP;
+    g->state = l2->state;
+    if (l2->state == KVP_L2_STATE_UNKNOWN)
+        snprintf(g->reason, sizeof(g->reason), "not connected yet");
+    else
+        memcpy(g->reason, l2->reason, sizeof(g->reason));
     g->backlog_chunks = l2->ring_count;
     g->backlog_bytes = l2->backlog_bytes;
     pthread_mutex_unlock(&l2->lock);

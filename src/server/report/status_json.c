@@ -123,14 +123,21 @@ static json_t *shm_object(struct doc *d, const struct kvp_server *s)
     return o;
 }
 
-/* "l2": the L2 tier (l2.h), null with --l2 off. Its URL is the masked one (no password). */
+/*
+ * "l2": the L2 tier (l2.h), null with --l2 off. Its URL is the masked one (no password). up,
+ * state and reason come from one reading of the tier, so that they agree.
+ */
 static json_t *l2_object(struct doc *d, const struct kvp_server *s, const struct kvp_snapshot *snap)
 {
+    struct kvp_l2_gauges g;
     if (!s->l2)
         return json_null();
+    kvp_l2_get_gauges(s->l2, &g);
     json_t *o = json_object();
     put(d, o, "url", jstr(kvp_l2_name(s->l2)));
-    put(d, o, "up", json_boolean(snap->gauges[KVP_GAUGE_l2_up] != 0));
+    put(d, o, "up", json_boolean(g.up));
+    put(d, o, "state", json_string(kvp_l2_state_name(g.state)));
+    put(d, o, "reason", jstr_or_null(g.up ? "" : g.reason));
     put(d, o, "backlog_chunks", jint(snap->gauges[KVP_GAUGE_l2_backlog_chunks]));
     put(d, o, "backlog_bytes", jint(snap->gauges[KVP_GAUGE_l2_backlog_bytes]));
     put(d, o, "queue_bytes", jint(s->cfg.l2_queue_bytes));
@@ -248,6 +255,29 @@ static char *starting_json(struct kvp_server *s)
     put(&d, root, "chunk_tokens", jint(s->cfg.chunk_tokens));
     put(&d, root, "socket", jstr(s->cfg.socket_path));
     char *text = d.bad ? NULL : json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return text;
+}
+
+char *kvp_status_health_degraded(struct kvp_server *s)
+{
+    struct kvp_l2_gauges g;
+    char reason[KVP_L2_REASON_MAX + 32];
+    struct doc d = {.bad = false};
+
+    if (!s->l2)
+        return NULL;
+    kvp_l2_get_gauges(s->l2, &g);
+    if (g.up)
+        return NULL;
+    snprintf(reason, sizeof(reason), "l2 %s: %s", kvp_l2_state_name(g.state), g.reason);
+    json_t *root = json_object();
+    json_t *reasons = json_array();
+    append(&d, reasons, jstr(reason));
+    put(&d, root, "status", json_string("healthy"));
+    put(&d, root, "degraded", json_true());
+    put(&d, root, "reasons", reasons);
+    char *text = d.bad ? NULL : json_dumps(root, JSON_PRESERVE_ORDER);
     json_decref(root);
     return text;
 }

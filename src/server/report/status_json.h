@@ -17,4 +17,13 @@ struct kvp_server;
  */
 char *kvp_status_json(struct kvp_server *s);
 
+/*
+ * The body of a health check while the daemon serves but its L2 tier is not up (down, or
+ * refusing the password): {"status": "healthy", "degraded": true, "reasons": ["l2 down: ..."]},
+ * one reason per part of the daemon that is degraded. The daemon is still healthy (a liveness
+ * probe must not restart it: it serves from L1). NULL when nothing is degraded (no --l2, or L2
+ * up), or when out of memory. A malloc'd JSON text without a final newline; free() it.
+ */
+char *kvp_status_health_degraded(struct kvp_server *s);
+
 #endif /* KVP_STATUS_H */
