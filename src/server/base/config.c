@@ -26,9 +26,9 @@
 #include <unistd.h>
 
 #include "base/config_file.h"
+#include "base/listen_addr.h"
 #include "common/shm_name.h"
 #include "common/socket_path.h"
-#include "http/http.h"
 #include "l2/l2_url.h"
 
 #define MIN_L1 (1ull << 20)
@@ -345,7 +345,7 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
         want = "on or off";
         break;
     case OPT_HTTP:
-        if (strlen(val) >= sizeof(cfg->http) || kvp_http_parse_listen(val, NULL))
+        if (strlen(val) >= sizeof(cfg->http) || kvp_listen_addr_parse(val, NULL))
             rc = -EINVAL;
         else
             snprintf(cfg->http, sizeof(cfg->http), "%s", val);
