@@ -339,9 +339,14 @@ static void log_startup(const struct kvp_server *s)
         snprintf(shm, sizeof(shm), "%s", s->shm_reason);
     }
     char warming[96] = "";
-    if (s->warmup_started)
-        snprintf(warming, sizeof(warming), " (%" PRIu64 " reserved, the rest in the background)",
-                 kvp_segment_pool_bytes(s->reserved_at_start));
+    if (s->warmup_started) {
+        /* The first step reserves a whole number of steps of the segment, header included: of
+         * a 256 MiB pool, all but 4096 bytes. Say what the background really has left. */
+        uint64_t now = kvp_segment_pool_bytes(s->reserved_at_start);
+        snprintf(warming, sizeof(warming),
+                 " (%" PRIu64 " reserved, %" PRIu64 " more in the background)", now,
+                 cfg->l1_size - now);
+    }
     snprintf(line, sizeof(line),
              "kvpoold %s ready: pool %" PRIu64 " bytes%s, %s, socket %s, chunk size %" PRIu32
              " tokens",
