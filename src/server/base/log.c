@@ -5,6 +5,10 @@
  * json) so that lines from concurrent connection threads never interleave. Logging never fails
  * loudly: a log line that cannot be built or written is dropped. Text lines never allocate.
  *
+ * Text lines are escaped as a whole, after formatting (kvp_log_escape()): the one place every
+ * message passes, so no call site can forget it and no argument (a worker's instance id, model
+ * name or fallback reason) can end a line, forge one, or reach a terminal as an escape sequence.
+ *
  * json lines (--log-format json) are encoded by jansson, which allocates: every string is
  * escaped as JSON requires, and bytes that are not UTF-8 (a client's name, say) become U+FFFD,
  * so that every line parses. The message is the text line's, without time and level.
@@ -98,6 +102,74 @@ static size_t utf8_len(const unsigned char *p, size_t n)
     return len;
 }
 
+/* The code point of the well-formed UTF-8 sequence of len bytes at p. */
+static uint32_t utf8_code(const unsigned char *p, size_t len)
+{
+    static const unsigned char lead_mask[] = {0, 0x7f, 0x1f, 0x0f, 0x07};
+    uint32_t c = p[0] & lead_mask[len];
+    for (size_t i = 1; i < len; i++)
+        c = (c << 6) | (p[i] & 0x3f);
+    return c;
+}
+
+/* Code points that move or hide text on a terminal or in a viewer without being C0: the C1
+ * controls (U+009B is a CSI, as ESC [ is), the line and paragraph separators and the
+ * bidirectional overrides and isolates. */
+static bool invisible_code(uint32_t c)
+{
+    return (c >= 0x80 && c <= 0x9f) || c == 0x2028 || c == 0x2029 || (c >= 0x202a && c <= 0x202e) ||
+           (c >= 0x2066 && c <= 0x2069);
+}
+
+size_t kvp_log_escape(char *out, size_t size, const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char esc[8];
+    size_t n = 0;
+
+    for (size_t i = 0; i < len;) {
+        size_t k = utf8_len(p + i, len - i), e;
+        const char *piece = esc;
+        if (k == 0) {
+            e = (size_t)snprintf(esc, sizeof(esc), "\\x%02x", p[i]);
+            k = 1;
+        } else if (k > 1) {
+            uint32_t c = utf8_code(p + i, k);
+            if (invisible_code(c)) {
+                e = (size_t)snprintf(esc, sizeof(esc), "\\u%04x", (unsigned)c);
+            } else {
+                piece = s + i;
+                e = k;
+            }
+        } else if (p[i] == '\n') {
+            piece = "\\n";
+            e = 2;
+        } else if (p[i] == '\r') {
+            piece = "\\r";
+            e = 2;
+        } else if (p[i] == '\t') {
+            piece = "\\t";
+            e = 2;
+        } else if (p[i] == '\\') {
+            piece = "\\\\";
+            e = 2;
+        } else if (p[i] < 0x20 || p[i] == 0x7f) {
+            e = (size_t)snprintf(esc, sizeof(esc), "\\x%02x", p[i]);
+        } else {
+            piece = s + i;
+            e = 1;
+        }
+        if (n + e >= size)
+            break; /* cut before a piece, never inside an escape or a character */
+        memcpy(out + n, piece, e);
+        n += e;
+        i += k;
+    }
+    if (size)
+        out[n] = '\0';
+    return n;
+}
+
 /* A JSON string of s[0, len): as it is when it is UTF-8, else with U+FFFD for each bad byte. */
 static json_t *json_text(const char *s, size_t len)
 {
@@ -178,10 +250,12 @@ __attribute__((format(printf, 4, 0))) static void vlog(enum kvp_log_level level,
     }
 
     n += (size_t)snprintf(line + n, sizeof(line) - n, " %s ", level_names[level]);
-    int m = vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+    char msg[LINE_MAX_BYTES];
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
     if (m < 0)
         return;
-    n += (size_t)m < sizeof(line) - n - 1 ? (size_t)m : sizeof(line) - n - 2;
+    size_t len = (size_t)m < sizeof(msg) ? (size_t)m : sizeof(msg) - 1;
+    n += kvp_log_escape(line + n, sizeof(line) - n - 1, msg, len);
     line[n++] = '\n';
 
     int saved = errno;

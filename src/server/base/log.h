@@ -6,6 +6,11 @@
  *     with the fields the call site passes (kvp_log_fields) after pid.
  * The level is checked before the arguments are formatted.
  *
+ * A text line is always one line of printable text, whatever a message carries (a worker
+ * chooses its instance id, model name and fallback reason): the formatted message as a whole is
+ * escaped (kvp_log_escape()), so no value can end the line, forge another one or send a
+ * terminal escape sequence. json lines are escaped by the JSON encoder.
+ *
  * Rate-limited variants (log_warn_rl, log_error_rl) are for messages a client can cause once per
  * connection or per request: each call site passes at most KVP_LOG_RL_BURST lines per
  * KVP_LOG_RL_WINDOW_MS, then counts what it drops and reports the count in one line,
@@ -32,6 +37,15 @@ int kvp_log_parse_level(const char *s, enum kvp_log_level *out);
 
 /* Parses "text" or "json". Returns 0 or -EINVAL. */
 int kvp_log_parse_format(const char *s, enum kvp_log_format *out);
+
+/*
+ * Writes s[0, len) to out (size bytes, NUL-terminated) as a text log line shows it: printable
+ * ASCII and well-formed UTF-8 as they are; backslash, newline, carriage return and tab as \\,
+ * \n, \r and \t; other C0 controls, DEL and bytes that are not UTF-8 as \xNN; C1 controls,
+ * the line and paragraph separators and the bidirectional controls as \uNNNN. Cut before the
+ * first character or escape that does not fit. Returns the bytes written, without the NUL.
+ */
+size_t kvp_log_escape(char *out, size_t size, const char *s, size_t len);
 
 /* Selects the output format. Call before the daemon starts threads; text until then. */
 void kvp_log_set_format(enum kvp_log_format format);
