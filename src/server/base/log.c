@@ -15,7 +15,9 @@
  *
  * Rate limiting (log_warn_rl and friends): every call site owns a static struct kvp_log_rl, so
  * a flood of one kind of message (one per malformed connection, say) cannot push the others out
- * of the log, and the first lines of a burst, the informative ones, always get through. Each
+ * of the log, and the first lines of a burst, the informative ones, always get through. The
+ * report of a site's count quotes the first line it dropped (formatted once, when it is dropped,
+ * into the site's sample), so that it says what happened, not which format string. Each
  * site's counters are guarded by its own mutex; the list of sites with a pending count is a
  * singly linked list guarded by list_lock. Lock order: list_lock, then a site's lock. A site is
  * added to the list once, the first time it drops a line, and never removed (sites are static).
@@ -291,38 +293,54 @@ uint64_t kvp_log_now_ms(void)
 static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kvp_log_rl *pending_sites;
 
-static void report(enum kvp_log_level level, const char *what, uint32_t n)
+/* The count of a site's dropped lines, with the first of them when it is known. */
+static void report(enum kvp_log_level level, const char *what, uint32_t n, const char *sample)
 {
     const struct kvp_log_field f[] = {KVP_LOG_NUM("suppressed", n), KVP_LOG_STR("kind", what)};
-    kvp_log_write_fields(level, f, 2, "suppressed %" PRIu32 " similar message%s: \"%s\"", n,
-                         n == 1 ? "" : "s", what);
+    if (sample[0])
+        kvp_log_write_fields(level, f, 2,
+                             "suppressed %" PRIu32 " similar message%s, the first: "
+                             "\"%s\"",
+                             n, n == 1 ? "" : "s", sample);
+    else
+        kvp_log_write_fields(level, f, 2, "suppressed %" PRIu32 " similar message%s (%s)", n,
+                             n == 1 ? "" : "s", what);
 }
 
-bool kvp_log_rl_admit(struct kvp_log_rl *rl, uint64_t now_ms)
+/*
+ * Under rl->lock: counts one line at now_ms. Returns true to log it. *dropped is the count to
+ * report now (a window ended), its sample moved to sample; *first tells that this line is the
+ * first one dropped since the last report.
+ */
+static bool do_admit(struct kvp_log_rl *rl, uint64_t now_ms, uint32_t *dropped, char *sample,
+                     bool *first)
 {
-    uint32_t dropped = 0;
-    bool admit, list = false;
-
-    pthread_mutex_lock(&rl->lock);
+    *dropped = 0;
+    *first = false;
+    sample[0] = '\0';
     if (!rl->started || now_ms - rl->window_start_ms >= KVP_LOG_RL_WINDOW_MS) {
         rl->started = true;
         rl->window_start_ms = now_ms;
         rl->passed = 0;
-        dropped = rl->suppressed;
+        *dropped = rl->suppressed;
         rl->suppressed = 0;
+        memcpy(sample, rl->sample, sizeof(rl->sample));
+        rl->sample[0] = '\0';
     }
-    admit = rl->passed < KVP_LOG_RL_BURST;
-    if (admit) {
+    if (rl->passed < KVP_LOG_RL_BURST) {
         rl->passed++;
-    } else {
-        rl->suppressed++;
-        list = rl->suppressed == 1;
+        return true;
     }
-    pthread_mutex_unlock(&rl->lock);
+    *first = rl->suppressed++ == 0;
+    return false;
+}
 
+/* After a call: reports what a window's end released, and lists a site that began dropping. */
+static void after_admit(struct kvp_log_rl *rl, uint32_t dropped, const char *sample, bool first)
+{
     if (dropped)
-        report(rl->level, rl->what, dropped);
-    if (list) {
+        report(rl->level, rl->what, dropped, sample);
+    if (first) {
         pthread_mutex_lock(&list_lock);
         if (!rl->listed) {
             rl->listed = true;
@@ -331,7 +349,39 @@ bool kvp_log_rl_admit(struct kvp_log_rl *rl, uint64_t now_ms)
         }
         pthread_mutex_unlock(&list_lock);
     }
+}
+
+bool kvp_log_rl_admit(struct kvp_log_rl *rl, uint64_t now_ms)
+{
+    char sample[KVP_LOG_RL_SAMPLE];
+    uint32_t dropped;
+    bool first;
+
+    pthread_mutex_lock(&rl->lock);
+    bool admit = do_admit(rl, now_ms, &dropped, sample, &first);
+    pthread_mutex_unlock(&rl->lock);
+    after_admit(rl, dropped, sample, first);
     return admit;
+}
+
+void kvp_log_rl_write(struct kvp_log_rl *rl, enum kvp_log_level level, const char *fmt, ...)
+{
+    char sample[KVP_LOG_RL_SAMPLE];
+    uint32_t dropped;
+    bool first;
+    va_list ap;
+
+    va_start(ap, fmt);
+    pthread_mutex_lock(&rl->lock);
+    bool admit = do_admit(rl, kvp_log_now_ms(), &dropped, sample, &first);
+    /* Only the first dropped line is formatted: a flood costs a count, not a vsnprintf each. */
+    if (first)
+        vsnprintf(rl->sample, sizeof(rl->sample), fmt, ap);
+    pthread_mutex_unlock(&rl->lock);
+    after_admit(rl, dropped, sample, first);
+    if (admit)
+        vlog(level, NULL, 0, fmt, ap);
+    va_end(ap);
 }
 
 /* Reports the sites whose window ended before now_ms (all of them when all is set). */
@@ -341,15 +391,18 @@ static int flush(uint64_t now_ms, bool all)
 
     pthread_mutex_lock(&list_lock);
     for (struct kvp_log_rl *rl = pending_sites; rl; rl = rl->next) {
+        char sample[KVP_LOG_RL_SAMPLE];
         uint32_t dropped = 0;
         pthread_mutex_lock(&rl->lock);
         if (rl->suppressed && (all || now_ms - rl->window_start_ms >= KVP_LOG_RL_WINDOW_MS)) {
             dropped = rl->suppressed;
             rl->suppressed = 0;
+            memcpy(sample, rl->sample, sizeof(sample));
+            rl->sample[0] = '\0';
         }
         pthread_mutex_unlock(&rl->lock);
         if (dropped) {
-            report(rl->level, rl->what, dropped);
+            report(rl->level, rl->what, dropped, sample);
             lines++;
         }
     }

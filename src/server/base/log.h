@@ -13,8 +13,9 @@
  *
  * Rate-limited variants (log_warn_rl, log_error_rl) are for messages a client can cause once per
  * connection or per request: each call site passes at most KVP_LOG_RL_BURST lines per
- * KVP_LOG_RL_WINDOW_MS, then counts what it drops and reports the count in one line,
- *   WARN  suppressed 45 similar messages: "Connection %llu (pid %d): %s; closing"
+ * KVP_LOG_RL_WINDOW_MS, then counts what it drops and reports the count in one line with the
+ * first message it dropped,
+ *   WARN  suppressed 45 similar messages, the first: "Connection 12 (pid 4242): malformed ..."
  * either before its next admitted line or from kvp_log_rl_flush() (the daemon calls it once a
  * second and at shutdown), whichever comes first.
  */
@@ -93,18 +94,20 @@ void kvp_log_write_fields(enum kvp_log_level level, const struct kvp_log_field *
 
 #define KVP_LOG_RL_BURST 5        /* lines a call site may log per window */
 #define KVP_LOG_RL_WINDOW_MS 1000 /* length of a window */
+#define KVP_LOG_RL_SAMPLE 256     /* bytes kept of the first dropped message */
 
 /* The state of one call site. Static, zero-initialised but for the mutex; guarded by lock. */
 struct kvp_log_rl {
     pthread_mutex_t lock;
-    uint64_t window_start_ms; /* start of the current window */
-    uint32_t passed;          /* lines admitted in the current window */
-    uint32_t suppressed;      /* lines dropped since the last report */
-    bool started;             /* window_start_ms is valid */
-    bool listed;              /* on the flush list (guarded by the list lock in log.c) */
-    enum kvp_log_level level; /* of the call site, for its report */
-    const char *what;         /* the call site's format string, names the kind in the report */
-    struct kvp_log_rl *next;  /* flush list */
+    uint64_t window_start_ms;       /* start of the current window */
+    uint32_t passed;                /* lines admitted in the current window */
+    uint32_t suppressed;            /* lines dropped since the last report */
+    bool started;                   /* window_start_ms is valid */
+    bool listed;                    /* on the flush list (guarded by the list lock in log.c) */
+    enum kvp_log_level level;       /* of the call site, for its report */
+    const char *what;               /* the call site's format string: the report's "kind" field */
+    struct kvp_log_rl *next;        /* flush list */
+    char sample[KVP_LOG_RL_SAMPLE]; /* the first message dropped since the last report, or "" */
 };
 
 #define KVP_LOG_RL_INIT(lvl, fmt)                                        \
@@ -116,9 +119,18 @@ struct kvp_log_rl {
  * Decides whether the call site may log a line at time now_ms. Returns true to log. Before an
  * admitted line, a count of lines dropped in earlier windows is reported (one line). A dropped
  * line puts the site on the flush list so that its count is reported even if it never logs
- * again. Thread-safe.
+ * again. It sees no message, so a report of what it alone dropped names the site's format
+ * string instead of quoting one ("suppressed 3 similar messages (accept failed)"). Thread-safe.
  */
 bool kvp_log_rl_admit(struct kvp_log_rl *rl, uint64_t now_ms);
+
+/*
+ * The rate-limited log call (log_warn_rl() and friends): kvp_log_rl_admit(), then the line when
+ * admitted; a dropped line is formatted only when it is the first one dropped since the last
+ * report, into the site's sample, which the report quotes. Thread-safe.
+ */
+void kvp_log_rl_write(struct kvp_log_rl *rl, enum kvp_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Reports the count of every site whose window has ended and that dropped lines. Returns the
  * number of report lines written. Thread-safe. */
@@ -134,12 +146,12 @@ uint64_t kvp_log_now_ms(void);
 #define KVP_LOG_FIRST_(a, ...) a
 #define KVP_LOG_FIRST(...) KVP_LOG_FIRST_(__VA_ARGS__, 0)
 
-#define kvp_log_rl(level, ...)                                                                 \
-    do {                                                                                       \
-        static struct kvp_log_rl kvp_rl_site_ = KVP_LOG_RL_INIT((level),                       \
-                                                                KVP_LOG_FIRST(__VA_ARGS__));   \
-        if ((level) >= kvp_log_threshold && kvp_log_rl_admit(&kvp_rl_site_, kvp_log_now_ms())) \
-            kvp_log_write((level), __VA_ARGS__);                                               \
+#define kvp_log_rl(level, ...)                                                               \
+    do {                                                                                     \
+        static struct kvp_log_rl kvp_rl_site_ = KVP_LOG_RL_INIT((level),                     \
+                                                                KVP_LOG_FIRST(__VA_ARGS__)); \
+        if ((level) >= kvp_log_threshold)                                                    \
+            kvp_log_rl_write(&kvp_rl_site_, (level), __VA_ARGS__);                           \
     } while (0)
 
 #define log_warn_rl(...) kvp_log_rl(KVP_LOG_WARN, __VA_ARGS__)
