@@ -611,38 +611,77 @@ static const char *shown(const struct opt_desc *o, const char *val)
 
 /* ---- the parse: layers, messages ---- */
 
+/* Where the value in effect of an option came from. */
+enum layer { FROM_DEFAULT, FROM_FILE, FROM_ENV, FROM_COMMAND_LINE };
+
 /* One kvp_config_parse() call. */
 struct parse {
     struct kvp_config *cfg;
     bool on_command_line[NOPTS]; /* by row */
+    enum layer from[NOPTS];      /* by row: the layer of the value applied */
+    unsigned file_line[NOPTS];   /* by row: the file's line that set it, 0 if none */
     const char *path;            /* of the file being read */
+    int json;                    /* --log-format json asked for: 1, 0, or -1 (not known yet) */
     FILE *err;
 };
 
-/* Prints "kvpoold: <message>" to the parse's error stream. */
-__attribute__((format(printf, 2, 3))) static void say(const struct parse *p, const char *fmt, ...)
+/* True when the messages are to be json log lines: the command line's --log-format, else
+ * KVPOOL_LOG_FORMAT, else the file's as far as it has been read. */
+static bool json_asked(const struct parse *p)
 {
+    return p->json >= 0 ? p->json == 1 : p->cfg->log_format == KVP_LOG_JSON;
+}
+
+/* Prints "kvpoold: <message>" to the parse's error stream, or the message as a json log line
+ * of that level when json was asked for. */
+__attribute__((format(printf, 3, 4))) static void say(const struct parse *p,
+                                                      enum kvp_log_level level, const char *fmt,
+                                                      ...)
+{
+    char msg[8192];
     va_list ap;
     if (!p->err)
         return;
-    fputs("kvpoold: ", p->err);
     va_start(ap, fmt);
-    vfprintf(p->err, fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    fputc('\n', p->err);
+    if (json_asked(p))
+        kvp_log_json_to(p->err, level, msg);
+    else
+        fprintf(p->err, "kvpoold: %s\n", msg);
+}
+
+/* Where row i's value came from, for a message: "command line", the variable, or FILE:LINE. */
+static const char *source(const struct parse *p, size_t i, char *buf, size_t size)
+{
+    switch (p->from[i]) {
+    case FROM_COMMAND_LINE:
+        return "command line";
+    case FROM_ENV:
+        return opts[i].env;
+    case FROM_FILE:
+        snprintf(buf, size, "%s:%u", p->path, p->file_line[i]);
+        return buf;
+    case FROM_DEFAULT:
+        break;
+    }
+    return "the default";
 }
 
 /* Applies row o's value from src (command line, variable, FILE:LINE). Returns 0 or -EINVAL
  * after saying what is wrong. */
-static int apply(const struct parse *p, const struct opt_desc *o, const char *val, const char *src)
+static int apply(struct parse *p, const struct opt_desc *o, const char *val, const char *src,
+                 enum layer from)
 {
     char why[256];
-    if (!set_value(p->cfg, o, val, why, sizeof(why)))
+    if (!set_value(p->cfg, o, val, why, sizeof(why))) {
+        p->from[o - opts] = from;
         return 0;
+    }
     if (o->secret)
-        say(p, "invalid %s %s (from %s): %s", o->name, o->arg, src, why);
+        say(p, KVP_LOG_ERROR, "invalid %s %s (from %s): %s", o->name, o->arg, src, why);
     else
-        say(p, "invalid %s '%s' (from %s): %s", o->name, val, src, why);
+        say(p, KVP_LOG_ERROR, "invalid %s '%s' (from %s): %s", o->name, val, src, why);
     return -EINVAL;
 }
 
@@ -693,43 +732,99 @@ static void usage(FILE *out)
 /* One entry of the --config file: a key of the option table, applied unless overridden. */
 static int file_entry(void *arg, const char *key, const char *value, unsigned line)
 {
-    const struct parse *p = arg;
+    struct parse *p = arg;
     const struct opt_desc *o = find(key);
     char src[4200];
 
     snprintf(src, sizeof(src), "%s:%u", p->path, line);
     if (!o) {
-        say(p, "%s: unknown key '%s' (the keys are the long option names of 'kvpoold --help')", src,
+        say(p, KVP_LOG_ERROR,
+            "%s: unknown key '%s' (the keys are the long option names of 'kvpoold --help')", src,
             key);
         return -EINVAL;
     }
     if (o->kind == KIND_NONE) {
-        say(p, "%s: '%s' cannot be set in a configuration file", src, key);
+        say(p, KVP_LOG_ERROR, "%s: '%s' cannot be set in a configuration file", src, key);
         return -EINVAL;
     }
+    /* Which of two values was meant is anybody's guess: neither wins silently. */
+    size_t i = (size_t)(o - opts);
+    if (p->file_line[i]) {
+        say(p, KVP_LOG_ERROR, "%s:%u: %s is set twice, at line %u and at line %u", p->path, line,
+            key, p->file_line[i], line);
+        return -EINVAL;
+    }
+    p->file_line[i] = line;
     /* Overridden by a higher layer: the value is never used, so a bad one is only noted. */
-    bool cli = p->on_command_line[o - opts];
-    if (cli || (o->env && getenv(o->env))) {
+    if (p->on_command_line[i] || (o->env && getenv(o->env))) {
         if (!valid(p, o, value)) {
-            if (cli)
-                say(p, "ignoring invalid %s '%s' at %s: --%s on the command line overrides it", key,
+            if (p->on_command_line[i])
+                say(p, KVP_LOG_WARN,
+                    "ignoring invalid %s '%s' at %s: --%s on the command line overrides it", key,
                     shown(o, value), src, key);
             else
-                say(p, "ignoring invalid %s '%s' at %s: %s overrides it", key, shown(o, value), src,
-                    o->env);
+                say(p, KVP_LOG_WARN, "ignoring invalid %s '%s' at %s: %s overrides it", key,
+                    shown(o, value), src, o->env);
         }
         return 0;
     }
-    return apply(p, o, value, src);
+    return apply(p, o, value, src, FROM_FILE);
+}
+
+/*
+ * Reads the file through config_file.c, whose own messages (syntax, limits, a file that cannot
+ * be read) are collected and said like the others, so that they too are json lines when json
+ * was asked for. Returns 0 or -EINVAL.
+ */
+static int read_file(struct parse *p)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = p->err ? open_memstream(&text, &len) : NULL;
+    int rc = kvp_conf_file_read(p->path, file_entry, p, mem ? mem : p->err);
+    if (!mem)
+        return rc ? -EINVAL : 0;
+    fclose(mem);
+    for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        const char *prefix = "kvpoold: ";
+        say(p, KVP_LOG_ERROR, "%s",
+            strncmp(line, prefix, strlen(prefix)) == 0 ? line + strlen(prefix) : line);
+    }
+    free(text);
+    return rc ? -EINVAL : 0;
+}
+
+/* Options that contradict each other, whichever layers set them. Returns 0 or -EINVAL. */
+static int check_together(const struct parse *p)
+{
+    const struct opt_desc *name = find("shm-name"), *backend = find("shm-backend");
+    size_t n = (size_t)(name - opts), b = (size_t)(backend - opts);
+    const struct kvp_config *cfg = p->cfg;
+    char s1[4200], s2[4200];
+
+    /* Two wishes about the segment: which one was meant is not ours to guess. */
+    if (p->from[n] != FROM_DEFAULT && (cfg->shm_backend == KVP_SHM_MEMFD ||
+                                       (cfg->shm_backend == KVP_SHM_NONE && cfg->shm_enabled))) {
+        say(p, KVP_LOG_ERROR,
+            "shm-name (from %s) names a POSIX segment, but shm-backend %s (from %s) has no "
+            "named segment: set only one of them",
+            source(p, n, s1, sizeof(s1)), cfg->shm_backend == KVP_SHM_MEMFD ? "memfd" : "none",
+            source(p, b, s2, sizeof(s2)));
+        return -EINVAL;
+    }
+    return 0;
 }
 
 int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err)
 {
     struct option lopts[NOPTS + 1];
-    struct parse p = {.cfg = cfg, .err = err};
+    struct parse p = {.cfg = cfg, .err = err, .json = -1};
     const struct opt_desc *config = find("config"), *help = find("help"),
-                          *version = find("version");
-    const char *config_path = NULL;
+                          *version = find("version"), *format = find("log-format");
+    const char *config_path = NULL, *format_arg = NULL;
 
     /* getopt_long() returns the row's index + 1 (0 is taken by flag options). */
     for (size_t i = 0; i < NOPTS; i++)
@@ -745,15 +840,23 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
             p.on_command_line[c - 1] = true;
         if (c > 0 && &opts[c - 1] == config)
             config_path = optarg;
+        if (c > 0 && &opts[c - 1] == format)
+            format_arg = optarg;
     }
     bool info_only = p.on_command_line[help - opts] || p.on_command_line[version - opts];
+
+    /* The format of the messages, as soon as it is known: a layer that wins says it. */
+    if (!format_arg)
+        format_arg = getenv(format->env);
+    if (format_arg && (strcmp(format_arg, "json") == 0 || strcmp(format_arg, "text") == 0))
+        p.json = strcmp(format_arg, "json") == 0;
 
     /* The file, the lowest layer: --config, else KVPOOL_CONFIG; "" means none. */
     if (!info_only && !p.on_command_line[config - opts])
         config_path = getenv(config->env);
     if (!info_only && config_path && config_path[0]) {
         p.path = config_path;
-        if (kvp_conf_file_read(config_path, file_entry, &p, err))
+        if (read_file(&p))
             return -EINVAL;
     }
 
@@ -764,11 +867,12 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
             continue;
         if (p.on_command_line[i]) {
             if (!valid(&p, o, v))
-                say(&p, "ignoring invalid %s '%s': --%s on the command line overrides it", o->env,
+                say(&p, KVP_LOG_WARN,
+                    "ignoring invalid %s '%s': --%s on the command line overrides it", o->env,
                     shown(o, v), o->name);
             continue;
         }
-        if (apply(&p, o, v, o->env))
+        if (apply(&p, o, v, o->env, FROM_ENV))
             return -EINVAL;
     }
 
@@ -788,24 +892,26 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
             return 1;
         }
         if (!o) {
-            say(&p, "unknown or incomplete option '%s'\nTry 'kvpoold --help'.", argv[optind - 1]);
+            say(&p, KVP_LOG_ERROR, "unknown or incomplete option '%s'\nTry 'kvpoold --help'.",
+                argv[optind - 1]);
             return -EINVAL;
         }
         if (o == config)
             continue; /* read above */
-        if (apply(&p, o, optarg, "command line"))
+        if (apply(&p, o, optarg, "command line", FROM_COMMAND_LINE))
             return -EINVAL;
     }
     if (optind < argc) {
-        say(&p, "unexpected argument '%s'\nTry 'kvpoold --help'.", argv[optind]);
+        say(&p, KVP_LOG_ERROR, "unexpected argument '%s'\nTry 'kvpoold --help'.", argv[optind]);
         return -EINVAL;
     }
     if (!cfg->socket_path[0]) {
-        say(&p, "the default socket path ($XDG_RUNTIME_DIR/kvpool/kvpool.sock) is too long for a "
-                "Unix socket; set --socket");
+        say(&p, KVP_LOG_ERROR,
+            "the default socket path ($XDG_RUNTIME_DIR/kvpool/kvpool.sock) is too long for a "
+            "Unix socket; set --socket");
         return -EINVAL;
     }
-    return 0;
+    return check_together(&p);
 }
 
 /* ---- SIGHUP ---- */

@@ -199,13 +199,14 @@ static json_t *json_text(const char *s, size_t len)
     return j;
 }
 
-/* Writes one json line: ts, level, msg, pid, then the fields. Dropped if it cannot be built. */
-static void write_json(enum kvp_log_level level, const char *ts, const char *msg, size_t msg_len,
+/* One json line without its newline: ts, level, msg, pid, then the fields. The caller frees it;
+ * NULL when it cannot be built. */
+static char *json_line(enum kvp_log_level level, const char *ts, const char *msg, size_t msg_len,
                        const struct kvp_log_field *fields, size_t nfields)
 {
     json_t *o = json_object();
     if (!o)
-        return;
+        return NULL;
     int bad = json_object_set_new(o, "ts", json_string(ts));
     bad |= json_object_set_new(o, "level", json_string(json_level_names[level]));
     bad |= json_object_set_new(o, "msg", json_text(msg, msg_len));
@@ -218,6 +219,14 @@ static void write_json(enum kvp_log_level level, const char *ts, const char *msg
     }
     char *text = bad ? NULL : json_dumps(o, JSON_COMPACT);
     json_decref(o);
+    return text;
+}
+
+/* Writes one json line to stderr. Dropped if it cannot be built. */
+static void write_json(enum kvp_log_level level, const char *ts, const char *msg, size_t msg_len,
+                       const struct kvp_log_field *fields, size_t nfields)
+{
+    char *text = json_line(level, ts, msg, msg_len, fields, nfields);
     if (!text)
         return;
     struct iovec iov[2] = {{.iov_base = text, .iov_len = strlen(text)},
@@ -229,18 +238,35 @@ static void write_json(enum kvp_log_level level, const char *ts, const char *msg
     free(text);
 }
 
-__attribute__((format(printf, 4, 0))) static void vlog(enum kvp_log_level level,
-                                                       const struct kvp_log_field *fields,
-                                                       size_t nfields, const char *fmt, va_list ap)
+/* The time stamp of a line: ISO 8601 in UTC with milliseconds. Returns its length. */
+static size_t stamp(char *buf, size_t size)
 {
-    char line[LINE_MAX_BYTES];
     struct timespec ts;
     struct tm tm;
 
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    size_t n = strftime(line, sizeof(line), "%Y-%m-%dT%H:%M:%S", &tm);
-    n += (size_t)snprintf(line + n, sizeof(line) - n, ".%03ldZ", ts.tv_nsec / 1000000);
+    size_t n = strftime(buf, size, "%Y-%m-%dT%H:%M:%S", &tm);
+    n += (size_t)snprintf(buf + n, size - n, ".%03ldZ", ts.tv_nsec / 1000000);
+    return n;
+}
+
+void kvp_log_json_to(FILE *out, enum kvp_log_level level, const char *msg)
+{
+    char ts[64];
+    stamp(ts, sizeof(ts));
+    char *text = json_line(level, ts, msg, strlen(msg), NULL, 0);
+    if (text)
+        fprintf(out, "%s\n", text);
+    free(text);
+}
+
+__attribute__((format(printf, 4, 0))) static void vlog(enum kvp_log_level level,
+                                                       const struct kvp_log_field *fields,
+                                                       size_t nfields, const char *fmt, va_list ap)
+{
+    char line[LINE_MAX_BYTES];
+    size_t n = stamp(line, sizeof(line));
 
     if (log_format == KVP_LOG_JSON) {
         char msg[LINE_MAX_BYTES];

@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum kvp_log_level { KVP_LOG_DEBUG, KVP_LOG_INFO, KVP_LOG_WARN, KVP_LOG_ERROR };
 
@@ -47,6 +48,10 @@ int kvp_log_parse_format(const char *s, enum kvp_log_format *out);
  * first character or escape that does not fit. Returns the bytes written, without the NUL.
  */
 size_t kvp_log_escape(char *out, size_t size, const char *s, size_t len);
+
+/* Writes msg to out as one json log line (ts, level, msg, pid), whatever the selected format:
+ * for the option parser's messages once --log-format json is known (config.c). */
+void kvp_log_json_to(FILE *out, enum kvp_log_level level, const char *msg);
 
 /* Selects the output format. Call before the daemon starts threads; text until then. */
 void kvp_log_set_format(enum kvp_log_format format);
