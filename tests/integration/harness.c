@@ -158,8 +158,14 @@ static void launch(struct kvpt_daemon *d, const char *socket, const char *const 
     argv[argc++] = KVP_TEST_KVPOOLD;
     argv[argc++] = "--socket";
     argv[argc++] = d->socket;
-    argv[argc++] = "--log-level";
-    argv[argc++] = "debug";
+    /* A configuration file sets the level itself (a reload may change it). */
+    bool has_config = false;
+    for (int i = 0; args && args[i]; i++)
+        has_config |= strcmp(args[i], "--config") == 0;
+    if (!has_config) {
+        argv[argc++] = "--log-level";
+        argv[argc++] = "debug";
+    }
     for (int i = 0; args && args[i]; i++) {
         if (strcmp(args[i], "--shm-name") == 0) {
             has_shm_name = true;

@@ -38,7 +38,8 @@ struct kvpt_daemon {
 };
 
 /*
- * Starts kvpoold with --socket in a fresh temporary directory, --log-level debug, a unique
+ * Starts kvpoold with --socket in a fresh temporary directory, --log-level debug (unless args
+ * contain --config: the file sets the level), a unique
  * --shm-name (unless args contain --shm-name, or --shm-backend memfd or none, which have no
  * name: d->shm_name is then "") and the extra args (NULL-terminated, may be
  * NULL). Waits until it answers a ping. Fails the test (abort via cmocka) if it does not.

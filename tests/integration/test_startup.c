@@ -365,7 +365,10 @@ static void test_bad_env_overridden(void **state)
     kvpt_daemon_stop(&d);
 }
 
-/* SIGHUP (the terminal went away) stops the daemon like SIGTERM; SIGPIPE does nothing. */
+/*
+ * SIGPIPE does nothing; SIGHUP reloads the configuration (test_reload.c) and never stops the
+ * daemon, even without a configuration file; SIGTERM stops it and cleans up.
+ */
 static void test_sighup_and_sigpipe(void **state)
 {
     (void)state;
@@ -380,9 +383,15 @@ static void test_sighup_and_sigpipe(void **state)
     assert_int_equal(kill(d.pid, SIGPIPE), 0);
     kvpt_sleep_ms(100);
     assert_int_equal(kvp_ping(c), 0);
+
+    assert_int_equal(kill(d.pid, SIGHUP), 0);
+    assert_true(kvpt_log_wait(&d, "Reloaded the configuration: nothing changed", 5000));
+    assert_int_equal(kvp_ping(c), 0);
+    assert_true(kvpt_shm_exists(name));
+    assert_int_equal(kvpt_log_count(&d, "kvpoold stopping"), 0);
     kvp_client_close(c);
 
-    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGHUP), 0);
+    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
     assert_false(kvpt_shm_exists(name));
     assert_int_equal(access(d.socket, F_OK), -1);
     assert_true(kvpt_log_wait(&d, "kvpoold stopped", 1000));

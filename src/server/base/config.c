@@ -121,7 +121,7 @@ static const struct opt_desc opts[] = {
          "Read options from FILE: one 'name = value' per line, the names of the long options\n"
          "here (l1-size = 4GiB); '#' starts a comment; a value may be quoted (shm-name = \"\").\n"
          "The command line wins over the environment, which wins over the file. SIGHUP reads\n"
-         "it again and applies the options marked 'changes on SIGHUP'. Default: none"},
+         "it again and applies the options marked 'SIGHUP: applied'. Default: none"},
     {.name = "socket",
      .env = "KVPOOL_SOCKET",
      .arg = "PATH",
@@ -185,8 +185,8 @@ static const struct opt_desc opts[] = {
      FIELD2(n_allow_uids),
      .reload = true,
      .want = "up to 32 comma-separated numeric user ids",
-     .help = "Comma-separated user ids that may connect besides the daemon's own. Changes on\n"
-             "SIGHUP (for new connections). Default: none"},
+     .help = "Comma-separated user ids that may connect besides the daemon's own (checked when\n"
+             "a connection is accepted). Default: none"},
     {.name = "allow-gid",
      .env = "KVPOOL_ALLOW_GID",
      .arg = "GIDS",
@@ -195,15 +195,15 @@ static const struct opt_desc opts[] = {
      FIELD2(n_allow_gids),
      .reload = true,
      .want = "up to 32 comma-separated numeric group ids",
-     .help = "Comma-separated group ids whose members' processes may connect. Changes on SIGHUP\n"
-             "(for new connections). Default: none"},
+     .help = "Comma-separated group ids whose members' processes may connect (checked when a\n"
+             "connection is accepted). Default: none"},
     {.name = "log-level",
      .env = "KVPOOL_LOG_LEVEL",
      .arg = "LEVEL",
      ENUM(log_level, log_levels),
      .reload = true,
      .want = "debug, info, warn or error",
-     .help = "debug, info, warn or error. Changes on SIGHUP. Default: info"},
+     .help = "debug, info, warn or error. Default: info"},
     {.name = "log-format",
      .env = "KVPOOL_LOG_FORMAT",
      .arg = "FORMAT",
@@ -211,7 +211,7 @@ static const struct opt_desc opts[] = {
      .reload = true,
      .want = "text or json",
      .help = "text: one line per event (default). json: one JSON object per line with ts, level,\n"
-             "msg, pid and the event's fields, for log shippers. Changes on SIGHUP."},
+             "msg, pid and the event's fields, for log shippers."},
     {.name = "max-clients",
      .env = "KVPOOL_MAX_CLIENTS",
      .arg = "N",
@@ -224,16 +224,15 @@ static const struct opt_desc opts[] = {
      U32(reserve_timeout_s, 1, 86400),
      .reload = true,
      .want = "seconds from 1 to 86400",
-     .help = "Cancel store reservations not committed within this time. Changes on SIGHUP.\n"
-             "Default: 600"},
+     .help = "Cancel store reservations not committed within this time. Default: 600"},
     {.name = "io-timeout",
      .env = "KVPOOL_IO_TIMEOUT",
      .arg = "MS",
      U32(io_timeout_ms, 10, 3600000),
      .reload = true,
      .want = "milliseconds from 10 to 3600000",
-     .help = "Drop a client that stalls in the middle of a frame for this long. Changes on\n"
-             "SIGHUP (for new connections). Default: 30000"},
+     .help = "Drop a client that stalls in the middle of a frame for this long (set when a\n"
+             "connection opens). Default: 30000"},
     {.name = "follow-cpu",
      .env = "KVPOOL_FOLLOW_CPU",
      .arg = "on|off",
@@ -242,7 +241,7 @@ static const struct opt_desc opts[] = {
      .want = "on or off",
      .help = "Run each connection's thread on the CPU its worker sent the request from, so that\n"
              "a request and its reply never wake an idle CPU (docs/PERFORMANCE.md). off: leave\n"
-             "the threads to the scheduler. Changes on SIGHUP. Default: on"},
+             "the threads to the scheduler. Default: on"},
     {.name = "http",
      .env = "KVPOOL_HTTP",
      .arg = "ADDR:PORT",
@@ -278,7 +277,7 @@ static const struct opt_desc opts[] = {
      .reload = true,
      .want = "seconds from 0 (no expiry) to 315360000",
      .help = "Expire chunks in L2 after this many seconds; 0: never (Redis' maxmemory policy\n"
-             "evicts them). Changes on SIGHUP (for later copies). Default: 0"},
+             "evicts them). Default: 0"},
     {.name = "l2-connections",
      .env = "KVPOOL_L2_CONNECTIONS",
      .arg = "N",
@@ -299,8 +298,8 @@ static const struct opt_desc opts[] = {
      U32(l2_timeout_ms, 10, 600000),
      .reload = true,
      .want = "milliseconds from 10 to 600000",
-     .help = "Bound of every L2 connect, command and wait for a load (10..600000). Changes on\n"
-             "SIGHUP (for connections made and waits begun after it). Default: 1000"},
+     .help = "Bound of every L2 connect, command and wait for a load (10..600000); a new value\n"
+             "holds for connections made and waits begun after it. Default: 1000"},
     {.name = "help", .kind = KIND_NONE, .help = "Show this help and exit"},
     {.name = "version", .kind = KIND_NONE, .help = "Show the version and exit"},
 };
@@ -640,12 +639,12 @@ __attribute__((format(printf, 3, 4))) static void say(const struct parse *p,
 {
     char msg[8192];
     va_list ap;
-    if (!p->err)
-        return;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    if (json_asked(p))
+    if (!p->err)
+        kvp_log_write(level, "%s", msg); /* a reload: the logger is set up */
+    else if (json_asked(p))
         kvp_log_json_to(p->err, level, msg);
     else
         fprintf(p->err, "kvpoold: %s\n", msg);
@@ -721,12 +720,17 @@ static void usage(FILE *out)
         }
         if (opts[i].env)
             fprintf(out, "      Environment: %s\n", opts[i].env);
+        if (opts[i].kind != KIND_NONE)
+            fprintf(out, "      SIGHUP: %s\n",
+                    opts[i].reload ? "applied to the running daemon" : "needs a restart");
         fputc('\n', out);
     }
     fprintf(out, "Precedence: the command line, then the environment, then the --config file,\n"
                  "then the defaults.\n"
-                 "Signals: SIGINT, SIGTERM and SIGHUP stop the daemon cleanly and remove the\n"
-                 "segment and the socket file.\n");
+                 "Signals: SIGINT and SIGTERM stop the daemon cleanly and remove the segment and\n"
+                 "the socket file. SIGHUP reads the configuration again (the file, the\n"
+                 "environment, the command line) and applies the options marked 'SIGHUP:\n"
+                 "applied'; the others take effect at the next start. The daemon keeps serving.\n");
 }
 
 /* One entry of the --config file: a key of the option table, applied unless overridden. */
@@ -780,10 +784,12 @@ static int read_file(struct parse *p)
 {
     char *text = NULL;
     size_t len = 0;
-    FILE *mem = p->err ? open_memstream(&text, &len) : NULL;
-    int rc = kvp_conf_file_read(p->path, file_entry, p, mem ? mem : p->err);
-    if (!mem)
-        return rc ? -EINVAL : 0;
+    FILE *mem = open_memstream(&text, &len);
+    if (!mem) {
+        say(p, KVP_LOG_ERROR, "cannot read configuration file %s: out of memory", p->path);
+        return -EINVAL;
+    }
+    int rc = kvp_conf_file_read(p->path, file_entry, p, mem);
     fclose(mem);
     for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
         nl = strchr(line, '\n');

@@ -54,7 +54,9 @@ void kvp_config_defaults(struct kvp_config *cfg);
  * Applies the configuration file (--config, else $KVPOOL_CONFIG), then the KVPOOL_* environment
  * variables, then the command line. Returns 0 to run, 1 when --help or --version was printed to
  * out (exit 0), or -EINVAL after printing an error to err (a file error names FILE:LINE). Notes
- * about ignored values (a bad value that a higher layer overrides) also go to err.
+ * about ignored values (a bad value that a higher layer overrides) also go to err. Messages are
+ * "kvpoold: ..." lines, or json log lines once --log-format json is known to be asked for; with
+ * err NULL (a reload, the logger set up) they are log lines of the running logger.
  */
 int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err);
 

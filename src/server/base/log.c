@@ -38,8 +38,9 @@
 /* Room for one message; a longer one is cut (text and json alike). */
 #define LINE_MAX_BYTES 2048
 
-enum kvp_log_level kvp_log_threshold = KVP_LOG_INFO;
-static enum kvp_log_format log_format = KVP_LOG_TEXT;
+_Atomic(enum kvp_log_level) kvp_log_threshold = KVP_LOG_INFO;
+/* Read once per line: a line is written whole in one format or the other. */
+static _Atomic(enum kvp_log_format) log_format = KVP_LOG_TEXT;
 
 static const char *const level_names[] = {"DEBUG", "INFO ", "WARN ", "ERROR"};
 static const char *const json_level_names[] = {"debug", "info", "warn", "error"};
@@ -66,12 +67,22 @@ int kvp_log_parse_format(const char *s, enum kvp_log_format *out)
     return 0;
 }
 
+void kvp_log_set_level(enum kvp_log_level level)
+{
+    atomic_store_explicit(&kvp_log_threshold, level, memory_order_relaxed);
+}
+
 void kvp_log_set_format(enum kvp_log_format format)
 {
-    /* jansson seeds its hash function on first use; do it here, before any thread exists. */
-    if (format == KVP_LOG_JSON)
+    static bool seeded; /* only the first call, before any thread, writes it */
+
+    /* jansson seeds its hash function on first use; do it here, before any thread exists, for
+     * text too: a reload may switch to json while threads run. */
+    if (!seeded) {
         json_object_seed(0);
-    log_format = format;
+        seeded = true;
+    }
+    atomic_store_explicit(&log_format, format, memory_order_relaxed);
 }
 
 /* Length of the well-formed UTF-8 sequence at p (n bytes left), 0 if it is not one. The
@@ -268,7 +279,7 @@ __attribute__((format(printf, 4, 0))) static void vlog(enum kvp_log_level level,
     char line[LINE_MAX_BYTES];
     size_t n = stamp(line, sizeof(line));
 
-    if (log_format == KVP_LOG_JSON) {
+    if (atomic_load_explicit(&log_format, memory_order_relaxed) == KVP_LOG_JSON) {
         char msg[LINE_MAX_BYTES];
         int m = vsnprintf(msg, sizeof(msg), fmt, ap);
         if (m >= 0)

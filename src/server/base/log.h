@@ -23,6 +23,7 @@
 #define KVP_LOG_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,7 +33,15 @@ enum kvp_log_level { KVP_LOG_DEBUG, KVP_LOG_INFO, KVP_LOG_WARN, KVP_LOG_ERROR };
 
 enum kvp_log_format { KVP_LOG_TEXT, KVP_LOG_JSON };
 
-extern enum kvp_log_level kvp_log_threshold;
+/* The lowest level written. Any thread may read it; kvp_log_set_level() (SIGHUP) changes it. */
+extern _Atomic(enum kvp_log_level) kvp_log_threshold;
+
+/* Sets the threshold, from any thread: the next call of every thread sees it. */
+void kvp_log_set_level(enum kvp_log_level level);
+
+/* The threshold as a call site checks it (a relaxed load: a level is used on its own). */
+#define KVP_LOG_ON(level) \
+    ((level) >= atomic_load_explicit(&kvp_log_threshold, memory_order_relaxed))
 
 /* Parses "debug", "info", "warn" or "error". Returns 0 or -EINVAL. */
 int kvp_log_parse_level(const char *s, enum kvp_log_level *out);
@@ -53,7 +62,8 @@ size_t kvp_log_escape(char *out, size_t size, const char *s, size_t len);
  * for the option parser's messages once --log-format json is known (config.c). */
 void kvp_log_json_to(FILE *out, enum kvp_log_level level, const char *msg);
 
-/* Selects the output format. Call before the daemon starts threads; text until then. */
+/* Selects the output format, text until then. The first call must come before the daemon
+ * starts threads (it seeds jansson's hash function); later ones (SIGHUP) from any thread. */
 void kvp_log_set_format(enum kvp_log_format format);
 
 /*
@@ -78,14 +88,14 @@ void kvp_log_write_fields(enum kvp_log_level level, const struct kvp_log_field *
 
 #define kvp_log(level, ...)                      \
     do {                                         \
-        if ((level) >= kvp_log_threshold)        \
+        if (KVP_LOG_ON(level))                   \
             kvp_log_write((level), __VA_ARGS__); \
     } while (0)
 
 /* kvp_log() with an array of struct kvp_log_field (its element count is taken here). */
 #define kvp_log_fields(level, fields, ...)                                                \
     do {                                                                                  \
-        if ((level) >= kvp_log_threshold)                                                 \
+        if (KVP_LOG_ON(level))                                                            \
             kvp_log_write_fields((level), (fields), sizeof(fields) / sizeof((fields)[0]), \
                                  __VA_ARGS__);                                            \
     } while (0)
@@ -155,7 +165,7 @@ uint64_t kvp_log_now_ms(void);
     do {                                                                                     \
         static struct kvp_log_rl kvp_rl_site_ = KVP_LOG_RL_INIT((level),                     \
                                                                 KVP_LOG_FIRST(__VA_ARGS__)); \
-        if ((level) >= kvp_log_threshold)                                                    \
+        if (KVP_LOG_ON(level))                                                               \
             kvp_log_rl_write(&kvp_rl_site_, (level), __VA_ARGS__);                           \
     } while (0)
 
