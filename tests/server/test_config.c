@@ -585,7 +585,11 @@ static void test_compare_and_take(void **state)
     struct kvp_config cur;
     struct changes ch = {0};
 
-    kvp_config_defaults(&cur);
+    /* The same environment for both (ctest sets KVPOOL_HTTP=off). */
+    parse(&r, NULL);
+    expect_ok(&r);
+    cur = r.cfg;
+    run_free(&r);
     parse(&r, "--log-level", "debug", "--l1-size", "2GiB", "--allow-uid", "5,6", "--l2",
           "redis://user:s3cret@localhost:6379", "--follow-cpu", "off", "--io-timeout", "500", NULL);
     expect_ok(&r);
