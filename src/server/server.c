@@ -60,6 +60,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/listen_addr.h"
 #include "base/log.h"
 #include "base/notify.h"
 #include "common/errors.h"
@@ -271,8 +272,8 @@ static void unlink_own_socket(struct kvp_server *s)
 static int check_fd_limit(const struct kvp_config *cfg)
 {
     struct rlimit rl;
-    struct kvp_http_listen l;
-    bool http = kvp_http_parse_listen(cfg->http, &l) == 0 && !l.off;
+    struct kvp_listen_addr l;
+    bool http = kvp_listen_addr_parse(cfg->http, &l) == 0 && !l.off;
     const char *with = http ? " (with the HTTP endpoint's connections)" : "";
     rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE + (http ? KVP_HTTP_MAX_CONNECTIONS : 0);
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
@@ -301,7 +302,6 @@ static int check_fd_limit(const struct kvp_config *cfg)
 static void *expiry_main(void *arg)
 {
     struct kvp_server *s = arg;
-    uint64_t timeout = (uint64_t)s->cfg.reserve_timeout_s * 1000;
 
     pthread_mutex_lock(&s->expiry_lock);
     while (!atomic_load(&s->stopping)) {
@@ -313,11 +313,13 @@ static void *expiry_main(void *arg)
             break;
         pthread_mutex_unlock(&s->expiry_lock);
         kvp_log_rl_flush(kvp_mono_ms());
-        uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), timeout);
+        /* SIGHUP may change it: every round reads it anew. */
+        uint32_t timeout_s = atomic_load_explicit(&s->reserve_timeout_s, memory_order_relaxed);
+        uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), (uint64_t)timeout_s * 1000);
         if (n) {
             KVP_COUNT(reservations_expired, n);
             log_warn("Cancelled %" PRIu32 " reserved chunk(s) not committed within %" PRIu32 " s",
-                     n, s->cfg.reserve_timeout_s);
+                     n, timeout_s);
         }
         pthread_mutex_lock(&s->expiry_lock);
     }
@@ -345,9 +347,14 @@ static void log_startup(const struct kvp_server *s)
         snprintf(shm, sizeof(shm), "%s", s->shm_reason);
     }
     char warming[96] = "";
-    if (s->warmup_started)
-        snprintf(warming, sizeof(warming), " (%" PRIu64 " reserved, the rest in the background)",
-                 kvp_segment_pool_bytes(s->reserved_at_start));
+    if (s->warmup_started) {
+        /* The first step reserves a whole number of steps of the segment, header included: of
+         * a 256 MiB pool, all but 4096 bytes. Say what the background really has left. */
+        uint64_t now = kvp_segment_pool_bytes(s->reserved_at_start);
+        snprintf(warming, sizeof(warming),
+                 " (%" PRIu64 " reserved, %" PRIu64 " more in the background)", now,
+                 cfg->l1_size - now);
+    }
     snprintf(line, sizeof(line),
              "kvpoold %s ready: pool %" PRIu64 " bytes%s, %s, socket %s, chunk size %" PRIu32
              " tokens",
@@ -376,6 +383,9 @@ int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
     s->started_mono_ms = kvp_mono_ms();
     s->started_wall_ms = kvp_wall_ms();
     kvp_owners_init(&s->owners);
+    atomic_init(&s->reserve_timeout_s, cfg->reserve_timeout_s);
+    atomic_init(&s->io_timeout_ms, cfg->io_timeout_ms);
+    atomic_init(&s->follow_cpu, cfg->follow_cpu);
     pthread_mutex_init(&s->conns_lock, NULL);
     pthread_cond_init(&s->conns_cv, NULL);
     pthread_mutex_init(&s->expiry_lock, NULL);
@@ -474,6 +484,58 @@ void kvp_server_stop(struct kvp_server *s)
         ssize_t w = write(s->wake_fds[1], "x", 1);
         (void)w;
     }
+}
+
+/* Called from the signal handler, like kvp_server_stop(). */
+void kvp_server_request_reload(struct kvp_server *s)
+{
+    atomic_store(&s->reload_requested, true);
+    if (s->wake_fds[1] >= 0) {
+        ssize_t w = write(s->wake_fds[1], "r", 1);
+        (void)w;
+    }
+}
+
+/* One change a reload found: applied, or waiting for a restart. */
+static void log_change(void *arg, const char *name, bool reloadable, const char *was,
+                       const char *now)
+{
+    int *pending = arg;
+    if (reloadable) {
+        log_info("Reload: %s changed from %s to %s", name, was, now);
+        return;
+    }
+    log_warn("Reload: %s changed from %s to %s in the configuration; it takes effect at the "
+             "next start (still %s)",
+             name, was, now, was);
+    (*pending)++;
+}
+
+void kvp_server_reconfigure(struct kvp_server *s, struct kvp_config *cur,
+                            const struct kvp_config *next)
+{
+    int pending = 0;
+    int changed = kvp_config_compare(cur, next, log_change, &pending);
+    kvp_config_take_reloadable(cur, next);
+
+    /* Every reloadable option of config.c's table, to where the running daemon reads it. */
+    kvp_log_set_level(cur->log_level);
+    kvp_log_set_format(cur->log_format);
+    atomic_store_explicit(&s->reserve_timeout_s, cur->reserve_timeout_s, memory_order_relaxed);
+    atomic_store_explicit(&s->io_timeout_ms, cur->io_timeout_ms, memory_order_relaxed);
+    atomic_store_explicit(&s->follow_cpu, cur->follow_cpu, memory_order_relaxed);
+    kvp_l2_set_limits(s->l2, cur->l2_ttl_s, cur->l2_timeout_ms);
+    /* Read by the accept loop only, which is this thread. */
+    memcpy(s->cfg.allow_uids, cur->allow_uids, sizeof(s->cfg.allow_uids));
+    s->cfg.n_allow_uids = cur->n_allow_uids;
+    memcpy(s->cfg.allow_gids, cur->allow_gids, sizeof(s->cfg.allow_gids));
+    s->cfg.n_allow_gids = cur->n_allow_gids;
+
+    if (!changed)
+        log_info("Reloaded the configuration: nothing changed");
+    else
+        log_info("Reloaded the configuration: %d change(s) applied, %d waiting for a restart",
+                 changed - pending, pending);
 }
 
 /*
@@ -578,7 +640,15 @@ static void accept_one(struct kvp_server *s)
     KVP_COUNT(connections_accepted, 1);
 }
 
-/* The accept loop: returns when the self-pipe says stop. */
+/* Empties the self-pipe (non-blocking): its bytes only wake the loop, the flags say why. */
+static void drain_wake_pipe(struct kvp_server *s)
+{
+    char buf[64];
+    while (read(s->wake_fds[0], buf, sizeof(buf)) > 0)
+        ;
+}
+
+/* The accept loop: returns when the self-pipe says stop, or reload. */
 int kvp_server_run(struct kvp_server *s)
 {
     struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
@@ -592,8 +662,13 @@ int kvp_server_run(struct kvp_server *s)
             log_error("poll: %s", kvp_strerror(-errno));
             return -errno;
         }
-        if (p[1].revents)
-            break;
+        if (p[1].revents) {
+            if (atomic_load(&s->stopping))
+                break;
+            drain_wake_pipe(s);
+            if (atomic_exchange(&s->reload_requested, false))
+                return KVP_SERVER_RELOAD;
+        }
         if (p[0].revents & POLLIN)
             accept_one(s);
     }

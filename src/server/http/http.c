@@ -89,73 +89,6 @@ struct kvp_http {
     atomic_bool stop;
 };
 
-/* ---- the --http value ---- */
-
-static int parse_port(const char *s, uint16_t *port)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 5 || strspn(s, "0123456789") != n)
-        return -EINVAL;
-    unsigned long v = strtoul(s, NULL, 10);
-    if (v > 65535)
-        return -EINVAL;
-    *port = (uint16_t)v;
-    return 0;
-}
-
-/* An explicit address is required for anything but loopback: binding elsewhere is a choice. */
-int kvp_http_parse_listen(const char *spec, struct kvp_http_listen *out)
-{
-    struct kvp_http_listen l;
-    char host[64] = "127.0.0.1";
-    const char *port_s = spec;
-    uint16_t port;
-
-    memset(&l, 0, sizeof(l));
-    if (strcmp(spec, "off") == 0) {
-        l.off = true;
-        goto done;
-    }
-    const char *colon = strrchr(spec, ':');
-    if (colon) {
-        size_t hl = (size_t)(colon - spec);
-        if (hl == 0 || hl >= sizeof(host))
-            return -EINVAL;
-        memcpy(host, spec, hl);
-        host[hl] = '\0';
-        port_s = colon + 1;
-    }
-    if (parse_port(port_s, &port))
-        return -EINVAL;
-    if (host[0] == '[') {
-        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&l.addr;
-        size_t n = strlen(host);
-        if (n < 3 || host[n - 1] != ']')
-            return -EINVAL;
-        host[n - 1] = '\0';
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons(port);
-        if (inet_pton(AF_INET6, host + 1, &a6->sin6_addr) != 1)
-            return -EINVAL;
-        l.addrlen = sizeof(*a6);
-        l.loopback = IN6_IS_ADDR_LOOPBACK(&a6->sin6_addr);
-    } else {
-        struct sockaddr_in *a4 = (struct sockaddr_in *)&l.addr;
-        if (strcmp(host, "localhost") == 0)
-            snprintf(host, sizeof(host), "127.0.0.1");
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons(port);
-        if (inet_pton(AF_INET, host, &a4->sin_addr) != 1)
-            return -EINVAL;
-        l.addrlen = sizeof(*a4);
-        l.loopback = (ntohl(a4->sin_addr.s_addr) >> 24) == 127;
-    }
-done:
-    if (out)
-        *out = l;
-    return 0;
-}
-
 /* http://ADDR:PORT/ for the log and the status. */
 static void format_url(const struct sockaddr_storage *ss, uint16_t port, char *out, size_t size)
 {
@@ -170,7 +103,7 @@ static void format_url(const struct sockaddr_storage *ss, uint16_t port, char *o
 }
 
 /* Binds and listens. Returns the socket, or a negative errno after the start-up ERROR line. */
-static int bind_listen(const struct kvp_http_listen *l, const char *spec, uint16_t *port)
+static int bind_listen(const struct kvp_listen_addr *l, const char *spec, uint16_t *port)
 {
     int fd = socket(l->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), err;
     if (fd < 0) {
@@ -535,10 +468,10 @@ static void *http_main(void *arg)
 
 int kvp_http_start(struct kvp_server *s)
 {
-    struct kvp_http_listen l;
+    struct kvp_listen_addr l;
     const char *spec = s->cfg.http;
 
-    if (kvp_http_parse_listen(spec, &l)) {
+    if (kvp_listen_addr_parse(spec, &l)) {
         log_error("Cannot start: invalid --http '%s'", spec);
         return -EINVAL;
     }

@@ -230,8 +230,9 @@ void *kvp_session_main(void *arg)
     struct kvp_session *c = arg;
     struct kvp_server *s = c->srv;
 
-    struct timeval tv = {.tv_sec = s->cfg.io_timeout_ms / 1000,
-                         .tv_usec = (s->cfg.io_timeout_ms % 1000) * 1000};
+    /* Changed by SIGHUP for connections opened after it. */
+    uint32_t io_timeout_ms = atomic_load_explicit(&s->io_timeout_ms, memory_order_relaxed);
+    struct timeval tv = {.tv_sec = io_timeout_ms / 1000, .tv_usec = (io_timeout_ms % 1000) * 1000};
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 
@@ -246,7 +247,7 @@ void *kvp_session_main(void *arg)
 
     if (rc == -ETIMEDOUT)
         log_warn_rl("Connection %llu (pid %d) stalled mid-frame for more than %u ms; dropped",
-                    (unsigned long long)c->owner.id, (int)c->owner.pid, s->cfg.io_timeout_ms);
+                    (unsigned long long)c->owner.id, (int)c->owner.pid, io_timeout_ms);
     else
         log_debug("Connection %llu closed (%s)", (unsigned long long)c->owner.id, kvp_strerror(rc));
 

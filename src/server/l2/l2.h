@@ -90,6 +90,11 @@ uint32_t kvp_l2_lookup(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
 uint32_t kvp_l2_fetch(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
                       const struct kvp_l2_layout *lay);
 
+/* Sets --l2-ttl and --l2-timeout (SIGHUP): copies queued and connections opened, operations
+ * and waits begun after the call use them; a connection already open keeps its socket
+ * timeouts. NULL is fine. Any thread. */
+void kvp_l2_set_limits(struct kvp_l2 *l2, uint32_t ttl_s, uint32_t timeout_ms);
+
 /* The --l2 URL with its password masked: what logs and reports show. "" for NULL. */
 const char *kvp_l2_name(const struct kvp_l2 *l2);
 

@@ -93,7 +93,8 @@ struct kvp_l2 {
     char name[KVP_L2_MAX_URL + 64]; /* the masked URL: what logs show */
     struct kvp_store *store;
     uint8_t *base;
-    uint32_t ttl_s, timeout_ms, nthreads;
+    _Atomic uint32_t ttl_s, timeout_ms; /* SIGHUP changes them (kvp_l2_set_limits) */
+    uint32_t nthreads;
     uint64_t queue_bytes;
 
     pthread_mutex_t lock;
@@ -139,6 +140,25 @@ static bool broken(int rc)
 static uint64_t mono_ms(void)
 {
     return kvp_mono_ms();
+}
+
+/* --l2-ttl and --l2-timeout as they are now: SIGHUP changes them, for what begins after it. */
+static uint32_t ttl_of(const struct kvp_l2 *l2)
+{
+    return atomic_load_explicit(&l2->ttl_s, memory_order_relaxed);
+}
+
+static uint32_t timeout_of(const struct kvp_l2 *l2)
+{
+    return atomic_load_explicit(&l2->timeout_ms, memory_order_relaxed);
+}
+
+void kvp_l2_set_limits(struct kvp_l2 *l2, uint32_t ttl_s, uint32_t timeout_ms)
+{
+    if (!l2)
+        return;
+    atomic_store_explicit(&l2->ttl_s, ttl_s, memory_order_relaxed);
+    atomic_store_explicit(&l2->timeout_ms, timeout_ms, memory_order_relaxed);
 }
 
 /* pthread_cond_timedwait() until the monotonic deadline, on a CLOCK_MONOTONIC condition. */
@@ -344,7 +364,7 @@ static int put_one(struct kvp_l2 *l2, struct kvp_l2_conn *conn, const struct put
     kvp_l2_header_encode(hdr, it->key, &it->lay, data);
     kvp_l2_key_name(it->key, name);
     struct iovec parts[2] = {{hdr, sizeof(hdr)}, {(void *)data, it->lay.bytes}};
-    int rc = l2->be->put(conn, name, parts, 2, l2->ttl_s, why, why_size);
+    int rc = l2->be->put(conn, name, parts, 2, ttl_of(l2), why, why_size);
     kvp_store_unpin(l2->store, &obj, 1);
     if (rc == 0) {
         KVP_COUNT(l2_written_chunks, 1);
@@ -451,7 +471,7 @@ static void *bg_main(void *arg)
         if (!conn || probe || (l2->state != KVP_L2_STATE_UP && l2->state != KVP_L2_STATE_UNKNOWN)) {
             pthread_mutex_unlock(&l2->lock);
             int rc = conn ? l2->be->ping(conn, why, sizeof(why))
-                          : l2->be->open(&l2->target, l2->timeout_ms, &conn, why, sizeof(why));
+                          : l2->be->open(&l2->target, timeout_of(l2), &conn, why, sizeof(why));
             if (rc && conn) {
                 l2->be->close(conn);
                 conn = NULL;
@@ -537,7 +557,7 @@ static struct fg_slot *fg_acquire(struct kvp_l2 *l2)
     pthread_mutex_unlock(&l2->lock);
     if (!slot || slot->conn)
         return slot;
-    int rc = l2->be->open(&l2->target, l2->timeout_ms, &slot->conn, why, sizeof(why));
+    int rc = l2->be->open(&l2->target, timeout_of(l2), &slot->conn, why, sizeof(why));
     if (rc == 0)
         return slot;
     KVP_COUNT(l2_errors, 1);
@@ -697,7 +717,7 @@ uint32_t kvp_l2_fetch(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
         free(mine);
         return 0;
     }
-    uint64_t deadline = mono_ms() + l2->timeout_ms;
+    uint64_t deadline = mono_ms() + timeout_of(l2);
     claim_all(l2, keys, n, lay, claim, mine);
     /* Our keys, in pipelined rounds of consecutive ones, until a round leaves a hole: the
      * chunks after a missing one cannot be part of the leading run. */
@@ -853,7 +873,7 @@ int kvp_l2_start(const struct kvp_config *cfg, struct kvp_store *store, uint8_t 
     }
     log_info("L2 tier %s: %" PRIu32 " connections, write-behind queue %" PRIu64
              " bytes, ttl %" PRIu32 " s, timeout %" PRIu32 " ms",
-             l2->name, l2->nthreads, l2->queue_bytes, l2->ttl_s, l2->timeout_ms);
+             l2->name, l2->nthreads, l2->queue_bytes, ttl_of(l2), timeout_of(l2));
     *out = l2;
     return 0;
 }
