@@ -136,7 +136,7 @@ static void test_table_full(void **state)
 
     struct kvp_register_req q = good_req("one-too-many");
     assert_rc(kvp_registry_validate(r, &q, &inst, msg, sizeof(msg)), 0);
-    assert_rc(kvp_registry_choose_transport(r, &inst, msg, sizeof(msg)), 0);
+    assert_rc(kvp_registry_choose_transport(r, &inst, NULL, msg, sizeof(msg)), 0);
     assert_rc(kvp_registry_add(r, 1, PID_OF(1), &inst, &existing, msg, sizeof(msg)), -ENOSPC);
     assert_non_null(strstr(msg, "too many instances"));
     assert_int_equal(kvp_registry_count(r), KVP_MAX_INSTANCES);

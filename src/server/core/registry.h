@@ -89,11 +89,13 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_registe
 
 /*
  * Decides the transport of a validated instance (the single place where SHM versus inline is
- * chosen per worker). Returns 0, or -EOPNOTSUPP when the worker insists on shm and the daemon
- * has none (msg says why).
+ * chosen per worker). cannot_map is NULL when there is evidence that the worker can map the
+ * segment (kvp_transport_peer_can_map()), else why not: a claim of shm then gets the inline
+ * transport with that reason. Returns 0, or -EOPNOTSUPP when the worker insists on shm and the
+ * daemon has none (msg says why).
  */
 int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
-                                  char *msg, size_t msg_size);
+                                  const char *cannot_map, char *msg, size_t msg_size);
 
 /*
  * Registers *inst for connection owner, whose peer process is owner_pid, and logs the transport

@@ -118,8 +118,13 @@ static int handle_register(struct kvp_session *c, const struct kvp_header *h)
     if (kvp_decode_register_req(c->body, h->body_len, &req))
         return malformed(c, h);
     int rc = kvp_registry_validate(&s->registry, &req, &inst, c->errmsg, sizeof(c->errmsg));
+    /* A claim to use shared memory stands only on evidence that the worker can map it. */
+    char nomap[KVP_MAX_REASON + 1];
+    bool can_map = kvp_transport_peer_can_map(&s->seg, c->fd, c->sent_segment_fd, nomap,
+                                              sizeof(nomap));
     if (rc == 0)
-        rc = kvp_registry_choose_transport(&s->registry, &inst, c->errmsg, sizeof(c->errmsg));
+        rc = kvp_registry_choose_transport(&s->registry, &inst, can_map ? NULL : nomap, c->errmsg,
+                                           sizeof(c->errmsg));
     if (rc) {
         log_warn_rl("Registration of instance '%s' refused: %s", req.instance_id, c->errmsg);
         return kvp_session_reply(c, h, rc, NULL, 0, 0);

@@ -178,6 +178,7 @@ int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, in
     if (n < 0)
         return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
     KVP_COUNT(requests, 1);
+    c->sent_segment_fd = true; /* sent with the first byte: the peer has it now */
     if ((size_t)n < sizeof(hdr)) {
         struct iovec rest = {hdr + n, sizeof(hdr) - (size_t)n};
         return send_all(c, &rest, 1);
