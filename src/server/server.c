@@ -32,7 +32,8 @@
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
  * Threads: the main thread accepts and checks credentials; each connection has a detached thread
- * and joins the connection list (session.c, which owns a connection's whole life); one expiry
+ * and joins the connection list (session.c, which owns a connection's whole life); connections
+ * that are not served are answered by the refusals thread (refusals.c); one expiry
  * thread cancels overdue reservations and reports rate-limited log counts once a second; one
  * warm-up thread reserves the rest of the pool after start-up (warmup.c). The
  * threads are created with the stop signals blocked, so only the main thread handles them.
@@ -71,6 +72,7 @@
 #include "core/warmup.h"
 #include "http/http.h"
 #include "kvp/listener.h"
+#include "kvp/refusals.h"
 #include "l2/l2.h"
 
 /* The directory part of path, for messages. */
@@ -439,6 +441,12 @@ int kvp_server_start(struct kvp_server *s)
     kvp_registry_init(&s->registry, &offer);
     s->registry_ready = true;
 
+    rc = kvp_refusals_start(&s->refusals);
+    if (rc) {
+        log_error("Cannot start: cannot create the thread that answers refused connections: %s",
+                  kvp_strerror(rc));
+        return rc;
+    }
     if (listen(s->listen_fd, 128) != 0) {
         int err = errno;
         log_error("Cannot start: cannot listen on %s: %s", cfg->socket_path, kvp_strerror(-err));
@@ -467,30 +475,6 @@ void kvp_server_stop(struct kvp_server *s)
         ssize_t w = write(s->wake_fds[1], "x", 1);
         (void)w;
     }
-}
-
-/*
- * Refuses a connection: answers its first request (if it comes within 200 ms) with status and
- * msg, then closes. Runs on the accept thread, so it never waits longer than that.
- */
-static void refuse(int fd, int status, const char *msg)
-{
-    uint8_t raw[KVP_HEADER_SIZE];
-    struct kvp_header h;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-
-    if (poll(&p, 1, 200) == 1 && recv(fd, raw, sizeof(raw), MSG_DONTWAIT) == (ssize_t)sizeof(raw) &&
-        kvp_header_decode(raw, &h) == 0) {
-        struct kvp_wbuf w;
-        uint8_t out[KVP_HEADER_SIZE];
-        kvp_wbuf_init(&w);
-        kvp_encode_error(&w, msg);
-        kvp_reply_header_encode(&h, status, (uint32_t)w.len, 0, out);
-        if (!w.err && send(fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof(out))
-            send(fd, w.data, w.len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        kvp_wbuf_free(&w);
-    }
-    close(fd);
 }
 
 /* Peer-credential policy: the daemon's own uid, --allow-uid, or a member of --allow-gid. */
@@ -528,7 +512,8 @@ static bool peer_allowed(const struct kvp_config *cfg, const struct ucred *cr)
 
 /*
  * Accepts one connection, checks its peer credentials and the connection limit, and starts its
- * thread. Refusals are answered (with a reason) rather than silently dropped.
+ * thread. Refusals are answered (with a reason) rather than silently dropped, and never make
+ * this loop wait for the refused peer (refusals.c).
  */
 static void accept_one(struct kvp_server *s)
 {
@@ -552,7 +537,7 @@ static void accept_one(struct kvp_server *s)
         log_warn_rl("Refusing a connection from pid %d uid %d gid %d: not allowed by "
                     "--allow-uid/--allow-gid",
                     (int)cr.pid, (int)cr.uid, (int)cr.gid);
-        refuse(fd, -EACCES, msg);
+        kvp_refusals_add(s->refusals, fd, -EACCES, msg);
         return;
     }
     int rc = kvp_session_spawn(s, fd);
@@ -560,12 +545,16 @@ static void accept_one(struct kvp_server *s)
         KVP_COUNT(connections_rejected, 1);
         log_warn_rl("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
                     s->cfg.max_clients);
-        refuse(fd, -EUSERS, "too many clients connected (--max-clients)");
+        kvp_refusals_add(s->refusals, fd, -EUSERS, "too many clients connected (--max-clients)");
         return;
     }
     if (rc < 0) {
+        char msg[160];
+        KVP_COUNT(connections_rejected, 1);
         log_error_rl("Cannot serve a new connection: %s", kvp_strerror(rc));
-        close(fd);
+        snprintf(msg, sizeof(msg), "kvpoold cannot serve a new connection now: %s%s",
+                 kvp_strerror(rc), rc == -EAGAIN ? " (no thread for it)" : "");
+        kvp_refusals_add(s->refusals, fd, rc, msg);
         return;
     }
     KVP_COUNT(connections_accepted, 1);
@@ -605,6 +594,9 @@ void kvp_server_destroy(struct kvp_server *s)
         unlink_own_socket(s);
 
     kvp_sessions_close_all(s);
+    /* After the connections: one that cannot get its buffers hands its socket over. */
+    kvp_refusals_stop(s->refusals);
+    s->refusals = NULL;
     kvp_warmup_join(s);
 
     if (s->expiry_started) {
