@@ -91,7 +91,7 @@ static const struct opt_desc opts[] = {
      OPT_CHUNK_SIZE},
     {"shm-name", "KVPOOL_SHM_NAME", "NAME",
      "POSIX shared-memory segment of the pool; '/' stripped, prefix kvpool_l1_pool_ added.\n"
-     "\"\" disables shared memory (inline transport only). Default: kvpool_l1_pool_<pid>",
+     "\"\" disables shared memory (inline transport only). Default: kvpool_l1_pool_<pid>_<random>",
      OPT_SHM_NAME},
     {"shm-backend", "KVPOOL_SHM_BACKEND", "BACKEND",
      "posix: a named segment under /dev/shm, mapped by name (default).\n"
@@ -185,7 +185,9 @@ void kvp_config_defaults(struct kvp_config *cfg)
     };
     /* The clients' rule. A path too long for a socket stays "" and is reported at bind. */
     kvp_socket_path_default(cfg->socket_path, sizeof(cfg->socket_path));
-    kvp_shm_name_default((long)getpid(), cfg->shm_name, sizeof(cfg->shm_name));
+    /* Random: another local user cannot plant a file of that name (docs/SECURITY.md). On the
+     * impossible failure the name stays "", and the segment's creation draws one again. */
+    kvp_shm_name_random((long)getpid(), cfg->shm_name, sizeof(cfg->shm_name));
 }
 
 int kvp_parse_size(const char *s, uint64_t *out)
@@ -286,6 +288,7 @@ static int apply(struct kvp_config *cfg, int id, const char *val, const char *sr
             cfg->shm_name[0] = '\0';
         } else {
             cfg->shm_enabled = true;
+            cfg->shm_name_given = true;
             rc = kvp_shm_name_normalize(val, cfg->shm_name, sizeof(cfg->shm_name));
             want = "a name without '/' of at most 127 bytes with the prefix, or \"\"";
         }

@@ -11,9 +11,10 @@
  *      access can fault later; a reservation that fails (something filled /dev/shm after the
  *      gate) falls back to private memory with the reason;
  *   4. private memory when any of the above said no.
- * Only a segment name held by a live daemon is fatal: every other failure degrades to the
- * inline transport with a reason that the start-up line, the registrations and the status
- * report repeat.
+ * Only a segment name the operator gave that a live daemon or another user holds is fatal: every
+ * other failure degrades to the inline transport with a reason that the start-up line, the
+ * registrations and the status report repeat. The default name is drawn at random, and drawn
+ * again while taken, so that no other user can make the daemon refuse or lose shared memory.
  *
  * Evidence for a worker's claim (kvp_transport_peer_can_map). A worker reports the transport
  * it will use; believing "shm" from one that cannot map the segment would let it publish slots
@@ -90,9 +91,12 @@ int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, c
         if (gate_allows(kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line), reason,
                                             reason_size),
                         log_line)) {
-            rc = kvp_segment_create_shared(seg, cfg->shm_name, size, cfg->shm_mode, why,
+            rc = cfg->shm_name_given ? kvp_segment_create_shared(seg, cfg->shm_name, size,
+                                                                 cfg->shm_mode, why, sizeof(why))
+                                     : kvp_segment_create_shared_default(
+                                           seg, cfg->shm_name, size, cfg->shm_mode, why,
                                            sizeof(why));
-            if (rc == -EBUSY) {
+            if (rc == -EBUSY || rc == -EPERM) {
                 log_error("Refusing to start: %s", why);
                 return rc;
             }
