@@ -138,6 +138,9 @@ static void test_create_shared(void **state)
 
     /* The header, through the mapping and through the file. */
     check_header(seg.base, seg.nonce, size, getpid());
+    bool final = false;
+    assert_int_equal(kvp_seg_header_reserved(seg.base, &final), size);
+    assert_true(final);
     read_file_header(c->path, h);
     check_header(h, seg.nonce, size, getpid());
 
@@ -560,10 +563,17 @@ static int child_filled_during_warmup(const char *name)
     char why[256] = "";
     const uint64_t size = 2 * KVP_RESERVE_STEP + KVP_SEG_HEADER;
 
+    bool final = true;
+
     kvp_log_threshold = KVP_LOG_ERROR;
     if (kvp_segment_create_shared(&seg, name, size, 0600, why, sizeof(why)) != 0) {
         fprintf(stderr, "child: create: %s\n", why);
         return 30;
+    }
+    /* The header tells workers what they may pre-fault: the first part, more to come. */
+    if (kvp_seg_header_reserved(seg.base, &final) != KVP_RESERVE_FIRST || final) {
+        fprintf(stderr, "child: the header does not say that the first part is reserved\n");
+        return 33;
     }
     int rc = kvp_segment_reserve_rest(&seg, NULL, NULL, why, sizeof(why));
     if (rc != -ENOSPC || !strstr(why, "reserve")) {
@@ -574,6 +584,11 @@ static int child_filled_during_warmup(const char *name)
         fprintf(stderr, "child: %llu bytes reserved, expected %llu\n",
                 (unsigned long long)seg.reserved, (unsigned long long)KVP_RESERVE_FIRST);
         return 32;
+    }
+    /* ...and now that this is all there will be. */
+    if (kvp_seg_header_reserved(seg.base, &final) != KVP_RESERVE_FIRST || !final) {
+        fprintf(stderr, "child: the header does not say that the reservation ended\n");
+        return 34;
     }
     /* A fault here would kill the child: the test sees a signal, not an exit code. */
     memset(seg.base + KVP_SEG_HEADER, 0xa5, seg.reserved - KVP_SEG_HEADER);

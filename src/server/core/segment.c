@@ -26,7 +26,9 @@
  *   4. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
  *      it mapped this daemon's segment and not a namesake in another IPC namespace. The magic
  *      is written last, after the lock: a segment with a valid header whose lock is free was
- *      left by a dead daemon.
+ *      left by a dead daemon. The header also says how much is reserved, after every step, and
+ *      when the reservation has ended: a worker pre-faults only that part, since touching a
+ *      page that nobody allocated on a full /dev/shm is SIGBUS.
  *
  * memfd case: the same reservation and pre-faulting on an anonymous memfd, sized and then
  * sealed against shrinking and growing before the reservation (which stays within the size); it has
@@ -80,9 +82,11 @@ void kvp_segment_set_reserve_control(uint32_t interval_ms, const atomic_bool *ca
     reserve_cancel = cancel;
 }
 
+/* The header, with the part reserved by now (the first part, when creating). */
 static void write_header(struct kvp_segment *seg)
 {
     kvp_seg_header_write(seg->base, seg->nonce, seg->size, (uint32_t)getpid());
+    kvp_seg_header_publish_reserved(seg->base, seg->reserved, seg->reserved >= seg->size);
 }
 
 /*
@@ -166,6 +170,9 @@ static int reserve_steps(struct kvp_segment *seg, uint8_t *base, int fd, uint64_
         touch_pages(base + off, n);
         off += n;
         seg->reserved = off;
+        /* Workers pre-fault only what the header says is reserved (src/client/shm_map.c). */
+        if (seg->base)
+            kvp_seg_header_publish_reserved(seg->base, off, off >= seg->size);
         if (on_step)
             on_step(arg, off);
 
@@ -249,8 +256,11 @@ int kvp_segment_reserve_rest(struct kvp_segment *seg, kvp_reserve_cb on_step, vo
         snprintf(what, sizeof(what), "private memory");
     if (seg->reserved >= seg->size)
         return 0;
-    return reserve_steps(seg, seg->base, seg->shared ? seg->fd : -1, seg->reserved, seg->size, what,
-                         on_step, arg, why, why_size);
+    int rc = reserve_steps(seg, seg->base, seg->shared ? seg->fd : -1, seg->reserved, seg->size,
+                           what, on_step, arg, why, why_size);
+    /* Stopped short (full, or a stop request): what is reserved now is all there will be. */
+    kvp_seg_header_publish_reserved(seg->base, seg->reserved, true);
+    return rc;
 }
 
 /* Reads the owner pid recorded in an existing segment's header, 0 if unreadable. */
