@@ -34,7 +34,8 @@
  * Threads: the main thread accepts and checks credentials; each connection has a detached thread
  * and joins the connection list (session.c, which owns a connection's whole life); connections
  * that are not served are answered by the refusals thread (refusals.c); one expiry
- * thread cancels overdue reservations and reports rate-limited log counts once a second; one
+ * thread cancels overdue reservations and reports rate-limited log counts once a second, and
+ * notices a segment that shrank under the daemon (seg_guard.c, segment_lost()); one
  * warm-up thread reserves the rest of the pool after start-up (warmup.c). The
  * threads are created with the stop signals blocked, so only the main thread handles them.
  * Shutdown: the signal handler writes to a self-pipe; the main thread stops accepting, shuts
@@ -66,6 +67,7 @@
 #include "common/errors.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
+#include "core/seg_guard.h"
 #include "core/shm_gate.h"
 #include "core/stats.h"
 #include "core/transport.h"
@@ -293,11 +295,39 @@ static int check_fd_limit(const struct kvp_config *cfg)
     return 0;
 }
 
-/* Once a second: cancel reservations older than --reserve-timeout. Woken early at shutdown. */
+/*
+ * The segment shrank under the daemon and the guard replaced it with private memory
+ * (seg_guard.h): said once, at ERROR; the instances on shm are moved to inline and their
+ * connections closed, so that their libraries reconnect and register again, inline (a
+ * reservation written through a mapping the daemon no longer shares could only be refused); the
+ * chunks, whose bytes are lost, are dropped (the pinned ones a second later, by the caller,
+ * once the transfers that pinned them have ended).
+ */
+static void segment_lost(struct kvp_server *s, int64_t size_now)
+{
+    static uint64_t owners[KVP_MAX_INSTANCES];
+    struct kvp_clear_result r;
+    uint32_t nowners = 0;
+
+    uint32_t moved = kvp_registry_stop_shm(&s->registry, kvp_seg_guard_reason(), owners,
+                                           KVP_MAX_INSTANCES, &nowners);
+    kvp_sessions_drop(s, owners, nowners);
+    kvp_store_clear(&s->store, &r);
+    log_error("The shared segment /dev/shm/%s shrank to %lld of %" PRIu64 " bytes under kvpoold "
+              "(another process truncated it). kvpoold no longer uses shared memory: its pool is "
+              "private memory now, the %" PRIu64 " chunks it held are dropped (%" PRIu64
+              " pinned ones once released), and every worker is served inline (%" PRIu32
+              " instance(s) on shm had their connection closed, to register again)",
+              s->seg.name, (long long)size_now, s->seg.size, r.dropped, r.pinned, moved);
+}
+
+/* Once a second: cancel reservations older than --reserve-timeout, notice a segment that
+ * shrank. Woken early at shutdown. */
 static void *expiry_main(void *arg)
 {
     struct kvp_server *s = arg;
     uint64_t timeout = (uint64_t)s->cfg.reserve_timeout_s * 1000;
+    bool clear_again = false; /* the chunks pinned when the segment was lost are still there */
 
     pthread_mutex_lock(&s->expiry_lock);
     while (!atomic_load(&s->stopping)) {
@@ -309,6 +339,18 @@ static void *expiry_main(void *arg)
             break;
         pthread_mutex_unlock(&s->expiry_lock);
         kvp_log_rl_flush(kvp_mono_ms());
+        int64_t size_now;
+        kvp_seg_guard_check();
+        if (clear_again) {
+            struct kvp_clear_result r;
+            kvp_store_clear(&s->store, &r);
+            clear_again = false;
+            log_debug("Dropped %" PRIu64 " more chunks of the lost segment", r.dropped);
+        }
+        if (kvp_seg_guard_take_report(&size_now)) {
+            segment_lost(s, size_now);
+            clear_again = true;
+        }
         uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), timeout);
         if (n) {
             KVP_COUNT(reservations_expired, n);
@@ -418,6 +460,12 @@ int kvp_server_start(struct kvp_server *s)
     rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason), &s->gate);
     if (rc)
         return rc;
+    /* The memfd backend is sealed against shrinking; private memory has no file. */
+    rc = s->seg.shared && !s->seg.memfd ? kvp_seg_guard_arm(s->seg.base, s->seg.size, s->seg.fd)
+                                        : 0;
+    if (rc)
+        log_warn("Cannot install the SIGBUS handler that survives a truncated segment: %s",
+                 kvp_strerror(rc));
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size,
                         kvp_segment_pool_bytes(s->seg.reserved));
     if (rc) {
@@ -614,6 +662,7 @@ void kvp_server_destroy(struct kvp_server *s)
         kvp_registry_destroy(&s->registry);
     if (s->store_ready)
         kvp_store_destroy(&s->store);
+    kvp_seg_guard_disarm();
     kvp_segment_destroy(&s->seg);
     kvp_log_rl_flush_all();
     /* Last: until here a new daemon on this socket would find our files in use. */

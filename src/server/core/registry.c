@@ -337,6 +337,27 @@ uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner)
     return removed;
 }
 
+uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
+                               uint32_t cap, uint32_t *nowners)
+{
+    uint32_t moved = 0;
+    *nowners = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < KVP_MAX_INSTANCES; i++) {
+        struct kvp_registration *inst = &r->slots[i].inst;
+        if (!r->slots[i].used || inst->transport != KVP_WIRE_SHM)
+            continue;
+        inst->transport = KVP_WIRE_INLINE;
+        snprintf(inst->reason, sizeof(inst->reason), "%s", reason);
+        moved++;
+        if (*nowners < cap)
+            owners[(*nowners)++] = inst->owner;
+    }
+    r->count_shm = 0;
+    pthread_mutex_unlock(&r->lock);
+    return moved;
+}
+
 uint32_t kvp_registry_count(struct kvp_registry *r)
 {
     pthread_mutex_lock(&r->lock);

@@ -125,6 +125,16 @@ int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t own
 void kvp_registration_key_ns(const struct kvp_registration *inst, const void *salt,
                              uint32_t salt_len, struct kvp_key_ns *ns);
 
+/*
+ * The daemon stopped using its segment (seg_guard.h): every instance on the shm transport is
+ * moved to inline with reason, so that a commit of a reservation it wrote through its mapping
+ * is refused from now on (new registrations are kept off shm by the evidence check,
+ * transport.c). Writes the connection ids that owned such instances to owners (at most cap, the
+ * count to *nowners; an id may repeat). Returns how many instances were moved.
+ */
+uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
+                               uint32_t cap, uint32_t *nowners);
+
 /* Unregisters handle. Returns 0 or -ENOENT. */
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why);
 

@@ -68,6 +68,7 @@
 #include "base/notify.h"
 #include "common/errors.h"
 #include "common/shm_name.h"
+#include "core/seg_guard.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
@@ -154,7 +155,9 @@ static int reserve_steps(struct kvp_segment *seg, uint8_t *base, int fd, uint64_
             snprintf(why, why_size, "stopped while reserving %s", what);
             return -ECANCELED;
         }
-        if (fd >= 0) {
+        /* A segment the daemon stopped using (seg_guard.h) is private memory now: allocating
+         * in its file would only grow what somebody else truncated. */
+        if (fd >= 0 && !kvp_seg_guard_tripped()) {
             int rc;
             do {
                 rc = posix_fallocate(fd, (off_t)off, (off_t)n);

@@ -40,6 +40,7 @@
 
 #include "base/log.h"
 #include "common/errors.h"
+#include "core/seg_guard.h"
 #include "core/shm_gate.h"
 
 #ifndef SO_PEERGROUPS
@@ -148,6 +149,10 @@ bool kvp_transport_peer_can_map(const struct kvp_segment *seg, int sock, bool go
 
     if (!seg->shared) {
         snprintf(why, why_size, "kvpoold has no shared segment");
+        return false;
+    }
+    if (kvp_seg_guard_tripped()) {
+        snprintf(why, why_size, "%s", kvp_seg_guard_reason());
         return false;
     }
     if (seg->memfd) {

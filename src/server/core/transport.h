@@ -49,8 +49,9 @@ bool kvp_mode_grants_rw(uint32_t file_uid, uint32_t file_gid, uint32_t mode, uin
  * use the shm transport may be believed (docs/SECURITY.md, "The trust model per transport").
  * memfd backend: got_fd, the descriptor was passed to this connection (MAP_SEGMENT). posix
  * backend: the peer's credentials at connect time (SO_PEERCRED, SO_PEERGROUPS) against the
- * segment file's owner, group and mode now (kvp_mode_grants_rw()). No segment: no. Returns
- * true, or false with the reason, naming the uid, in why.
+ * segment file's owner, group and mode now (kvp_mode_grants_rw()). No segment, or one the
+ * daemon stopped using (seg_guard.h): no. Returns true, or false with the reason, naming the
+ * uid, in why.
  */
 bool kvp_transport_peer_can_map(const struct kvp_segment *seg, int sock, bool got_fd, char *why,
                                 size_t why_size);

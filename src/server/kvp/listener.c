@@ -137,6 +137,18 @@ int kvp_session_spawn(struct kvp_server *s, int fd)
     return 0;
 }
 
+void kvp_sessions_drop(struct kvp_server *s, const uint64_t *ids, uint32_t n)
+{
+    pthread_mutex_lock(&s->conns_lock);
+    for (struct kvp_session *c = s->conns; c; c = c->next)
+        for (uint32_t i = 0; i < n; i++)
+            if (c->id == ids[i] && c->fd >= 0) {
+                shutdown(c->fd, SHUT_RDWR);
+                break;
+            }
+    pthread_mutex_unlock(&s->conns_lock);
+}
+
 void kvp_sessions_close_all(struct kvp_server *s)
 {
     pthread_mutex_lock(&s->conns_lock);

@@ -26,6 +26,7 @@
 #include "common/iov.h"
 #include "common/msg.h"
 #include "core/daemon.h"
+#include "core/seg_guard.h"
 #include "core/stats.h"
 
 /* Used inside a frame, where SO_RCVTIMEO expiring means the peer stalled: -ETIMEDOUT. */
@@ -42,7 +43,10 @@ int kvp_session_recv(struct kvp_session *c, void *buf, size_t len)
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             return -ETIMEDOUT;
         } else if (errno != EINTR) {
-            return -errno;
+            int err = -errno;
+            if (err == -EFAULT)
+                kvp_seg_guard_check(); /* into the pool: was it truncated under us? */
+            return err;
         }
     }
     return 0;
@@ -78,9 +82,12 @@ static int send_all(struct kvp_session *c, struct iovec *iov, int iovcnt)
         struct msghdr mh = {.msg_iov = iov + i, .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX};
         ssize_t r = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
         if (r < 0) {
-            if (errno == EINTR)
+            int err = errno;
+            if (err == EINTR)
                 continue;
-            return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+            if (err == EFAULT)
+                kvp_seg_guard_check(); /* from the pool: was it truncated under us? */
+            return err == EAGAIN || err == EWOULDBLOCK ? -ETIMEDOUT : -err;
         }
         i = kvp_iov_advance(iov, n, i, (size_t)r);
     }
