@@ -41,8 +41,9 @@ static int private_tmpfs(const char *dir)
 {
     if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
         mount("tmpfs", dir, "tmpfs", 0, TMPFS_OPTS) != 0) {
-        fprintf(stderr, "skipped: cannot mount a private tmpfs (%s); needs root or "
-                        "CAP_SYS_ADMIN\n",
+        fprintf(stderr,
+                "skipped: cannot mount a private tmpfs (%s); needs root or "
+                "CAP_SYS_ADMIN\n",
                 strerror(errno));
         return CHILD_SKIP;
     }

@@ -74,8 +74,8 @@ static void test_silent_refusals_do_not_lock_out(void **state)
     int report[2], hold[2];
     if (geteuid() != 0)
         skip();
-    kvpt_daemon_start(&d, (const char *const[]){"--l1-size", "4MiB", "--socket-mode", "0666",
-                                                NULL});
+    kvpt_daemon_start(&d,
+                      (const char *const[]){"--l1-size", "4MiB", "--socket-mode", "0666", NULL});
     assert_int_equal(chmod(d.dir, 0755), 0);
     assert_int_equal(pipe(report), 0);
     assert_int_equal(pipe(hold), 0);
@@ -143,8 +143,8 @@ static void test_late_request_is_answered(void **state)
     struct kvpt_daemon d;
     if (geteuid() != 0)
         skip();
-    kvpt_daemon_start(&d, (const char *const[]){"--l1-size", "4MiB", "--socket-mode", "0666",
-                                                NULL});
+    kvpt_daemon_start(&d,
+                      (const char *const[]){"--l1-size", "4MiB", "--socket-mode", "0666", NULL});
     assert_int_equal(chmod(d.dir, 0755), 0);
     pid_t pid = fork();
     assert_true(pid >= 0);

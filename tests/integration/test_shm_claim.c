@@ -185,8 +185,8 @@ static void test_posix_claim_without_access(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "4MiB",        "--chunk-size", "16",
-                          "--socket-mode", "0666", "--allow-uid", "65534", NULL};
+    const char *args[] = {"--l1-size", "4MiB",        "--chunk-size", "16", "--socket-mode",
+                          "0666",      "--allow-uid", "65534",        NULL};
     kvpt_daemon_start(&d, args);
     plant_victim(&d);
     run_thief(&d, false, false);
@@ -200,9 +200,9 @@ static void test_memfd_claim_without_descriptor(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "4MiB",   "--chunk-size", "16",   "--socket-mode",
-                          "0666",      "--allow-uid", "65534", "--shm-backend", "memfd",
-                          NULL};
+    const char *args[] = {
+        "--l1-size", "4MiB",          "--chunk-size", "16", "--socket-mode", "0666", "--allow-uid",
+        "65534",     "--shm-backend", "memfd",        NULL};
     kvpt_daemon_start(&d, args);
     plant_victim(&d);
     run_thief(&d, false, false);
@@ -215,9 +215,9 @@ static void test_memfd_claim_with_descriptor(void **state)
 {
     (void)state;
     struct kvpt_daemon d;
-    const char *args[] = {"--l1-size", "4MiB",   "--chunk-size", "16",   "--socket-mode",
-                          "0666",      "--allow-uid", "65534", "--shm-backend", "memfd",
-                          NULL};
+    const char *args[] = {
+        "--l1-size", "4MiB",          "--chunk-size", "16", "--socket-mode", "0666", "--allow-uid",
+        "65534",     "--shm-backend", "memfd",        NULL};
     kvpt_daemon_start(&d, args);
     if (geteuid() != 0)
         skip();

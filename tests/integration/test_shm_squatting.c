@@ -66,8 +66,7 @@ static int spawn_default_named(struct kvpt_daemon *d, char *planted, size_t plan
     if (d->pid == 0) {
         char c;
         close(go[1]);
-        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent ||
-            read(go[0], &c, 1) != 1)
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent || read(go[0], &c, 1) != 1)
             _exit(125);
         int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
@@ -101,6 +100,7 @@ static void test_planted_default_name(void **state)
         snprintf(path, sizeof(path), "/dev/shm/%s", planted);
         unlink(path);
         fail_msg("kvpoold did not start with /dev/shm/%s planted", planted);
+        return;
     }
     assert_true(kvpt_log_wait(&d, "SHM enabled (shm_name=kvpool_l1_pool_", 1000));
     /* Not under the planted name (a prefix of the one used, which starts with the pid). */
@@ -142,8 +142,8 @@ static void test_planted_given_name(void **state)
         skip();
     snprintf(name, sizeof(name), "kvpool_l1_pool_squat_%d", (int)getpid());
     int fd = plant(name);
-    kvpt_daemon_spawn(&d, NULL, (const char *const[]){"--l1-size", "4MiB", "--shm-name", name,
-                                                      NULL});
+    kvpt_daemon_spawn(&d, NULL,
+                      (const char *const[]){"--l1-size", "4MiB", "--shm-name", name, NULL});
     int status = kvpt_daemon_wait_exit(&d, 30000);
     close(fd);
     snprintf(path, sizeof(path), "/dev/shm/%s", name);

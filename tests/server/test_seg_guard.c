@@ -26,13 +26,18 @@ static int make(struct kvp_segment *seg, char *path, size_t path_size)
 {
     snprintf(path, path_size, "/dev/shm/kvpool_l1_pool_guard_%ld", (long)getpid());
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || ftruncate(fd, SIZE) != 0)
+    if (fd < 0)
         return -1;
-    uint8_t *p = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
+    uint8_t *p = ftruncate(fd, SIZE) == 0
+                     ? mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                     : MAP_FAILED;
+    if (p == MAP_FAILED) {
+        close(fd);
         return -1;
+    }
     memset(p, 0x5a, SIZE);
-    *seg = (struct kvp_segment){.base = p, .size = SIZE, .reserved = SIZE, .fd = fd, .shared = true};
+    *seg =
+        (struct kvp_segment){.base = p, .size = SIZE, .reserved = SIZE, .fd = fd, .shared = true};
     return 0;
 }
 
@@ -105,13 +110,18 @@ static int child_other_sigbus(void)
         return 11;
     /* Another file mapping, truncated: not the pool. */
     FILE *f = tmpfile();
-    if (!f || ftruncate(fileno(f), 8192) != 0)
+    if (!f)
         return 12;
+    if (ftruncate(fileno(f), 8192) != 0) {
+        fclose(f);
+        return 12;
+    }
     volatile uint8_t *q = mmap(NULL, 8192, PROT_READ, MAP_SHARED, fileno(f), 0);
-    if (q == MAP_FAILED || ftruncate(fileno(f), 0) != 0)
-        return 13;
-    (void)q[4096]; /* SIGBUS, not ours: the child dies of it */
-    return 0;
+    int rc = q == MAP_FAILED || ftruncate(fileno(f), 0) != 0 ? 13 : 0;
+    if (rc == 0)
+        (void)q[4096]; /* SIGBUS, not ours: the child dies of it */
+    fclose(f);
+    return rc;
 }
 
 static void run(int (*fn)(void), int want_signal)

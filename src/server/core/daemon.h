@@ -44,8 +44,8 @@ struct kvp_server {
     int lock_fd; /* <socket>.lock, flocked for our lifetime */
     int listen_fd;
     struct kvp_refusals *refusals; /* answers connections that are not served (refusals.c) */
-    bool socket_bound; /* the socket file at cfg.socket_path is ours ... */
-    dev_t socket_dev;  /* ... as long as it is this inode */
+    bool socket_bound;             /* the socket file at cfg.socket_path is ours ... */
+    dev_t socket_dev;              /* ... as long as it is this inode */
     ino_t socket_ino;
     int wake_fds[2]; /* self-pipe: stop request and expiry wake-up */
     atomic_bool stopping;

@@ -54,9 +54,9 @@ static bool trip(void)
 
     if (atomic_compare_exchange_strong(&g.epoch, &zero, 1u)) {
         atomic_store(&g.size_at, fstat(g.fd, &st) == 0 ? (int64_t)st.st_size : -1);
+        int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE;
         /* cppcheck-suppress invalidFunctionArg ; an anonymous mapping takes fd -1 */
-        void *p = mmap(g.base, g.size, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        void *p = mmap(g.base, g.size, PROT_READ | PROT_WRITE, flags, -1, 0);
         atomic_store(&g.remapped, p == (void *)g.base ? 1 : -1);
     }
     /* Another thread trips it: its remap is a system call away. */

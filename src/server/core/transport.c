@@ -92,11 +92,11 @@ int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, c
         if (gate_allows(kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line), reason,
                                             reason_size),
                         log_line)) {
-            rc = cfg->shm_name_given ? kvp_segment_create_shared(seg, cfg->shm_name, size,
-                                                                 cfg->shm_mode, why, sizeof(why))
-                                     : kvp_segment_create_shared_default(
-                                           seg, cfg->shm_name, size, cfg->shm_mode, why,
-                                           sizeof(why));
+            rc = cfg->shm_name_given
+                     ? kvp_segment_create_shared(seg, cfg->shm_name, size, cfg->shm_mode, why,
+                                                 sizeof(why))
+                     : kvp_segment_create_shared_default(seg, cfg->shm_name, size, cfg->shm_mode,
+                                                         why, sizeof(why));
             if (rc == -EBUSY || rc == -EPERM) {
                 log_error("Refusing to start: %s", why);
                 return rc;
@@ -157,13 +157,15 @@ bool kvp_transport_peer_can_map(const struct kvp_segment *seg, int sock, bool go
     }
     if (seg->memfd) {
         if (!got_fd)
-            snprintf(why, why_size, "the worker claimed shared memory, but the memfd segment was "
-                                    "never passed to its connection (MAP_SEGMENT)");
+            snprintf(why, why_size,
+                     "the worker claimed shared memory, but the memfd segment was "
+                     "never passed to its connection (MAP_SEGMENT)");
         return got_fd;
     }
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
-        snprintf(why, why_size, "the worker claimed shared memory, but its credentials cannot be "
-                                "read: %s",
+        snprintf(why, why_size,
+                 "the worker claimed shared memory, but its credentials cannot be "
+                 "read: %s",
                  kvp_strerror(-errno));
         return false;
     }
@@ -175,8 +177,9 @@ bool kvp_transport_peer_can_map(const struct kvp_segment *seg, int sock, bool go
     for (uint32_t i = 0; i < ngroups; i++)
         g32[i] = (uint32_t)groups[i];
     if (fstat(seg->fd, &st) != 0) {
-        snprintf(why, why_size, "the worker claimed shared memory, but /dev/shm/%s cannot be "
-                                "inspected: %s",
+        snprintf(why, why_size,
+                 "the worker claimed shared memory, but /dev/shm/%s cannot be "
+                 "inspected: %s",
                  seg->name, kvp_strerror(-errno));
         return false;
     }

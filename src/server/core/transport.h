@@ -28,8 +28,8 @@ struct kvp_gate_seen {
  * memory. reason (reason_size bytes) receives why SHM is off, or "" when it is on; each step
  * logs what it decided (the gate's WARN lines); seen receives what the gate measured. Returns 0,
  * -ECANCELED when a stop signal ended the reservation, -EBUSY or -EPERM (a live daemon or
- * another uid holds the segment name the operator gave; logged as the start-up ERROR), or another negative errno when not even private memory could
- * be had (logged).
+ * another uid holds the segment name the operator gave; logged as the start-up ERROR), or another
+ * negative errno when not even private memory could be had (logged).
  */
 int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, char *reason,
                         size_t reason_size, struct kvp_gate_seen *seen);
