@@ -61,7 +61,7 @@ static void add_instance(const char *id, uint8_t transport, uint64_t owner)
     snprintf(q.model_name, sizeof(q.model_name), "fuzz-model");
     snprintf(q.dtype, sizeof(q.dtype), "float16");
     FUZZ_CHECK(kvp_registry_validate(&srv.registry, &q, &inst, msg, sizeof(msg)) == 0);
-    FUZZ_CHECK(kvp_registry_choose_transport(&srv.registry, &inst, msg, sizeof(msg)) == 0);
+    FUZZ_CHECK(kvp_registry_choose_transport(&srv.registry, &inst, NULL, msg, sizeof(msg)) == 0);
     inst.owner = owner;
     inst.owner_pid = 1;
     FUZZ_CHECK(kvp_registry_add(&srv.registry, &inst, 0, &existing, msg, sizeof(msg)) == 0);

@@ -32,8 +32,10 @@
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
  * Threads: the main thread accepts and checks credentials; each connection has a detached thread
- * and joins the connection list (session.c, which owns a connection's whole life); one expiry
- * thread cancels overdue reservations and reports rate-limited log counts once a second; one
+ * and joins the connection list (session.c, which owns a connection's whole life); connections
+ * that are not served are answered by the refusals thread (refusals.c); one expiry
+ * thread cancels overdue reservations and reports rate-limited log counts once a second, and
+ * notices a segment that shrank under the daemon (seg_guard.c, segment_lost()); one
  * warm-up thread reserves the rest of the pool after start-up (warmup.c). The
  * threads are created with the stop signals blocked, so only the main thread handles them.
  * Shutdown: the signal handler writes to a self-pipe; the main thread stops accepting, shuts
@@ -67,12 +69,14 @@
 #include "common/msg.h"
 #include "common/socket_path.h"
 #include "core/owner.h"
+#include "core/seg_guard.h"
 #include "core/shm_gate.h"
 #include "core/stats.h"
 #include "core/transport.h"
 #include "core/warmup.h"
 #include "http/http.h"
 #include "kvp/listener.h"
+#include "kvp/refusals.h"
 #include "l2/l2.h"
 
 /* The directory part of path, for messages. */
@@ -298,10 +302,38 @@ static int check_fd_limit(const struct kvp_config *cfg)
     return 0;
 }
 
-/* Once a second: cancel reservations older than --reserve-timeout. Woken early at shutdown. */
+/*
+ * The segment shrank under the daemon and the guard replaced it with private memory
+ * (seg_guard.h): said once, at ERROR; the instances on shm are moved to inline and their
+ * connections closed, so that their libraries reconnect and register again, inline (a
+ * reservation written through a mapping the daemon no longer shares could only be refused); the
+ * chunks, whose bytes are lost, are dropped (the pinned ones a second later, by the caller,
+ * once the transfers that pinned them have ended).
+ */
+static void segment_lost(struct kvp_server *s, int64_t size_now)
+{
+    static uint64_t owners[KVP_MAX_INSTANCES];
+    struct kvp_clear_result r;
+    uint32_t nowners = 0;
+
+    uint32_t moved = kvp_registry_stop_shm(&s->registry, kvp_seg_guard_reason(), owners,
+                                           KVP_MAX_INSTANCES, &nowners);
+    kvp_sessions_drop(s, owners, nowners);
+    kvp_store_clear(&s->store, &r);
+    log_error("The shared segment /dev/shm/%s shrank to %lld of %" PRIu64 " bytes under kvpoold "
+              "(another process truncated it). kvpoold no longer uses shared memory: its pool is "
+              "private memory now, the %" PRIu64 " chunks it held are dropped (%" PRIu64
+              " pinned ones once released), and every worker is served inline (%" PRIu32
+              " instance(s) on shm had their connection closed, to register again)",
+              s->seg.name, (long long)size_now, s->seg.size, r.dropped, r.pinned, moved);
+}
+
+/* Once a second: cancel reservations older than --reserve-timeout, notice a segment that
+ * shrank. Woken early at shutdown. */
 static void *expiry_main(void *arg)
 {
     struct kvp_server *s = arg;
+    bool clear_again = false; /* the chunks pinned when the segment was lost are still there */
 
     pthread_mutex_lock(&s->expiry_lock);
     while (!atomic_load(&s->stopping)) {
@@ -313,6 +345,18 @@ static void *expiry_main(void *arg)
             break;
         pthread_mutex_unlock(&s->expiry_lock);
         kvp_log_rl_flush(kvp_mono_ms());
+        int64_t size_now;
+        kvp_seg_guard_check();
+        if (clear_again) {
+            struct kvp_clear_result r;
+            kvp_store_clear(&s->store, &r);
+            clear_again = false;
+            log_debug("Dropped %" PRIu64 " more chunks of the lost segment", r.dropped);
+        }
+        if (kvp_seg_guard_take_report(&size_now)) {
+            segment_lost(s, size_now);
+            clear_again = true;
+        }
         /* SIGHUP may change it: every round reads it anew. */
         uint32_t timeout_s = atomic_load_explicit(&s->reserve_timeout_s, memory_order_relaxed);
         uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), (uint64_t)timeout_s * 1000);
@@ -433,6 +477,12 @@ int kvp_server_start(struct kvp_server *s)
     rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason), &s->gate);
     if (rc)
         return rc;
+    /* The memfd backend is sealed against shrinking; private memory has no file. */
+    rc = s->seg.shared && !s->seg.memfd ? kvp_seg_guard_arm(s->seg.base, s->seg.size, s->seg.fd)
+                                        : 0;
+    if (rc)
+        log_warn("Cannot install the SIGBUS handler that survives a truncated segment: %s",
+                 kvp_strerror(rc));
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size,
                         kvp_segment_pool_bytes(s->seg.reserved));
     if (rc) {
@@ -456,6 +506,12 @@ int kvp_server_start(struct kvp_server *s)
     kvp_registry_init(&s->registry, &offer);
     s->registry_ready = true;
 
+    rc = kvp_refusals_start(&s->refusals);
+    if (rc) {
+        log_error("Cannot start: cannot create the thread that answers refused connections: %s",
+                  kvp_strerror(rc));
+        return rc;
+    }
     if (listen(s->listen_fd, 128) != 0) {
         int err = errno;
         log_error("Cannot start: cannot listen on %s: %s", cfg->socket_path, kvp_strerror(-err));
@@ -538,30 +594,6 @@ void kvp_server_reconfigure(struct kvp_server *s, struct kvp_config *cur,
                  changed - pending, pending);
 }
 
-/*
- * Refuses a connection: answers its first request (if it comes within 200 ms) with status and
- * msg, then closes. Runs on the accept thread, so it never waits longer than that.
- */
-static void refuse(int fd, int status, const char *msg)
-{
-    uint8_t raw[KVP_HEADER_SIZE];
-    struct kvp_header h;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-
-    if (poll(&p, 1, 200) == 1 && recv(fd, raw, sizeof(raw), MSG_DONTWAIT) == (ssize_t)sizeof(raw) &&
-        kvp_header_decode(raw, &h) == 0) {
-        struct kvp_wbuf w;
-        uint8_t out[KVP_HEADER_SIZE];
-        kvp_wbuf_init(&w);
-        kvp_encode_error(&w, msg);
-        kvp_reply_header_encode(&h, status, (uint32_t)w.len, 0, out);
-        if (!w.err && send(fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof(out))
-            send(fd, w.data, w.len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        kvp_wbuf_free(&w);
-    }
-    close(fd);
-}
-
 /* Peer-credential policy: the daemon's own uid, --allow-uid, or a member of --allow-gid. */
 static bool peer_allowed(const struct kvp_config *cfg, const struct ucred *cr)
 {
@@ -597,7 +629,8 @@ static bool peer_allowed(const struct kvp_config *cfg, const struct ucred *cr)
 
 /*
  * Accepts one connection, checks its peer credentials and the connection limit, and starts its
- * thread. Refusals are answered (with a reason) rather than silently dropped.
+ * thread. Refusals are answered (with a reason) rather than silently dropped, and never make
+ * this loop wait for the refused peer (refusals.c).
  */
 static void accept_one(struct kvp_server *s)
 {
@@ -621,7 +654,7 @@ static void accept_one(struct kvp_server *s)
         log_warn_rl("Refusing a connection from pid %d uid %d gid %d: not allowed by "
                     "--allow-uid/--allow-gid",
                     (int)cr.pid, (int)cr.uid, (int)cr.gid);
-        refuse(fd, -EACCES, msg);
+        kvp_refusals_add(s->refusals, fd, -EACCES, msg);
         return;
     }
     int rc = kvp_session_spawn(s, fd);
@@ -629,12 +662,16 @@ static void accept_one(struct kvp_server *s)
         KVP_COUNT(connections_rejected, 1);
         log_warn_rl("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
                     s->cfg.max_clients);
-        refuse(fd, -EUSERS, "too many clients connected (--max-clients)");
+        kvp_refusals_add(s->refusals, fd, -EUSERS, "too many clients connected (--max-clients)");
         return;
     }
     if (rc < 0) {
+        char msg[160];
+        KVP_COUNT(connections_rejected, 1);
         log_error_rl("Cannot serve a new connection: %s", kvp_strerror(rc));
-        close(fd);
+        snprintf(msg, sizeof(msg), "kvpoold cannot serve a new connection now: %s%s",
+                 kvp_strerror(rc), rc == -EAGAIN ? " (no thread for it)" : "");
+        kvp_refusals_add(s->refusals, fd, rc, msg);
         return;
     }
     KVP_COUNT(connections_accepted, 1);
@@ -687,6 +724,9 @@ void kvp_server_destroy(struct kvp_server *s)
         unlink_own_socket(s);
 
     kvp_sessions_close_all(s);
+    /* After the connections: one that cannot get its buffers hands its socket over. */
+    kvp_refusals_stop(s->refusals);
+    s->refusals = NULL;
     kvp_warmup_join(s);
 
     if (s->expiry_started) {
@@ -704,6 +744,7 @@ void kvp_server_destroy(struct kvp_server *s)
         kvp_registry_destroy(&s->registry);
     if (s->store_ready)
         kvp_store_destroy(&s->store);
+    kvp_seg_guard_disarm();
     kvp_segment_destroy(&s->seg);
     kvp_log_rl_flush_all();
     /* Last: until here a new daemon on this socket would find our files in use. */

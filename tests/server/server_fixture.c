@@ -76,7 +76,7 @@ uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8
     q.hidden_dim = 64;
     q.transport = transport;
     assert_rc(kvp_registry_validate(&s->registry, &q, &inst, msg, sizeof(msg)), 0);
-    assert_rc(kvp_registry_choose_transport(&s->registry, &inst, msg, sizeof(msg)), 0);
+    assert_rc(kvp_registry_choose_transport(&s->registry, &inst, NULL, msg, sizeof(msg)), 0);
     inst.connected_since_ms = kvp_wall_ms();
     inst.owner = owner;
     inst.owner_pid = (int32_t)(1000 + owner);

@@ -16,6 +16,7 @@
 
 #include "base/config.h"
 #include "common/kvp_assert.h"
+#include "common/shm_name.h"
 #include "config_fixture.h"
 
 /* ---- kvp_parse_size ---- */
@@ -92,8 +93,11 @@ static void test_defaults(void **state)
     assert_int_equal(r.cfg.l1_size, 1ull << 30);
     assert_int_equal(r.cfg.chunk_tokens, 256);
     assert_true(r.cfg.shm_enabled);
-    snprintf(want, sizeof(want), "kvpool_l1_pool_%ld", (long)getpid());
-    assert_string_equal(r.cfg.shm_name, want);
+    /* The pid, then a random part nobody can predict. */
+    snprintf(want, sizeof(want), "kvpool_l1_pool_%ld_", (long)getpid());
+    assert_memory_equal(r.cfg.shm_name, want, strlen(want));
+    assert_true(kvp_shm_name_is_default(r.cfg.shm_name));
+    assert_false(r.cfg.shm_name_given);
     assert_int_equal(r.cfg.socket_mode, 0600);
     assert_int_equal(r.cfg.log_level, KVP_LOG_INFO);
     assert_int_equal(r.cfg.max_clients, 256);
@@ -164,6 +168,7 @@ static void test_shm_name(void **state)
     expect_ok(&r);
     assert_true(r.cfg.shm_enabled);
     assert_string_equal(r.cfg.shm_name, "kvpool_l1_pool_foo");
+    assert_true(r.cfg.shm_name_given);
     run_free(&r);
 
     /* The prefix is not doubled. */

@@ -159,7 +159,7 @@ static const struct opt_desc opts[] = {
      .help =
          "POSIX shared-memory segment of the pool; '/' stripped, prefix kvpool_l1_pool_ added.\n"
          "\"\" disables shared memory (inline transport only). Not with --shm-backend memfd,\n"
-         "which has no name. Default: kvpool_l1_pool_<pid>"},
+         "which has no name. Default: kvpool_l1_pool_<pid>_<random>"},
     {.name = "shm-backend",
      .env = "KVPOOL_SHM_BACKEND",
      .arg = "BACKEND",
@@ -336,7 +336,9 @@ void kvp_config_defaults(struct kvp_config *cfg)
     };
     /* The clients' rule. A path too long for a socket stays "" and is reported at bind. */
     kvp_socket_path_default(cfg->socket_path, sizeof(cfg->socket_path));
-    kvp_shm_name_default((long)getpid(), cfg->shm_name, sizeof(cfg->shm_name));
+    /* Random: another local user cannot plant a file of that name (docs/SECURITY.md). On the
+     * impossible failure the name stays "", and the segment's creation draws one again. */
+    kvp_shm_name_random((long)getpid(), cfg->shm_name, sizeof(cfg->shm_name));
 }
 
 int kvp_parse_size(const char *s, uint64_t *out)
@@ -392,12 +394,18 @@ static int parse_shm_name(struct kvp_config *cfg, const char *val, char *why, si
         return 0;
     }
     cfg->shm_enabled = true;
+    cfg->shm_name_given = true;
     return kvp_shm_name_normalize(val, cfg->shm_name, sizeof(cfg->shm_name)) ? -EINVAL : 0;
 }
 
+/* The default name is drawn anew by every kvp_config_defaults(): shown as what it stands for, so
+ * that a reload does not see a change where the operator made none. */
 static void show_shm_name(const struct kvp_config *cfg, char *out, size_t size)
 {
-    snprintf(out, size, "%s", cfg->shm_enabled ? cfg->shm_name : "\"\"");
+    if (cfg->shm_enabled && !cfg->shm_name_given)
+        snprintf(out, size, "%s", "kvpool_l1_pool_<pid>_<random> (default)");
+    else
+        snprintf(out, size, "%s", cfg->shm_enabled ? cfg->shm_name : "\"\"");
 }
 
 static int parse_shm_mode(struct kvp_config *cfg, const char *val, char *why, size_t why_size)

@@ -24,8 +24,9 @@ struct kvp_config {
     uint32_t socket_mode; /* permission bits of the socket file */
     uint64_t l1_size;     /* pool bytes, multiple of 4096 */
     uint32_t chunk_tokens;
-    bool shm_enabled;   /* false: --shm-name "" (--shm-backend none is shm_backend) */
-    char shm_name[128]; /* normalised, without '/' */
+    bool shm_enabled;    /* false: --shm-name "" (--shm-backend none is shm_backend) */
+    char shm_name[128];  /* normalised, without '/'; by default a random one (shm_name.h) */
+    bool shm_name_given; /* shm_name came from the operator (--shm-name, its variable or file) */
     enum kvp_log_level log_level;
     enum kvp_log_format log_format;
     uint32_t max_clients;

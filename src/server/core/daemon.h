@@ -21,6 +21,7 @@
 #include "core/transport.h"
 
 struct kvp_session;
+struct kvp_refusals;
 struct kvp_http;
 struct kvp_l2;
 struct kvp_owner;
@@ -52,8 +53,9 @@ struct kvp_server {
 
     int lock_fd; /* <socket>.lock, flocked for our lifetime */
     int listen_fd;
-    bool socket_bound; /* the socket file at cfg.socket_path is ours ... */
-    dev_t socket_dev;  /* ... as long as it is this inode */
+    struct kvp_refusals *refusals; /* answers connections that are not served (refusals.c) */
+    bool socket_bound;             /* the socket file at cfg.socket_path is ours ... */
+    dev_t socket_dev;              /* ... as long as it is this inode */
     ino_t socket_ino;
     int wake_fds[2]; /* self-pipe: stop and reload requests, expiry wake-up */
     atomic_bool stopping;

@@ -3,8 +3,10 @@
  *
  * The transport rule (docs/PROTOCOL.md, REGISTER): the worker reports the transport it will
  * actually use, after trying to map the segment itself, so the daemon never believes a worker
- * is on SHM while it silently fell back. The daemon only overrides towards inline when it has
- * no segment. Exactly one INFO line per new registration names the outcome.
+ * is on SHM while it silently fell back. The daemon only overrides towards inline: when it has
+ * no segment, and when there is no evidence that the worker can map it (transport.c), since a
+ * worker that commits slots it could not write would read their previous contents back.
+ * Exactly one INFO line per new registration names the outcome.
  *
  * Identity rule: an instance id names one registration, owned by one connection. The keys of a
  * request are derived from the registration its handle names (model, world size, rank,
@@ -96,11 +98,12 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spe
 }
 
 /*
- * The worker reports what it will use after trying to map the segment itself; the daemon only
- * refuses "shm" when it has no segment, and otherwise records the worker's choice and reason.
+ * The worker reports what it will use after trying to map the segment itself; the daemon
+ * refuses "shm" when it has no segment, overrules it (inline, with the evidence's reason) when
+ * the worker cannot map the segment, and otherwise records the worker's choice and reason.
  */
 int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
-                                  char *msg, size_t msg_size)
+                                  const char *cannot_map, char *msg, size_t msg_size)
 {
     const struct kvp_reg_spec *req = &inst->spec;
 
@@ -109,13 +112,17 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
             snprintf(msg, msg_size, "shm transport unavailable: %s", r->offer.shm_reason);
             return -EOPNOTSUPP;
         }
-        inst->transport = KVP_REG_SHM;
-        inst->reason[0] = '\0';
-        return 0;
+        if (!cannot_map) {
+            inst->transport = KVP_REG_SHM;
+            inst->reason[0] = '\0';
+            return 0;
+        }
     }
     inst->transport = KVP_REG_INLINE;
     if (!r->offer.shm_enabled)
         snprintf(inst->reason, sizeof(inst->reason), "%s", r->offer.shm_reason);
+    else if (req->transport == KVP_REG_SHM)
+        snprintf(inst->reason, sizeof(inst->reason), "%s", cannot_map);
     else if (req->reason[0])
         snprintf(inst->reason, sizeof(inst->reason), "%s", req->reason);
     else if (req->transport == KVP_REG_INLINE)
@@ -338,6 +345,27 @@ uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner)
     for (uint32_t k = 0; k < n; k++)
         removed += kvp_registry_remove(r, handles[k], "connection closed") == 0;
     return removed;
+}
+
+uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
+                               uint32_t cap, uint32_t *nowners)
+{
+    uint32_t moved = 0;
+    *nowners = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < KVP_MAX_INSTANCES; i++) {
+        struct kvp_registration *inst = &r->slots[i].inst;
+        if (!r->slots[i].used || inst->transport != KVP_REG_SHM)
+            continue;
+        inst->transport = KVP_REG_INLINE;
+        snprintf(inst->reason, sizeof(inst->reason), "%s", reason);
+        moved++;
+        if (*nowners < cap)
+            owners[(*nowners)++] = inst->owner;
+    }
+    r->count_shm = 0;
+    pthread_mutex_unlock(&r->lock);
+    return moved;
 }
 
 uint32_t kvp_registry_count(struct kvp_registry *r)

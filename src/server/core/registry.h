@@ -112,11 +112,13 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spe
 
 /*
  * Decides the transport of a validated instance (the single place where SHM versus inline is
- * chosen per worker). Returns 0, or -EOPNOTSUPP when the worker insists on shm and the daemon
- * has none (msg says why).
+ * chosen per worker). cannot_map is NULL when there is evidence that the worker can map the
+ * segment (kvp_transport_peer_can_map()), else why not: a claim of shm then gets the inline
+ * transport with that reason. Returns 0, or -EOPNOTSUPP when the worker insists on shm and the
+ * daemon has none (msg says why).
  */
 int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
-                                  char *msg, size_t msg_size);
+                                  const char *cannot_map, char *msg, size_t msg_size);
 
 /*
  * Registers *inst for the owner its owner fields name (owner, owner_pid, connected_since_ms,
@@ -147,6 +149,16 @@ int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t own
  * registration the request's handle names. ns points into inst and salt. */
 void kvp_registration_key_ns(const struct kvp_registration *inst, const void *salt,
                              uint32_t salt_len, struct kvp_key_ns *ns);
+
+/*
+ * The daemon stopped using its segment (seg_guard.h): every instance on the shm transport is
+ * moved to inline with reason, so that a commit of a reservation it wrote through its mapping
+ * is refused from now on (new registrations are kept off shm by the evidence check,
+ * transport.c). Writes the connection ids that owned such instances to owners (at most cap, the
+ * count to *nowners; an id may repeat). Returns how many instances were moved.
+ */
+uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
+                               uint32_t cap, uint32_t *nowners);
 
 /* Unregisters handle. Returns 0 or -ENOENT. */
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why);

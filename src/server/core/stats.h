@@ -32,7 +32,7 @@
 #define KVP_COUNTER_MAP(XX)                                                                    \
     XX(connections_accepted, "connections_accepted", "", "", "connections accepted")           \
     XX(connections_rejected, "connections_rejected", "", "",                                   \
-       "connections refused (--max-clients, --allow-uid)")                                     \
+       "connections refused (--max-clients, --allow-uid, no thread or memory for them)")       \
     XX(requests, "requests", "", "", "requests answered")                                      \
     XX(request_errors, "request_errors", "", "", "requests answered with an error")            \
     XX(protocol_errors, "protocol_errors", "", "", "connections closed for a malformed frame") \

@@ -53,6 +53,7 @@
 
 #include "base/log.h"
 #include "core/daemon.h"
+#include "core/seg_guard.h"
 #include "core/stats.h"
 #include "l2/l2_backend.h"
 
@@ -72,6 +73,7 @@ enum load_state { LOAD_FREE, LOAD_QUEUED, LOAD_RUNNING };
 struct put_item {
     uint8_t key[KVP_KEY_SIZE];
     struct kvp_l2_layout lay;
+    uint32_t epoch; /* kvp_seg_guard_epoch() when queued */
 };
 
 struct load_item {
@@ -251,6 +253,7 @@ static void do_push_put(struct kvp_l2 *l2, const uint8_t *key, const struct kvp_
     struct put_item *it = &l2->ring[(l2->ring_head + l2->ring_count) % l2->ring_cap];
     memcpy(it->key, key, KVP_KEY_SIZE);
     it->lay = *lay;
+    it->epoch = kvp_seg_guard_epoch();
     l2->ring_count++;
     l2->backlog_bytes += lay->bytes;
 }
@@ -362,6 +365,14 @@ static int put_one(struct kvp_l2 *l2, struct kvp_l2_conn *conn, const struct put
         return 0;
     }
     kvp_l2_header_encode(hdr, it->key, &it->lay, data);
+    /* A chunk committed before the segment shrank under the daemon (seg_guard.h) has lost its
+     * bytes: its checksum, just computed, may be of zeros. Checked after the checksum, so that
+     * a trip during the send leaves a value whose checksum fails, never a valid one. */
+    if (it->epoch != kvp_seg_guard_epoch()) {
+        kvp_store_unpin(l2->store, &obj, 1);
+        KVP_COUNT(l2_write_dropped, 1);
+        return 0;
+    }
     kvp_l2_key_name(it->key, name);
     struct iovec parts[2] = {{hdr, sizeof(hdr)}, {(void *)data, it->lay.bytes}};
     int rc = l2->be->put(conn, name, parts, 2, ttl_of(l2), why, why_size);
