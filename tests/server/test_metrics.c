@@ -183,8 +183,7 @@ static void test_format_and_families(void **state)
     assert_true(sample(text, "kvpool_chunk_tokens") == FX_CHUNK_TOKENS);
     /* The daemon's own front end has its series before it has instances or clients. */
     assert_true(sample(text, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}") == 0);
-    assert_true(sample(text, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") ==
-                0);
+    assert_true(sample(text, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
     assert_true(sample(text, "kvpool_clients{front_end=\"kvpool\"}") == 0);
     free(text);
     fx_server_stop(&s);
@@ -289,8 +288,7 @@ static void test_front_ends(void **state)
     assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}") == 1);
     assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
     assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"shm\"}") == 1);
-    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"inline\"}") ==
-                1);
+    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"inline\"}") == 1);
     assert_true(sample(t, "kvpool_clients{front_end=\"kvpool\"}") == 1);
     assert_true(sample(t, "kvpool_clients{front_end=\"lmcache\"}") == 2);
     /* The family is described once, whatever the number of front ends. */
@@ -328,19 +326,18 @@ static void test_transport_label(void **state)
     assert_rc(kvp_snapshot_take(&s, 0, &snap), 0);
     assert_true(snap.ninstance_groups + 3 <= KVP_SNAP_GROUPS);
     struct kvp_instance_group *g = &snap.instance_groups[snap.ninstance_groups];
-    g[0] = (struct kvp_instance_group){.frontend = "lmcache", .transport = KVP_REG_PICKLE,
+    g[0] = (struct kvp_instance_group){.frontend = "lmcache",
+                                       .transport = KVP_REG_PICKLE,
                                        .count = 3};
     g[1] = (struct kvp_instance_group){.frontend = "lmcache", .transport = 77, .count = 1};
-    g[2] = (struct kvp_instance_group){.frontend = "a\"b\\c", .transport = KVP_REG_SHM,
-                                       .count = 1};
+    g[2] = (struct kvp_instance_group){.frontend = "a\"b\\c", .transport = KVP_REG_SHM, .count = 1};
     snap.ninstance_groups += 3;
     char *t = kvp_metrics_render(&snap, &len);
     kvp_snapshot_free(&snap);
     assert_non_null(t);
     check_format(t);
     assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"pickle\"}") == 3);
-    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"unknown\"}") ==
-                1);
+    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"unknown\"}") == 1);
     assert_true(sample(t, "kvpool_instances{front_end=\"a\\\"b\\\\c\",transport=\"shm\"}") == 1);
     assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
     free(t);
@@ -388,12 +385,9 @@ static void test_promtool(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_format_and_families),
-        cmocka_unit_test(test_values_follow_events),
-        cmocka_unit_test(test_histogram),
-        cmocka_unit_test(test_front_ends),
-        cmocka_unit_test(test_transport_label),
-        cmocka_unit_test(test_promtool),
+        cmocka_unit_test(test_format_and_families), cmocka_unit_test(test_values_follow_events),
+        cmocka_unit_test(test_histogram),           cmocka_unit_test(test_front_ends),
+        cmocka_unit_test(test_transport_label),     cmocka_unit_test(test_promtool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,8 +100,7 @@ static void test_counts(void **state)
     /* kvpool's connections, then every other front end's clients. */
     assert_string_equal(client_counts(doc, true, buf, sizeof(buf)),
                         "1 connected (max 256); lmcache 2; x\\x1b[2Jfe 1");
-    assert_string_equal(client_counts(doc, false, buf, sizeof(buf)),
-                        "1; lmcache 2; x\\x1b[2Jfe 1");
+    assert_string_equal(client_counts(doc, false, buf, sizeof(buf)), "1; lmcache 2; x\\x1b[2Jfe 1");
     /* A small buffer is cut, never overrun. */
     char small[12];
     client_counts(doc, true, small, sizeof(small));

@@ -56,8 +56,8 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     kvp_lock_hold_read(&snap->lock_hold);
 
     kvp_store_get_gauges(&s->store, &g);
-    snap->ninstance_groups =
-        kvp_registry_count_groups(&s->registry, snap->instance_groups, KVP_SNAP_GROUPS, &ninst);
+    snap->ninstance_groups = kvp_registry_count_groups(&s->registry, snap->instance_groups,
+                                                       KVP_SNAP_GROUPS, &ninst);
     for (uint32_t i = 0; i < snap->ninstance_groups; i++) {
         nshm += snap->instance_groups[i].transport == KVP_REG_SHM ? snap->instance_groups[i].count
                                                                   : 0;

@@ -101,9 +101,8 @@ enum col {
     C_FRONT_END,
     C_TRANSPORT
 };
-static const char *const col_title[] = {"ID",     "MODEL",     "RANK",      "DTYPE",
-                                        "CHUNK",  "PID",       "STORED",    "RETRIEVED",
-                                        "FRONT END", "TRANSPORT"};
+static const char *const col_title[] = {"ID",  "MODEL",  "RANK",      "DTYPE",     "CHUNK",
+                                        "PID", "STORED", "RETRIEVED", "FRONT END", "TRANSPORT"};
 
 /* The text of one cell. The transport comes with the fallback reason when there is one (an
  * instance not on shm); an older daemon names no front end ("-"). */
@@ -261,7 +260,9 @@ const char *client_counts(json_t *doc, bool with_max, char *buf, size_t size)
     int n;
 
     n = snprintf(buf, size, "%" PRIu64,
-                 clients ? jnum(clients, "connected") : gauges ? jnum(gauges, "connections") : 0);
+                 clients  ? jnum(clients, "connected")
+                 : gauges ? jnum(gauges, "connections")
+                          : 0);
     len = n > 0 ? (size_t)n : 0;
     if (with_max && clients && len < size) {
         n = snprintf(buf + len, size - len, " connected (max %" PRIu64 ")", jnum(clients, "max"));
@@ -366,9 +367,8 @@ int cmd_status(struct cli *x, const struct cmd_opts *o)
 
 int cmd_instances(struct cli *x, const struct cmd_opts *o)
 {
-    static const enum col cols[] = {C_ID,     C_MODEL,     C_RANK,      C_DTYPE,
-                                    C_CHUNK,  C_PID,       C_STORED,    C_RETRIEVED,
-                                    C_FRONT_END, C_TRANSPORT};
+    static const enum col cols[] = {C_ID,  C_MODEL,  C_RANK,      C_DTYPE,     C_CHUNK,
+                                    C_PID, C_STORED, C_RETRIEVED, C_FRONT_END, C_TRANSPORT};
     int code = cli_connect(x);
 
     (void)o;
