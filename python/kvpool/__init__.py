@@ -32,8 +32,8 @@ __all__ = [
     "PagedKVCache", "gather", "scatter",
     "Error", "LibraryError", "ClosedError", "InvalidArgument", "NotFound", "DaemonUnavailable",
     "Timeout", "NoSpace", "TooBig", "ProtocolError", "ShmUnavailable", "BadSlot",
-    "InstanceConflict", "InstanceExists", "InstanceBusy", "TooManyInstances", "UntrustedDaemon", "Stale",
-    "PipelinedCommitFailed",
+    "InstanceConflict", "InstanceExists", "InstanceBusy", "TooManyInstances", "UntrustedDaemon",
+    "Stale", "PipelinedCommitFailed",
     "library_path", "library_version", "default_socket_path", "__version__",
 ]
 
