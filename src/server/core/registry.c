@@ -368,6 +368,62 @@ uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint6
     return moved;
 }
 
+const char *kvp_reg_transport_name(uint8_t transport)
+{
+    static const char *const names[] = {
+        [KVP_REG_AUTO] = "auto",
+        [KVP_REG_SHM] = "shm",
+        [KVP_REG_INLINE] = "inline",
+        [KVP_REG_PICKLE] = "pickle",
+    };
+    if (transport >= sizeof(names) / sizeof(names[0]) || !names[transport])
+        return "unknown";
+    return names[transport];
+}
+
+/* Order of the groups: by front end, then transport. */
+static int group_cmp(const struct kvp_instance_group *a, const struct kvp_instance_group *b)
+{
+    int c = strcmp(a->frontend, b->frontend);
+    return c ? c : (int)a->transport - (int)b->transport;
+}
+
+uint32_t kvp_registry_count_groups(struct kvp_registry *r, struct kvp_instance_group *out,
+                                   uint32_t cap, uint32_t *total)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->lock);
+    *total = r->count;
+    for (int i = 0; i < KVP_MAX_INSTANCES; i++) {
+        if (!r->slots[i].used)
+            continue;
+        const struct kvp_registration *inst = &r->slots[i].inst;
+        uint32_t g = 0;
+        while (g < n && (out[g].transport != inst->transport ||
+                         strncmp(out[g].frontend, inst->frontend, sizeof(out[g].frontend)) != 0))
+            g++;
+        if (g == n) {
+            if (n == cap)
+                continue;
+            out[n] = (struct kvp_instance_group){.transport = inst->transport, .count = 0};
+            memcpy(out[n].frontend, inst->frontend, sizeof(out[n].frontend));
+            out[n].frontend[KVP_MAX_FRONTEND] = '\0';
+            n++;
+        }
+        out[g].count++;
+    }
+    pthread_mutex_unlock(&r->lock);
+    /* A handful of groups: insertion sort, outside the lock. */
+    for (uint32_t i = 1; i < n; i++) {
+        struct kvp_instance_group g = out[i];
+        uint32_t j = i;
+        for (; j > 0 && group_cmp(&out[j - 1], &g) > 0; j--)
+            out[j] = out[j - 1];
+        out[j] = g;
+    }
+    return n;
+}
+
 uint32_t kvp_registry_count(struct kvp_registry *r)
 {
     pthread_mutex_lock(&r->lock);

@@ -1,11 +1,12 @@
 /*
- * status.h - the daemon's status as one JSON document: the body of GET /api/status (http.c),
+ * status_json.h - the daemon's status as one JSON document: the body of GET /api/status (http.c),
  * and what the command line shows (docs/HTTP.md lists every field).
  */
 #ifndef KVP_STATUS_H
 #define KVP_STATUS_H
 
 struct kvp_server;
+struct kvp_snapshot;
 
 /*
  * Renders the status of s: version, uptime, pool, the SHM decision, every instance with its
@@ -25,5 +26,13 @@ char *kvp_status_json(struct kvp_server *s);
  * up), or when out of memory. A malloc'd JSON text without a final newline; free() it.
  */
 char *kvp_status_health_degraded(struct kvp_server *s);
+
+/*
+ * The document of a serving s from a snapshot the caller took with KVP_SNAP_LISTS and still
+ * owns: what kvp_status_json() renders, and what a test renders from a snapshot it completed by
+ * hand. s gives what start-up fixed (configuration, the segment). Returns a malloc'd document
+ * or NULL when out of memory.
+ */
+char *kvp_status_json_render(struct kvp_server *s, const struct kvp_snapshot *snap);
 
 #endif /* KVP_STATUS_H */
