@@ -290,8 +290,9 @@ void *kvp_session_main(void *arg)
     else
         log_debug("Connection %llu closed (%s)", (unsigned long long)c->owner.id, kvp_strerror(rc));
 
-    /* Everything the client held is released now, not at a timeout. */
-    kvp_owner_release(&c->owner, KVP_DROP_DISCONNECT);
+    /* Everything the client held is released now, not at a timeout, and before the connection
+     * leaves the list: shutdown waits for that, then tears down what the owner uses. */
+    kvp_owner_destroy(&c->owner);
     conn_leave(c);
     kvp_session_free(c);
     return NULL;
