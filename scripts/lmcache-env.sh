@@ -29,21 +29,26 @@ for version in "$@"; do
         if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
             exit 0
         fi
-        echo "lmcache-env: creating $venv ($want)"
+        echo "lmcache-env: creating $venv ($want; pip's output in $venv.log)"
         rm -rf "$venv"
         "$py" -m venv "$venv"
+        log="$venv.log"
+        : > "$log"
         # torch first and pinned, so that lmcache's own requirement on torch is already met by
         # the CPU build on this machine and pip never resolves a newer (CUDA) one.
-        "$venv/bin/pip" install --quiet --disable-pip-version-check "torch==$TORCH_VERSION" || {
+        "$venv/bin/pip" install --disable-pip-version-check "torch==$TORCH_VERSION" \
+            >> "$log" 2>&1 || {
+            tail -n 30 "$log" >&2
             echo "lmcache-env: cannot install torch==$TORCH_VERSION into $venv" >&2
             exit 1
         }
-        "$venv/bin/pip" install --quiet --disable-pip-version-check \
-            "lmcache==$version" "torch==$TORCH_VERSION" || {
+        "$venv/bin/pip" install --disable-pip-version-check \
+            "lmcache==$version" "torch==$TORCH_VERSION" >> "$log" 2>&1 || {
+            tail -n 30 "$log" >&2
             echo "lmcache-env: cannot install lmcache==$version into $venv" >&2
             exit 1
         }
-        "$venv/bin/python" - "$version" <<'EOF' || exit 1
+        "$venv/bin/python" - "$version" 2>> "$log" <<'EOF' || { tail -n 30 "$log" >&2; exit 1; }
 import sys
 import lmcache
 import torch

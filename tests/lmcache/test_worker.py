@@ -144,12 +144,12 @@ class Transfer(Base):
         mine = [i for i in st["instances"] if i["instance_id"] == "lmcache-%d" % w.iid]
         self.assertEqual(len(mine), 1, st["instances"])
         self.assertEqual(mine[0]["transport"], "shm")
-        self.assertEqual(mine[0]["frontend"], "lmcache")
+        self.assertEqual(mine[0]["front_end"], "lmcache")
         owner = [c for c in st["clients"]["list"] if c["id"] == mine[0]["client_id"]]
-        self.assertEqual([c["frontend"] for c in owner], ["lmcache"])
-        self.assertEqual(st["gauges"]["instances_lmcache"], 1)
+        self.assertEqual([c["front_end"] for c in owner], ["lmcache"])
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.d.http) as r:
-            self.assertIn('kvpool_frontend_instances{frontend="lmcache"} 1', r.read().decode())
+            self.assertIn('kvpool_instances{front_end="lmcache",transport="shm"} 1',
+                          r.read().decode())
         with urllib.request.urlopen("http://127.0.0.1:%d/healthcheck" % self.d.http) as r:
             self.assertEqual(json.load(r), {"status": "healthy"})
         self.assertEqual(mine[0]["use_mla"], layout == "MLA")

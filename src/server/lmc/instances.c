@@ -309,7 +309,12 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
                                        : f->srv->shm_reason);
         }
         kvp_owner_init(&in->owner, f->srv, "lmcache", -1, 0);
-        int rc = kvp_op_register(&in->owner, &spec, &in->reg, &existing, st->msg, sizeof(st->msg));
+        /* No evidence either way: LMCache's protocol carries no peer credentials (and TCP has
+         * none), so the worker's use of the segment is taken as upstream takes it; the
+         * segment's mode still decides who can map it (docs/SECURITY.md, "LMCache's
+         * protocol"). */
+        int rc = kvp_op_register(&in->owner, &spec, NULL, &in->reg, &existing, st->msg,
+                                 sizeof(st->msg));
         if (rc == 0) {
             in->registered = true;
             in->handle = in->reg.handle;

@@ -41,6 +41,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "base/listen_addr.h"
 #include "base/log.h"
 #include "common/errors.h"
 #include "common/socket_path.h"
@@ -55,7 +56,7 @@
 
 struct lmc_listener {
     struct kvp_server *srv;
-    struct lmc_addr addr;
+    struct kvp_lmc_addr addr;
     char url[300];
     void *zctx, *router;
     int wake_fd;
@@ -68,68 +69,6 @@ struct lmc_listener {
     struct lmc_front front;
     bool front_ready;
 };
-
-static bool is_ipv4(const char *s)
-{
-    unsigned a, b, c, d;
-    char tail;
-    return sscanf(s, "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a < 256 && b < 256 &&
-           c < 256 && d < 256;
-}
-
-int lmc_addr_parse(const char *s, struct lmc_addr *out)
-{
-    struct lmc_addr a;
-    memset(&a, 0, sizeof(a));
-    if (strncmp(s, "ipc://", 6) == 0) {
-        const char *p = s + 6;
-        if (p[0] != '/' || strlen(p) >= sizeof(a.path) || strlen(p) < 2)
-            return -EINVAL;
-        a.ipc = true;
-        snprintf(a.path, sizeof(a.path), "%s", p);
-    } else if (strncmp(s, "tcp://", 6) == 0) {
-        const char *p = s + 6, *colon;
-        if (p[0] == '[') {
-            const char *close = strchr(p, ']');
-            if (!close || close[1] != ':')
-                return -EINVAL;
-            colon = close + 1;
-        } else {
-            colon = strrchr(p, ':');
-            if (!colon)
-                return -EINVAL;
-        }
-        size_t hlen = (size_t)(colon - p);
-        if (hlen == 0 || hlen >= sizeof(a.host))
-            return -EINVAL;
-        memcpy(a.host, p, hlen);
-        a.host[hlen] = '\0';
-        if (a.host[0] != '[') {
-            for (const char *c = a.host; *c; c++)
-                if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
-                      (*c >= '0' && *c <= '9') || *c == '.' || *c == '-' || *c == '*'))
-                    return -EINVAL;
-        } else {
-            for (const char *c = a.host + 1; *c && *c != ']'; c++)
-                if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') ||
-                      (*c >= 'A' && *c <= 'F') || *c == ':' || *c == '.'))
-                    return -EINVAL;
-        }
-        char *end;
-        errno = 0;
-        unsigned long port = strtoul(colon + 1, &end, 10);
-        if (errno || *end || colon[1] < '0' || colon[1] > '9' || port < 1 || port > 65535)
-            return -EINVAL;
-        a.port = (uint16_t)port;
-        a.loopback = strcmp(a.host, "localhost") == 0 || strcmp(a.host, "[::1]") == 0 ||
-                     (is_ipv4(a.host) && strncmp(a.host, "127.", 4) == 0);
-    } else {
-        return -EINVAL;
-    }
-    if (out)
-        *out = a;
-    return 0;
-}
 
 /* True if something accepts connections on the Unix socket path. */
 static bool socket_answers(const char *path)
@@ -148,7 +87,7 @@ static bool socket_answers(const char *path)
  * and nothing else at the path (libzmq would unlink whatever is there). */
 static int check_ipc_path(const char *path)
 {
-    char dir[sizeof(((struct lmc_addr *)0)->path)], why[512];
+    char dir[sizeof(((struct kvp_lmc_addr *)0)->path)], why[512];
     snprintf(dir, sizeof(dir), "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash == dir)
@@ -235,7 +174,7 @@ int lmc_listener_open(struct kvp_server *s, struct lmc_listener **out)
         return -ENOMEM;
     l->srv = s;
     l->wake_fd = -1;
-    if (lmc_addr_parse(s->cfg.lmcache, &l->addr)) {
+    if (kvp_lmc_addr_parse(s->cfg.lmcache, &l->addr)) {
         log_error("Cannot start: invalid --lmcache address %s", s->cfg.lmcache);
         free(l);
         return -EINVAL;

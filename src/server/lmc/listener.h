@@ -18,21 +18,6 @@
 struct kvp_server;
 struct lmc_listener;
 
-/* A parsed --lmcache address. */
-struct lmc_addr {
-    bool ipc;        /* ipc:///PATH, else tcp://HOST:PORT */
-    char path[108];  /* ipc: the socket file (an absolute path that fits sun_path) */
-    char host[64];   /* tcp: an IPv4 address, localhost, *, or an IPv6 address in brackets */
-    uint16_t port;   /* tcp: 1..65535 */
-    bool loopback;   /* tcp: 127.0.0.0/8, localhost or [::1]: no WARN at start-up */
-};
-
-/*
- * Parses "tcp://HOST:PORT" or "ipc:///PATH" into *out (out may be NULL: validation only).
- * Returns 0 or -EINVAL.
- */
-int lmc_addr_parse(const char *s, struct lmc_addr *out);
-
 /*
  * Binds the ROUTER at s->cfg.lmcache (a non-loopback TCP address is logged at WARN; an ipc://
  * path must be in a directory private to the daemon's user, and a live socket there is
