@@ -21,7 +21,9 @@ command per line on stdin, answers one line on stdout:
 
     connect NAME URL                  -> "ok CHUNK_TOKENS" (waits up to 60 s for the server)
     setup NAME CHUNK                  -> "ok shm|pickle" (registers a fresh instance on NAME
-                                         for CHUNK-byte chunks; the transport LMCache chose)
+                                         for CHUNK-byte chunks; the transport LMCache chose),
+                                         "ok shm-refused|pickle-refused" when a probe chunk
+                                         could not be stored and retrieved
     store NAME CHUNK NOPS SEQ VERIFY  -> "ok NS BYTES LAT_US..." (NS: wall time of the NOPS
     retrieve NAME CHUNK NOPS SEQ VERIFY  timed operations; LAT_US: one per operation)
     gather CHUNK NOPS                 -> the same: the worker's own copy, paged -> contiguous
@@ -193,6 +195,7 @@ class Worker:
         self.servers: Dict[str, Server] = {}
         self.layouts: Dict[int, Layout] = {}
         self.tokens = 0
+        self.probes = 0
 
     def client(self, url: str) -> Any:
         return self.m.factory.create(url, context=self.zmq.Context.instance())
@@ -227,7 +230,19 @@ class Worker:
         return str(srv.tokens)
 
     def setup(self, name: str, chunk: int) -> str:
-        return self.servers[name].setup(self.layout(chunk))
+        """Registers, then stores and retrieves one probe chunk: a server that takes the
+        registration but not the transport (a pickle commit refused) answers "...-refused"."""
+        srv = self.servers[name]
+        kind = srv.setup(self.layout(chunk))
+        self.probes += 1
+        seq = (1 << 40) + self.probes
+        try:
+            self.transfer("store", name, chunk, 1, seq, False)
+            self.transfer("retrieve", name, chunk, 1, seq, True)
+        except Exception as e:  # refused, or no answer within the timeout
+            sys.stderr.write("probe of %s failed: %s\n" % (name, e))
+            return kind + "-refused"
+        return kind
 
     def transfer(self, op: str, name: str, chunk: int, nops: int, seq: int,
                  verify: bool) -> Tuple[int, List[float]]:

@@ -327,7 +327,7 @@ static bool is_rtt(const struct kvpb_row *r)
 
 static bool is_paged(const struct kvpb_row *r)
 {
-    return r->op == KVPB_OP_GATHER || r->op == KVPB_OP_SCATTER;
+    return (r->op == KVPB_OP_GATHER || r->op == KVPB_OP_SCATTER) && row_group(r) == SEC_PAGED;
 }
 
 /* The label of the op column: Redis' commands are named as Redis names them. */
