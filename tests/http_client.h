@@ -54,8 +54,9 @@ json_t *kvpt_http_json(uint16_t port, const char *path, int *status);
 
 /*
  * The value of one sample of a Prometheus text exposition: the line that starts with series
- * (the metric name and its labels exactly as written, e.g. kvpool_instances{transport="shm"})
- * followed by a space. Sets *found; returns 0 when absent.
+ * (the metric name and its labels exactly as written, e.g.
+ * kvpool_instances{front_end="kvpool",transport="shm"}) followed by a space. Sets *found; returns 0
+ * when absent.
  */
 double kvpt_metric(const char *text, const char *series, int *found);
 

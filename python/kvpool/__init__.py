@@ -24,7 +24,7 @@ from .plans import RetrievePlan, StorePlan
 from .errors import (BadSlot, ClosedError, DaemonUnavailable, Error, InstanceBusy,
                      InstanceConflict, InstanceExists, InvalidArgument, LibraryError, NoSpace,
                      NotFound, PipelinedCommitFailed, ProtocolError, ShmUnavailable, Stale,
-                     Timeout, TooBig, UntrustedDaemon)
+                     Timeout, TooBig, TooManyInstances, UntrustedDaemon)
 from .paged import PagedKVCache, gather, scatter
 
 __all__ = [
@@ -32,8 +32,8 @@ __all__ = [
     "PagedKVCache", "gather", "scatter",
     "Error", "LibraryError", "ClosedError", "InvalidArgument", "NotFound", "DaemonUnavailable",
     "Timeout", "NoSpace", "TooBig", "ProtocolError", "ShmUnavailable", "BadSlot",
-    "InstanceConflict", "InstanceExists", "InstanceBusy", "UntrustedDaemon", "Stale",
-    "PipelinedCommitFailed",
+    "InstanceConflict", "InstanceExists", "InstanceBusy", "TooManyInstances", "UntrustedDaemon",
+    "Stale", "PipelinedCommitFailed",
     "library_path", "library_version", "default_socket_path", "__version__",
 ]
 

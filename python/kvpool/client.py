@@ -208,8 +208,10 @@ class Client:
         and logs a warning. Raises :class:`kvpool.InstanceExists` if the id is registered with
         another model, world size, rank or layout (the message names the field), and
         :class:`kvpool.InstanceBusy` if another live connection holds it (the message names its
-        pid). Raises :class:`kvpool.InvalidArgument` with the daemon's message naming the field
-        for a rejected layout.
+        pid). Raises :class:`kvpool.TooManyInstances` when this client already has the
+        daemon's ``--max-instances-per-client`` instances registered, and
+        :class:`kvpool.InvalidArgument` with the daemon's message naming the field for a
+        rejected layout.
         """
         if transport not in _TRANSPORTS:
             raise InvalidArgument("transport must be 'auto', 'shm' or 'inline', not %r"

@@ -36,6 +36,7 @@ __all__ = [
     "InstanceConflict",
     "InstanceExists",
     "InstanceBusy",
+    "TooManyInstances",
     "UntrustedDaemon",
     "Stale",
     "PipelinedCommitFailed",
@@ -200,6 +201,17 @@ class InstanceBusy(InstanceConflict):
     message names that connection's pid; the id is free again once that worker has closed."""
 
 
+class TooManyInstances(Error):
+    """-EDQUOT from ``register()``: this connection already has as many instances registered
+    as the daemon's ``--max-instances-per-client`` allows (64 by default), so that no client can
+    take the daemon's whole table. The message names the count and the limit. Unregister an
+    instance (or close a client that holds some) and register again; a registration of an id
+    this connection already holds is not refused.
+
+    Not a :class:`TooBig` (a request larger than a protocol limit, a ``ValueError``): every
+    value of the registration is valid, the connection holds too many at once."""
+
+
 # The one table: which exception class each return code raises, by the code's symbolic name.
 # An errno name stands for the negative errno of that name (Python's errno module gives its
 # value); a KVP_E name for kvpool's own code of that name (the loaded library gives its value,
@@ -228,6 +240,7 @@ _CLASSES: Dict[str, Type[Error]] = {
     "EOPNOTSUPP": ShmUnavailable,
     "EEXIST": InstanceExists,
     "EBUSY": InstanceBusy,
+    "EDQUOT": TooManyInstances,
     "EPERM": UntrustedDaemon,
     "ESTALE": Stale,
     "KVP_EPROTO": ProtocolError,

@@ -51,12 +51,16 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix="kvpool-py-")
         self.socket = os.path.join(self.dir, "s.sock")
         self.log_path = os.path.join(self.dir, "kvpoold.log")
+        # A memfd segment has no name: kvpoold refuses --shm-name next to it.
+        named = "memfd" not in extra
         self.shm_name = ("kvpool_l1_pool_pytest_%d_%d" % (os.getpid(), next(_counter))
-                         if shm else "")
+                         if shm and named else "")
         self.chunk_size = chunk_size
         self.args = [self.binary, "--socket", self.socket, "--l1-size", l1_size,
-                     "--chunk-size", str(chunk_size), "--shm-name", self.shm_name,
-                     "--log-level", "info"] + list(extra)
+                     "--chunk-size", str(chunk_size), "--log-level", "info"]
+        if named:
+            self.args += ["--shm-name", self.shm_name]
+        self.args += list(extra)
         self.proc = None
 
     def start(self, timeout=10.0):

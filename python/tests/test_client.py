@@ -577,6 +577,40 @@ class TestIdentity(_DaemonPerClass):
             self.assertFalse(ctx.existing)
 
 
+class TestInstanceLimit(_DaemonPerClass):
+    """--max-instances-per-client: one connection beyond it gets TooManyInstances (EDQUOT)."""
+
+    extra = ("--max-instances-per-client", "2")
+
+    def register(self, client, iid):
+        return client.register(iid, model_name="m", world_size=1, worker_rank=0,
+                               num_layers=LAYERS, hidden_dim=HIDDEN, dtype="float16")
+
+    def test_limit_per_connection(self):
+        base = "py-limit-%d-" % random.randrange(1 << 30)
+        with self.daemon.client() as a, self.daemon.client() as b:
+            first = self.register(a, base + "0")
+            self.register(a, base + "1")
+            with self.assertRaises(kvpool.TooManyInstances) as cm:
+                self.register(a, base + "2")
+            e = cm.exception
+            self.assertEqual(e.name, "EDQUOT")
+            self.assertEqual(e.errno, errno.EDQUOT)
+            self.assertTrue(e.op.startswith("register "), e.op)
+            self.assertIsInstance(e, kvpool.Error)
+            self.assertNotIsInstance(e, ValueError)
+            self.assertIn("--max-instances-per-client (2)", e.message)
+            self.assertIn(e.message, str(e))
+            # An id this connection holds already is returned, not refused.
+            with self.assertLogs("kvpool", logging.WARNING):
+                self.assertTrue(self.register(a, base + "1").existing)
+            # The limit is per connection: another one registers the refused id.
+            self.assertFalse(self.register(b, base + "2").existing)
+            # Unregistering makes room again.
+            first.unregister()
+            self.assertFalse(self.register(a, base + "3").existing)
+
+
 class TestDaemonGone(unittest.TestCase):
     def test_no_daemon(self):
         d = Daemon()

@@ -225,14 +225,15 @@ static int do_adopt_reply(kvp_client *c, kvp_instance *inst, uint32_t want,
         return 0;
     }
     if (want == KVP_TRANSPORT_SHM) {
-        /* Only an existing registration can come back inline after we said shm; it is not
-         * ours to drop. A new one would be a daemon bug: do not leave it behind. */
+        /* An existing registration can come back inline after we said shm (it is not ours to
+         * drop), and so can a new one when the daemon finds no evidence that this process can
+         * map the segment (docs/SECURITY.md): do not leave that one behind. */
         if (!r->existing)
             do_drop_registration(c, r->handle);
         return kvp_conn_error(&c->conn, KVP_ENOSHM,
-                              "instance is registered with the inline "
-                              "transport%s",
-                              r->existing ? " (existing registration)" : "");
+                              "instance is registered with the inline transport%s: %.200s",
+                              r->existing ? " (existing registration)" : "",
+                              r->reason[0] ? r->reason : why);
     }
     info->transport = KVP_TRANSPORT_INLINE;
     if (r->transport == KVP_WIRE_SHM && want == KVP_TRANSPORT_INLINE)

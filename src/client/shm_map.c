@@ -19,12 +19,19 @@
  * on the caller's path: a registration must not cost time proportional to the pool. After the
  * checks a thread of the library's own (all signals blocked) walks the mapping in
  * KVP_PREFAULT_STEP steps with MADV_POPULATE_WRITE (a write fault per page taken in the kernel,
- * bytes unchanged, even while other workers write them; where the kernel lacks it, an atomic add
- * of zero per page) and exits; unmapping stops it and waits for it first (it is detached, so a
- * process that exits without closing its client leaves no unjoined thread). A copy that reaches a
- * page before the thread does just takes the fault itself. Pages the daemon has not reserved yet
- * (warm-up) are left to it: populating fails on them or allocates what the daemon would have.
- * KVPOOL_PREFAULT=0 skips it. A child process after fork() never joins its parent's thread.
+ * bytes unchanged, even while other workers write them; where the kernel lacks it, before Linux
+ * 5.14, an atomic add of zero per page) and exits; unmapping stops it and waits for it first (it
+ * is detached, so a process that exits without closing its client leaves no unjoined thread). A
+ * copy that reaches a page before the thread does just takes the fault itself.
+ *
+ * Only pages the daemon has reserved are pre-faulted, on every kernel: the header page says how
+ * many bytes are (seg_header.h), and the thread follows it while the daemon reserves the rest in
+ * the background, until the header says the reservation has ended. A page beyond it may never
+ * be allocated (/dev/shm filled up during the reservation), and touching it would be SIGBUS; a
+ * daemon that does not say (an earlier version) gets populating only, which fails instead.
+ * KVPOOL_PREFAULT=0 skips it, KVPOOL_PREFAULT=touch uses the touch even where
+ * MADV_POPULATE_WRITE exists (the path of older kernels, for tests). A child process after
+ * fork() never joins its parent's thread.
  *
  * Slots: offsets and lengths come from another process and are checked (header page excluded,
  * exact chunk length, no wrap-around) before any pointer is formed.
@@ -45,6 +52,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvpool.h"
@@ -61,13 +69,17 @@
  */
 struct kvp_prefault {
     pthread_mutex_t lock;
-    pthread_cond_t cv;
-    bool done; /* under lock: the thread no longer touches the mapping or this struct */
+    pthread_cond_t cv; /* done (to the stopper), stop (to the thread waiting for the daemon) */
+    bool done;         /* under lock: the thread no longer touches the mapping or this struct */
     atomic_bool stop;
+    bool touch_only; /* KVPOOL_PREFAULT=touch: the fallback of kernels before 5.14 */
     uint8_t *base;
     uint64_t size;
     pid_t pid; /* the process whose thread it is */
 };
+
+/* How long the thread waits before it reads the header again while the daemon reserves. */
+#define KVP_PREFAULT_WAIT_MS 50
 
 /* Not instrumented by TSan: the writers it races with are other processes, which TSan cannot
  * see, and shadow memory for the whole pool would add seconds per GiB to a sanitized client. */
@@ -77,22 +89,54 @@ __attribute__((no_sanitize_thread)) static void touch(uint8_t *p, uint64_t n)
         __atomic_fetch_add(p + off, 0, __ATOMIC_RELAXED);
 }
 
+/* Waits up to KVP_PREFAULT_WAIT_MS, or until stopped. */
+static void prefault_wait_daemon(struct kvp_prefault *pf)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += KVP_PREFAULT_WAIT_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&pf->lock);
+    if (!atomic_load(&pf->stop))
+        pthread_cond_timedwait(&pf->cv, &pf->lock, &ts);
+    pthread_mutex_unlock(&pf->lock);
+}
+
+/*
+ * Pre-faults the pages the daemon has reserved, as the header page says, following it while
+ * it reserves the rest. A daemon that does not say (an earlier version) gets MADV_POPULATE_WRITE
+ * only, which fails on a page it cannot allocate instead of faulting: never the touch, which
+ * would be SIGBUS there.
+ */
 static void *prefault_main(void *arg)
 {
     struct kvp_prefault *pf = arg;
-    bool populate = true;
+    bool populate = !pf->touch_only, final = false;
 
     for (uint64_t off = KVP_SHM_HEADER_SIZE; off < pf->size && !atomic_load(&pf->stop);) {
-        uint64_t n = pf->size - off < KVP_PREFAULT_STEP ? pf->size - off : KVP_PREFAULT_STEP;
+        uint64_t reserved = kvp_seg_header_reserved(pf->base, &final);
+        uint64_t end = reserved == 0 || reserved > pf->size ? pf->size : reserved;
+        if (off >= end) {
+            if (final || reserved == 0)
+                break; /* the rest is not reserved, and will not be */
+            prefault_wait_daemon(pf);
+            continue;
+        }
+        uint64_t n = end - off < KVP_PREFAULT_STEP ? end - off : KVP_PREFAULT_STEP;
         if (populate && madvise(pf->base + off, n, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
             populate = false; /* a kernel without it: retry this step by touching */
+        if (!populate && reserved == 0)
+            break;
         if (!populate)
             touch(pf->base + off, n);
         off += n;
     }
     pthread_mutex_lock(&pf->lock);
     pf->done = true;
-    pthread_cond_signal(&pf->cv);
+    pthread_cond_broadcast(&pf->cv);
     pthread_mutex_unlock(&pf->lock);
     return NULL;
 }
@@ -111,9 +155,14 @@ static struct kvp_prefault *prefault_start(uint8_t *base, uint64_t size)
     pf->base = base;
     pf->size = size;
     pf->pid = getpid();
+    pf->touch_only = env && strcmp(env, "touch") == 0;
     atomic_init(&pf->stop, false);
     pthread_mutex_init(&pf->lock, NULL);
-    pthread_cond_init(&pf->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&pf->cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_attr_t attr;
     pthread_t t;
     int rc = pthread_attr_init(&attr);
@@ -145,8 +194,10 @@ static void prefault_stop(struct kvp_shm_map *m)
         free(pf);
         return;
     }
-    atomic_store(&pf->stop, true);
+    /* Under the lock: a thread about to wait for the daemon sees it, or is woken. */
     pthread_mutex_lock(&pf->lock);
+    atomic_store(&pf->stop, true);
+    pthread_cond_broadcast(&pf->cv);
     while (!pf->done)
         pthread_cond_wait(&pf->cv, &pf->lock);
     pthread_mutex_unlock(&pf->lock);
@@ -234,6 +285,17 @@ int kvp_shm_map_fd(struct kvp_shm_map *m, int fd, uint64_t size,
 out_unmap:
     munmap(base, (size_t)size);
     return rc;
+}
+
+void kvp_shm_map_prefault_wait(struct kvp_shm_map *m)
+{
+    struct kvp_prefault *pf = m->prefault;
+    if (!pf || pf->pid != getpid())
+        return;
+    pthread_mutex_lock(&pf->lock);
+    while (!pf->done)
+        pthread_cond_wait(&pf->cv, &pf->lock);
+    pthread_mutex_unlock(&pf->lock);
 }
 
 void kvp_shm_map_close(struct kvp_shm_map *m)

@@ -44,6 +44,11 @@ int kvp_shm_map_fd(struct kvp_shm_map *m, int fd, uint64_t size,
                    const uint8_t nonce[KVP_NONCE_SIZE], const char *label, char *reason,
                    size_t reason_size);
 
+/* Waits until the pre-fault thread has finished by itself (it stops at the end of what the
+ * daemon reserved, once the header says the reservation has ended). Returns at once without
+ * one. For tests. */
+void kvp_shm_map_prefault_wait(struct kvp_shm_map *m);
+
 /* Stops the pre-fault thread, unmaps. Safe on a zeroed, never-mapped map. */
 void kvp_shm_map_close(struct kvp_shm_map *m);
 

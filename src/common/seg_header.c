@@ -4,8 +4,10 @@
  * The daemon writes the header once, after it holds the segment's liveness lock; the sweep of
  * dead daemons' leftovers reads the owner pid of segments it did not create; a worker checks the
  * whole header before it uses a mapping, because a namesake segment of another daemon (another
- * IPC namespace, a stale leftover) may answer to the same name. No locking: the page is written
- * before anyone is told the segment exists, and never changes afterwards.
+ * IPC namespace, a stale leftover) may answer to the same name, and reads how much of the
+ * segment is reserved before pre-faulting it. No locking: the page is written before anyone is
+ * told the segment exists, and afterwards only the reservation's progress changes, in two
+ * atomic fields (the byte count, then the flag that it is final).
  */
 #include "seg_header.h"
 
@@ -76,6 +78,24 @@ int kvp_seg_header_check(const void *h, size_t len, uint64_t size,
     if (memcmp(hdr.nonce, nonce, KVP_SEG_NONCE_SIZE) != 0)
         return why_fail(why, why_size, "segment nonce mismatch: not this daemon's pool");
     return 0;
+}
+
+/* Atomics on fields of a page shared between processes: the GCC builtins work on the plain
+ * fields of the layout struct, which other processes read with the same builtins. */
+void kvp_seg_header_publish_reserved(void *base, uint64_t reserved, bool done)
+{
+    struct kvp_seg_header *h = base;
+    __atomic_store_n(&h->reserved_bytes, reserved, __ATOMIC_RELEASE);
+    if (done)
+        __atomic_store_n(&h->flags, KVP_SEG_RESERVE_DONE, __ATOMIC_RELEASE);
+}
+
+uint64_t kvp_seg_header_reserved(const void *base, bool *done)
+{
+    const struct kvp_seg_header *h = base;
+    /* The flag first: once it is seen, the byte count read after it is the final one. */
+    *done = __atomic_load_n(&h->flags, __ATOMIC_ACQUIRE) & KVP_SEG_RESERVE_DONE;
+    return __atomic_load_n(&h->reserved_bytes, __ATOMIC_ACQUIRE);
 }
 
 uint32_t kvp_seg_header_pid(const void *h, size_t len)

@@ -1,10 +1,17 @@
 /*
  * shm_name.c - segment name normalisation, shared by the daemon and the client library so that
- * both always agree on the file under /dev/shm.
+ * both always agree on the file under /dev/shm; and the daemon's default names.
+ *
+ * A default name carries a random part: with a predictable one (the pid alone), any local user
+ * could create and lock the names of the pids a daemon will get, and so keep it from starting or
+ * from offering shared memory. Nobody can plant a file under a name nobody can predict.
  */
 #include "shm_name.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <sodium.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,10 +38,36 @@ int kvp_shm_name_normalize(const char *name, char *out, size_t size)
     return 0;
 }
 
-int kvp_shm_name_default(long pid, char *out, size_t size)
+int kvp_shm_name_random(long pid, char *out, size_t size)
 {
-    int n = snprintf(out, size, "%s%ld", KVP_SHM_PREFIX, pid);
+    uint8_t r[KVP_SHM_NAME_RANDOM_HEX / 2];
+    char hex[KVP_SHM_NAME_RANDOM_HEX + 1];
+
+    if (sodium_init() < 0)
+        return -ENOMEM;
+    randombytes_buf(r, sizeof(r));
+    sodium_bin2hex(hex, sizeof(hex), r, sizeof(r));
+    int n = snprintf(out, size, "%s%ld_%s", KVP_SHM_PREFIX, pid, hex);
     if (n < 0 || (size_t)n >= size)
         return -ENAMETOOLONG;
     return 0;
+}
+
+bool kvp_shm_name_is_default(const char *name)
+{
+    size_t plen = strlen(KVP_SHM_PREFIX);
+    const char *p = name + plen;
+
+    if (strncmp(name, KVP_SHM_PREFIX, plen) != 0 || !isdigit((unsigned char)*p))
+        return false;
+    while (isdigit((unsigned char)*p))
+        p++;
+    if (*p == '\0')
+        return true;
+    if (*p++ != '_' || strlen(p) != KVP_SHM_NAME_RANDOM_HEX)
+        return false;
+    for (; *p; p++)
+        if (!isxdigit((unsigned char)*p) || isupper((unsigned char)*p))
+            return false;
+    return true;
 }

@@ -1,10 +1,19 @@
 /*
  * main.c - kvpoold entry point: configuration, signals, server life cycle.
  *
- * SIGINT, SIGTERM and SIGHUP (the terminal went away) ask the server to stop (an atomic store
- * and a write to its self-pipe, both async-signal-safe); the main thread then tears everything
- * down in order and exits 0, leaving neither the shared segment nor the socket file behind. A
- * stop during start-up (a long pool reservation) ends the start-up early, also with status 0.
+ * SIGINT and SIGTERM ask the server to stop (an atomic store and a write to its self-pipe, both
+ * async-signal-safe); the main thread then tears everything down in order and exits 0, leaving
+ * neither the shared segment nor the socket file behind. A stop during start-up (a long pool
+ * reservation) ends the start-up early, also with status 0.
+ *
+ * SIGHUP reloads the configuration, as PostgreSQL and nginx do: the handler only flags it and
+ * wakes the accept loop, which returns here; the main thread parses the same layers again (the
+ * --config file, the KVPOOL_* environment, the command line, which still win over the file),
+ * applies the options the option table marks reloadable (kvp_server_reconfigure() logs each
+ * change, and each change that needs a restart) and serves on. A file with an error is reported
+ * and changes nothing. The daemon never stops for SIGHUP: an operator who sends it out of habit
+ * keeps the cache. A SIGHUP during start-up is handled once the daemon serves.
+ *
  * SIGPIPE is ignored (a process-wide disposition, so in every thread): a worker that
  * disappears mid-reply is an EPIPE on its own connection, not the daemon's death.
  *
@@ -13,7 +22,8 @@
  * in the --config file.
  *
  * Under a service manager (systemd Type=notify, notify.c): READY=1 once the daemon serves
- * (server.c, with the "ready" line), STOPPING=1 as soon as a stop begins.
+ * (server.c, with the "ready" line), RELOADING=1 then READY=1 around a reload, STOPPING=1 as
+ * soon as a stop begins.
  */
 #include <errno.h>
 #include <signal.h>
@@ -28,10 +38,33 @@
 
 static struct kvp_server server;
 
-static void on_signal(int sig)
+static void on_stop_signal(int sig)
 {
     (void)sig;
     kvp_server_stop(&server);
+}
+
+static void on_reload_signal(int sig)
+{
+    (void)sig;
+    kvp_server_request_reload(&server);
+}
+
+/* SIGHUP: the configuration again, from the same layers; cur is the configuration in effect. */
+static void reload(struct kvp_config *cur, int argc, char **argv)
+{
+    struct kvp_config next;
+
+    kvp_notify_reloading();
+    log_info("SIGHUP: reading the configuration again");
+    kvp_config_defaults(&next);
+    /* Messages go to the log (err NULL); there is no --help to print. */
+    if (kvp_config_parse(&next, argc, argv, stderr, NULL) != 0)
+        log_error("Configuration not reloaded: it has an error (above); nothing changed");
+    else
+        kvp_server_reconfigure(&server, cur, &next);
+    explicit_bzero(&next, sizeof(next)); /* it may hold an L2 password */
+    kvp_notify_reloaded("Serving; configuration reloaded");
 }
 
 int main(int argc, char **argv)
@@ -45,16 +78,18 @@ int main(int argc, char **argv)
     int rc = kvp_config_parse(&cfg, argc, argv, stdout, stderr);
     if (rc)
         return rc > 0 ? EXIT_SUCCESS : 2;
-    kvp_log_threshold = cfg.log_level;
+    kvp_log_set_level(cfg.log_level);
     kvp_log_set_format(cfg.log_format);
 
     if (kvp_server_init(&server, &cfg) != 0)
         return EXIT_FAILURE;
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    struct sigaction stop = {.sa_handler = on_stop_signal};
+    sigemptyset(&stop.sa_mask);
+    sigaction(SIGINT, &stop, NULL);
+    sigaction(SIGTERM, &stop, NULL);
+    struct sigaction hup = {.sa_handler = on_reload_signal};
+    sigemptyset(&hup.sa_mask);
+    sigaction(SIGHUP, &hup, NULL);
 
     rc = kvp_server_start(&server);
     if (rc == -ECANCELED) {
@@ -67,10 +102,12 @@ int main(int argc, char **argv)
         kvp_server_destroy(&server);
         return EXIT_FAILURE;
     }
-    rc = kvp_server_run(&server);
+    while ((rc = kvp_server_run(&server)) == KVP_SERVER_RELOAD)
+        reload(&cfg, argc, argv);
     kvp_notify_stopping();
     log_info("kvpoold stopping");
     kvp_server_destroy(&server);
+    explicit_bzero(&cfg, sizeof(cfg));
     if (rc)
         return EXIT_FAILURE;
     log_info("kvpoold stopped");

@@ -32,8 +32,10 @@
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
  * Threads: the main thread accepts and checks credentials; each connection has a detached thread
- * and joins the connection list (session.c, which owns a connection's whole life); one expiry
- * thread cancels overdue reservations and reports rate-limited log counts once a second; one
+ * and joins the connection list (session.c, which owns a connection's whole life); connections
+ * that are not served are answered by the refusals thread (refusals.c); one expiry
+ * thread cancels overdue reservations and reports rate-limited log counts once a second, and
+ * notices a segment that shrank under the daemon (seg_guard.c, segment_lost()); one
  * warm-up thread reserves the rest of the pool after start-up (warmup.c). The
  * threads are created with the stop signals blocked, so only the main thread handles them.
  * Shutdown: the signal handler writes to a self-pipe; the main thread stops accepting, shuts
@@ -60,18 +62,21 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/listen_addr.h"
 #include "base/log.h"
 #include "base/notify.h"
 #include "common/errors.h"
 #include "common/msg.h"
 #include "common/socket_path.h"
 #include "core/owner.h"
+#include "core/seg_guard.h"
 #include "core/shm_gate.h"
 #include "core/stats.h"
 #include "core/transport.h"
 #include "core/warmup.h"
 #include "http/http.h"
 #include "kvp/listener.h"
+#include "kvp/refusals.h"
 #include "l2/l2.h"
 
 /* The directory part of path, for messages. */
@@ -264,27 +269,32 @@ static void unlink_own_socket(struct kvp_server *s)
 #define KVP_FD_RESERVE 64
 
 /*
- * --max-clients is only a promise if the descriptor limit allows it: raise the soft limit as far
- * as needed (up to the hard limit) and refuse to start when even the hard limit is too low.
+ * --max-clients is only a promise if the descriptor limit allows it (and the HTTP endpoint's
+ * KVP_HTTP_MAX_CONNECTIONS when it is on): raise the soft limit as far as needed (up to the hard
+ * limit) and refuse to start when even the hard limit is too low.
  */
 static int check_fd_limit(const struct kvp_config *cfg)
 {
     struct rlimit rl;
-    rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE;
+    struct kvp_listen_addr l;
+    bool http = kvp_listen_addr_parse(cfg->http, &l) == 0 && !l.off;
+    const char *with = http ? " (with the HTTP endpoint's connections)" : "";
+    rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE + (http ? KVP_HTTP_MAX_CONNECTIONS : 0);
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
         return 0;
     if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
-        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, but "
-                  "the limit is %llu (ulimit -n); lower --max-clients or raise the limit",
-                  cfg->max_clients, (unsigned long long)need, (unsigned long long)rl.rlim_max);
+        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors%s, "
+                  "but the limit is %llu (ulimit -n); lower --max-clients or raise the limit",
+                  cfg->max_clients, (unsigned long long)need, with,
+                  (unsigned long long)rl.rlim_max);
         return -EMFILE;
     }
     rl.rlim_cur = need;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
         int err = errno;
-        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors, and "
-                  "the limit cannot be raised: %s",
-                  cfg->max_clients, (unsigned long long)need, kvp_strerror(-err));
+        log_error("Refusing to start: --max-clients %" PRIu32 " needs %llu file descriptors%s, "
+                  "and the limit cannot be raised: %s",
+                  cfg->max_clients, (unsigned long long)need, with, kvp_strerror(-err));
         return -err;
     }
     log_debug("Raised the file descriptor limit to %llu for --max-clients %" PRIu32,
@@ -292,11 +302,38 @@ static int check_fd_limit(const struct kvp_config *cfg)
     return 0;
 }
 
-/* Once a second: cancel reservations older than --reserve-timeout. Woken early at shutdown. */
+/*
+ * The segment shrank under the daemon and the guard replaced it with private memory
+ * (seg_guard.h): said once, at ERROR; the instances on shm are moved to inline and their
+ * connections closed, so that their libraries reconnect and register again, inline (a
+ * reservation written through a mapping the daemon no longer shares could only be refused); the
+ * chunks, whose bytes are lost, are dropped (the pinned ones a second later, by the caller,
+ * once the transfers that pinned them have ended).
+ */
+static void segment_lost(struct kvp_server *s, int64_t size_now)
+{
+    static uint64_t owners[KVP_MAX_INSTANCES];
+    struct kvp_clear_result r;
+    uint32_t nowners = 0;
+
+    uint32_t moved = kvp_registry_stop_shm(&s->registry, kvp_seg_guard_reason(), owners,
+                                           KVP_MAX_INSTANCES, &nowners);
+    kvp_sessions_drop(s, owners, nowners);
+    kvp_store_clear(&s->store, &r);
+    log_error("The shared segment /dev/shm/%s shrank to %lld of %" PRIu64 " bytes under kvpoold "
+              "(another process truncated it). kvpoold no longer uses shared memory: its pool is "
+              "private memory now, the %" PRIu64 " chunks it held are dropped (%" PRIu64
+              " pinned ones once released), and every worker is served inline (%" PRIu32
+              " instance(s) on shm had their connection closed, to register again)",
+              s->seg.name, (long long)size_now, s->seg.size, r.dropped, r.pinned, moved);
+}
+
+/* Once a second: cancel reservations older than --reserve-timeout, notice a segment that
+ * shrank. Woken early at shutdown. */
 static void *expiry_main(void *arg)
 {
     struct kvp_server *s = arg;
-    uint64_t timeout = (uint64_t)s->cfg.reserve_timeout_s * 1000;
+    bool clear_again = false; /* the chunks pinned when the segment was lost are still there */
 
     pthread_mutex_lock(&s->expiry_lock);
     while (!atomic_load(&s->stopping)) {
@@ -308,11 +345,25 @@ static void *expiry_main(void *arg)
             break;
         pthread_mutex_unlock(&s->expiry_lock);
         kvp_log_rl_flush(kvp_mono_ms());
-        uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), timeout);
+        int64_t size_now;
+        kvp_seg_guard_check();
+        if (clear_again) {
+            struct kvp_clear_result r;
+            kvp_store_clear(&s->store, &r);
+            clear_again = false;
+            log_debug("Dropped %" PRIu64 " more chunks of the lost segment", r.dropped);
+        }
+        if (kvp_seg_guard_take_report(&size_now)) {
+            segment_lost(s, size_now);
+            clear_again = true;
+        }
+        /* SIGHUP may change it: every round reads it anew. */
+        uint32_t timeout_s = atomic_load_explicit(&s->reserve_timeout_s, memory_order_relaxed);
+        uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), (uint64_t)timeout_s * 1000);
         if (n) {
             KVP_COUNT(reservations_expired, n);
             log_warn("Cancelled %" PRIu32 " reserved chunk(s) not committed within %" PRIu32 " s",
-                     n, s->cfg.reserve_timeout_s);
+                     n, timeout_s);
         }
         pthread_mutex_lock(&s->expiry_lock);
     }
@@ -340,9 +391,14 @@ static void log_startup(const struct kvp_server *s)
         snprintf(shm, sizeof(shm), "%s", s->shm_reason);
     }
     char warming[96] = "";
-    if (s->warmup_started)
-        snprintf(warming, sizeof(warming), " (%" PRIu64 " reserved, the rest in the background)",
-                 kvp_segment_pool_bytes(s->reserved_at_start));
+    if (s->warmup_started) {
+        /* The first step reserves a whole number of steps of the segment, header included: of
+         * a 256 MiB pool, all but 4096 bytes. Say what the background really has left. */
+        uint64_t now = kvp_segment_pool_bytes(s->reserved_at_start);
+        snprintf(warming, sizeof(warming),
+                 " (%" PRIu64 " reserved, %" PRIu64 " more in the background)", now,
+                 cfg->l1_size - now);
+    }
     snprintf(line, sizeof(line),
              "kvpoold %s ready: pool %" PRIu64 " bytes%s, %s, socket %s, chunk size %" PRIu32
              " tokens",
@@ -371,6 +427,9 @@ int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
     s->started_mono_ms = kvp_mono_ms();
     s->started_wall_ms = kvp_wall_ms();
     kvp_owners_init(&s->owners);
+    atomic_init(&s->reserve_timeout_s, cfg->reserve_timeout_s);
+    atomic_init(&s->io_timeout_ms, cfg->io_timeout_ms);
+    atomic_init(&s->follow_cpu, cfg->follow_cpu);
     pthread_mutex_init(&s->conns_lock, NULL);
     pthread_cond_init(&s->conns_cv, NULL);
     pthread_mutex_init(&s->expiry_lock, NULL);
@@ -418,6 +477,12 @@ int kvp_server_start(struct kvp_server *s)
     rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason), &s->gate);
     if (rc)
         return rc;
+    /* The memfd backend is sealed against shrinking; private memory has no file. */
+    rc = s->seg.shared && !s->seg.memfd ? kvp_seg_guard_arm(s->seg.base, s->seg.size, s->seg.fd)
+                                        : 0;
+    if (rc)
+        log_warn("Cannot install the SIGBUS handler that survives a truncated segment: %s",
+                 kvp_strerror(rc));
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size,
                         kvp_segment_pool_bytes(s->seg.reserved));
     if (rc) {
@@ -441,6 +506,12 @@ int kvp_server_start(struct kvp_server *s)
     kvp_registry_init(&s->registry, &offer);
     s->registry_ready = true;
 
+    rc = kvp_refusals_start(&s->refusals);
+    if (rc) {
+        log_error("Cannot start: cannot create the thread that answers refused connections: %s",
+                  kvp_strerror(rc));
+        return rc;
+    }
     if (listen(s->listen_fd, 128) != 0) {
         int err = errno;
         log_error("Cannot start: cannot listen on %s: %s", cfg->socket_path, kvp_strerror(-err));
@@ -471,28 +542,56 @@ void kvp_server_stop(struct kvp_server *s)
     }
 }
 
-/*
- * Refuses a connection: answers its first request (if it comes within 200 ms) with status and
- * msg, then closes. Runs on the accept thread, so it never waits longer than that.
- */
-static void refuse(int fd, int status, const char *msg)
+/* Called from the signal handler, like kvp_server_stop(). */
+void kvp_server_request_reload(struct kvp_server *s)
 {
-    uint8_t raw[KVP_HEADER_SIZE];
-    struct kvp_header h;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-
-    if (poll(&p, 1, 200) == 1 && recv(fd, raw, sizeof(raw), MSG_DONTWAIT) == (ssize_t)sizeof(raw) &&
-        kvp_header_decode(raw, &h) == 0) {
-        struct kvp_wbuf w;
-        uint8_t out[KVP_HEADER_SIZE];
-        kvp_wbuf_init(&w);
-        kvp_encode_error(&w, msg);
-        kvp_reply_header_encode(&h, status, (uint32_t)w.len, 0, out);
-        if (!w.err && send(fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT) == sizeof(out))
-            send(fd, w.data, w.len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        kvp_wbuf_free(&w);
+    atomic_store(&s->reload_requested, true);
+    if (s->wake_fds[1] >= 0) {
+        ssize_t w = write(s->wake_fds[1], "r", 1);
+        (void)w;
     }
-    close(fd);
+}
+
+/* One change a reload found: applied, or waiting for a restart. */
+static void log_change(void *arg, const char *name, bool reloadable, const char *was,
+                       const char *now)
+{
+    int *pending = arg;
+    if (reloadable) {
+        log_info("Reload: %s changed from %s to %s", name, was, now);
+        return;
+    }
+    log_warn("Reload: %s changed from %s to %s in the configuration; it takes effect at the "
+             "next start (still %s)",
+             name, was, now, was);
+    (*pending)++;
+}
+
+void kvp_server_reconfigure(struct kvp_server *s, struct kvp_config *cur,
+                            const struct kvp_config *next)
+{
+    int pending = 0;
+    int changed = kvp_config_compare(cur, next, log_change, &pending);
+    kvp_config_take_reloadable(cur, next);
+
+    /* Every reloadable option of config.c's table, to where the running daemon reads it. */
+    kvp_log_set_level(cur->log_level);
+    kvp_log_set_format(cur->log_format);
+    atomic_store_explicit(&s->reserve_timeout_s, cur->reserve_timeout_s, memory_order_relaxed);
+    atomic_store_explicit(&s->io_timeout_ms, cur->io_timeout_ms, memory_order_relaxed);
+    atomic_store_explicit(&s->follow_cpu, cur->follow_cpu, memory_order_relaxed);
+    kvp_l2_set_limits(s->l2, cur->l2_ttl_s, cur->l2_timeout_ms);
+    /* Read by the accept loop only, which is this thread. */
+    memcpy(s->cfg.allow_uids, cur->allow_uids, sizeof(s->cfg.allow_uids));
+    s->cfg.n_allow_uids = cur->n_allow_uids;
+    memcpy(s->cfg.allow_gids, cur->allow_gids, sizeof(s->cfg.allow_gids));
+    s->cfg.n_allow_gids = cur->n_allow_gids;
+
+    if (!changed)
+        log_info("Reloaded the configuration: nothing changed");
+    else
+        log_info("Reloaded the configuration: %d change(s) applied, %d waiting for a restart",
+                 changed - pending, pending);
 }
 
 /* Peer-credential policy: the daemon's own uid, --allow-uid, or a member of --allow-gid. */
@@ -530,7 +629,8 @@ static bool peer_allowed(const struct kvp_config *cfg, const struct ucred *cr)
 
 /*
  * Accepts one connection, checks its peer credentials and the connection limit, and starts its
- * thread. Refusals are answered (with a reason) rather than silently dropped.
+ * thread. Refusals are answered (with a reason) rather than silently dropped, and never make
+ * this loop wait for the refused peer (refusals.c).
  */
 static void accept_one(struct kvp_server *s)
 {
@@ -554,7 +654,7 @@ static void accept_one(struct kvp_server *s)
         log_warn_rl("Refusing a connection from pid %d uid %d gid %d: not allowed by "
                     "--allow-uid/--allow-gid",
                     (int)cr.pid, (int)cr.uid, (int)cr.gid);
-        refuse(fd, -EACCES, msg);
+        kvp_refusals_add(s->refusals, fd, -EACCES, msg);
         return;
     }
     int rc = kvp_session_spawn(s, fd);
@@ -562,18 +662,30 @@ static void accept_one(struct kvp_server *s)
         KVP_COUNT(connections_rejected, 1);
         log_warn_rl("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
                     s->cfg.max_clients);
-        refuse(fd, -EUSERS, "too many clients connected (--max-clients)");
+        kvp_refusals_add(s->refusals, fd, -EUSERS, "too many clients connected (--max-clients)");
         return;
     }
     if (rc < 0) {
+        char msg[160];
+        KVP_COUNT(connections_rejected, 1);
         log_error_rl("Cannot serve a new connection: %s", kvp_strerror(rc));
-        close(fd);
+        snprintf(msg, sizeof(msg), "kvpoold cannot serve a new connection now: %s%s",
+                 kvp_strerror(rc), rc == -EAGAIN ? " (no thread for it)" : "");
+        kvp_refusals_add(s->refusals, fd, rc, msg);
         return;
     }
     KVP_COUNT(connections_accepted, 1);
 }
 
-/* The accept loop: returns when the self-pipe says stop. */
+/* Empties the self-pipe (non-blocking): its bytes only wake the loop, the flags say why. */
+static void drain_wake_pipe(struct kvp_server *s)
+{
+    char buf[64];
+    while (read(s->wake_fds[0], buf, sizeof(buf)) > 0)
+        ;
+}
+
+/* The accept loop: returns when the self-pipe says stop, or reload. */
 int kvp_server_run(struct kvp_server *s)
 {
     struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
@@ -587,8 +699,13 @@ int kvp_server_run(struct kvp_server *s)
             log_error("poll: %s", kvp_strerror(-errno));
             return -errno;
         }
-        if (p[1].revents)
-            break;
+        if (p[1].revents) {
+            if (atomic_load(&s->stopping))
+                break;
+            drain_wake_pipe(s);
+            if (atomic_exchange(&s->reload_requested, false))
+                return KVP_SERVER_RELOAD;
+        }
         if (p[0].revents & POLLIN)
             accept_one(s);
     }
@@ -607,6 +724,9 @@ void kvp_server_destroy(struct kvp_server *s)
         unlink_own_socket(s);
 
     kvp_sessions_close_all(s);
+    /* After the connections: one that cannot get its buffers hands its socket over. */
+    kvp_refusals_stop(s->refusals);
+    s->refusals = NULL;
     kvp_warmup_join(s);
 
     if (s->expiry_started) {
@@ -624,6 +744,7 @@ void kvp_server_destroy(struct kvp_server *s)
         kvp_registry_destroy(&s->registry);
     if (s->store_ready)
         kvp_store_destroy(&s->store);
+    kvp_seg_guard_disarm();
     kvp_segment_destroy(&s->seg);
     kvp_log_rl_flush_all();
     /* Last: until here a new daemon on this socket would find our files in use. */

@@ -23,11 +23,30 @@ int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg);
  */
 int kvp_server_start(struct kvp_server *s);
 
-/* Accepts and serves connections until kvp_server_stop(). Returns 0 or a negative errno. */
+#define KVP_SERVER_RELOAD 1 /* kvp_server_run(): a reload was requested */
+
+/*
+ * Accepts and serves connections until kvp_server_stop() (returns 0) or
+ * kvp_server_request_reload() (returns KVP_SERVER_RELOAD: the caller reloads and calls it again;
+ * the daemon serves meanwhile, on its connections' threads). A negative errno on failure.
+ */
 int kvp_server_run(struct kvp_server *s);
 
 /* Asks the server to stop. Async-signal-safe. */
 void kvp_server_stop(struct kvp_server *s);
+
+/* Asks the accept loop to return KVP_SERVER_RELOAD. Async-signal-safe. */
+void kvp_server_request_reload(struct kvp_server *s);
+
+/*
+ * Applies a configuration read again (SIGHUP) to the running server, on the main thread: logs
+ * every option whose value differs between cur (in effect) and next, one INFO line for each that
+ * the option table marks reloadable (then in effect: the log level and format, the timeouts,
+ * follow-cpu, the allowed uids and gids, the L2 ttl and timeout) and one WARN line for each
+ * other one (it waits for a restart), then a summary line. cur takes the reloadable values.
+ */
+void kvp_server_reconfigure(struct kvp_server *s, struct kvp_config *cur,
+                            const struct kvp_config *next);
 
 /* Closes every connection, waits for their threads, releases memory, unlinks segment and
  * socket. Safe after a failed or partial start. */

@@ -37,6 +37,25 @@ static void test_written_header_passes(void **state)
         assert_int_equal(page[i], 0);
 }
 
+/* The reservation's progress: nothing said after the write, then counts, then final. */
+static void test_reserved_published(void **state)
+{
+    (void)state;
+    bool final = true;
+    kvp_seg_header_write(page, nonce, SIZE, 4242);
+    assert_int_equal(kvp_seg_header_reserved(page, &final), 0);
+    assert_false(final);
+    kvp_seg_header_publish_reserved(page, 8192, false);
+    assert_int_equal(kvp_seg_header_reserved(page, &final), 8192);
+    assert_false(final);
+    kvp_seg_header_publish_reserved(page, 16384, true);
+    assert_int_equal(kvp_seg_header_reserved(page, &final), 16384);
+    assert_true(final);
+    /* Still a valid header. */
+    char why[256];
+    assert_int_equal(check(why, sizeof(why)), 0);
+}
+
 /* One field at a time: each must make the check fail, with a message naming the segment. */
 static void test_each_field_checked(void **state)
 {
@@ -79,6 +98,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_written_header_passes),
+        cmocka_unit_test(test_reserved_published),
         cmocka_unit_test(test_each_field_checked),
         cmocka_unit_test(test_short_or_headerless),
     };

@@ -87,17 +87,34 @@ static void test_too_long(void **state)
 static void test_default_name(void **state)
 {
     (void)state;
-    char small[10];
+    char small[10], other[256];
 
-    assert_rc(kvp_shm_name_default(4242, out, sizeof(out)), 0);
-    assert_string_equal(out, "kvpool_l1_pool_4242");
-    assert_rc(kvp_shm_name_default(1, out, sizeof(out)), 0);
-    assert_string_equal(out, "kvpool_l1_pool_1");
+    assert_rc(kvp_shm_name_random(4242, out, sizeof(out)), 0);
+    assert_int_equal(strlen(out), strlen("kvpool_l1_pool_4242_") + KVP_SHM_NAME_RANDOM_HEX);
+    assert_memory_equal(out, "kvpool_l1_pool_4242_", strlen("kvpool_l1_pool_4242_"));
+    assert_true(kvp_shm_name_is_default(out));
+    /* Nobody can predict it: two draws differ (by chance once in 2^64). */
+    assert_rc(kvp_shm_name_random(4242, other, sizeof(other)), 0);
+    assert_string_not_equal(out, other);
     /* The default name is itself normal. */
     char again[256];
     assert_rc(kvp_shm_name_normalize(out, again, sizeof(again)), 0);
     assert_string_equal(again, out);
-    assert_rc(kvp_shm_name_default(4242, small, sizeof(small)), -ENAMETOOLONG);
+    assert_rc(kvp_shm_name_random(4242, small, sizeof(small)), -ENAMETOOLONG);
+}
+
+static void test_default_name_form(void **state)
+{
+    (void)state;
+    assert_true(kvp_shm_name_is_default("kvpool_l1_pool_4242"));
+    assert_true(kvp_shm_name_is_default("kvpool_l1_pool_1_0123456789abcdef"));
+    assert_false(kvp_shm_name_is_default("kvpool_l1_pool_"));
+    assert_false(kvp_shm_name_is_default("kvpool_l1_pool_named"));
+    assert_false(kvp_shm_name_is_default("kvpool_l1_pool_1_0123456789ABCDEF"));
+    assert_false(kvp_shm_name_is_default("kvpool_l1_pool_1_0123456789abcde"));
+    assert_false(kvp_shm_name_is_default("kvpool_l1_pool_1_0123456789abcdef0"));
+    assert_false(kvp_shm_name_is_default("kvpool_l1_pool_1_"));
+    assert_false(kvp_shm_name_is_default("other_4242"));
 }
 
 int main(void)
@@ -105,7 +122,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_added), cmocka_unit_test(test_prefix_kept),
         cmocka_unit_test(test_rejected),     cmocka_unit_test(test_too_long),
-        cmocka_unit_test(test_default_name),
+        cmocka_unit_test(test_default_name), cmocka_unit_test(test_default_name_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

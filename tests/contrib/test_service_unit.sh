@@ -39,7 +39,8 @@ fi
 for line in Type=notify RuntimeDirectory=kvpool RuntimeDirectoryMode=0700 NoNewPrivileges=yes \
     ProtectSystem=strict ProtectHome=yes PrivateTmp=yes MemoryDenyWriteExecute=yes \
     LockPersonality=yes SystemCallArchitectures=native \
-    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6" RestartPreventExitStatus=2; do
+    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6" RestartPreventExitStatus=2 \
+    'ExecReload=/bin/kill -HUP $MAINPID'; do
     grep -qx "$line" "$unit" || fail "$unit lacks the line $line"
 done
 case "$exec_start" in

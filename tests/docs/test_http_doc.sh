@@ -1,13 +1,15 @@
 #!/bin/sh
 # docs/HTTP.md describes every counter and gauge of src/server/core/stats.h: its Prometheus metric
 # (kvpool_<family>, with _total for a counter) and its STATS name, each in backquotes. A row
-# added to a map without its line in the documentation fails here, naming what is missing.
+# added to a map without its line in the documentation fails here, naming what is missing. With
+# METRICS_C (src/server/report/metrics.c), so does every family that file writes itself (its
+# "# TYPE kvpool_..." lines: the histograms, the build info, the families by front end).
 #
-# Usage: test_http_doc.sh STATS_H HTTP_MD
+# Usage: test_http_doc.sh STATS_H HTTP_MD [METRICS_C]
 set -eu
 
-[ $# -eq 2 ] || { echo "usage: $0 STATS_H HTTP_MD" >&2; exit 2; }
-stats=$1 doc=$2
+[ $# -eq 2 ] || [ $# -eq 3 ] || { echo "usage: $0 STATS_H HTTP_MD [METRICS_C]" >&2; exit 2; }
+stats=$1 doc=$2 metrics_c=${3:-}
 
 # "counter name family" or "gauge name family" per row; family is NULL for a STATS-only total.
 rows=$(awk '
@@ -40,5 +42,16 @@ while read -r kind name family; do
 done <<ROWS
 $rows
 ROWS
-[ "$rc" -ne 0 ] || echo "$doc describes the $n counters and gauges of $stats"
+if [ -n "$metrics_c" ]; then
+    families=$(grep -o '# TYPE kvpool_[a-z][a-z0-9_]*' "$metrics_c" | sed 's/# TYPE //' | sort -u)
+    [ -n "$families" ] || { echo "FAIL: no '# TYPE kvpool_' line in $metrics_c" >&2; exit 1; }
+    for metric in $families; do
+        n=$((n + 1))
+        if ! grep -q "\`$metric\`" "$doc"; then
+            echo "FAIL: $doc does not describe the metric $metric ($metrics_c)" >&2
+            rc=1
+        fi
+    done
+fi
+[ "$rc" -ne 0 ] || echo "$doc describes the $n metrics and statistics of $stats $metrics_c"
 exit "$rc"

@@ -126,6 +126,17 @@ static void spawn_and_wait(struct kvpt_daemon *d, const char **argv, int log_fla
     wait_ready(d);
 }
 
+/* True if args choose a backend without a named segment (memfd, none): the daemon refuses a
+ * --shm-name next to it, so the harness adds none. */
+static bool no_named_segment(const char *const *args)
+{
+    for (int i = 0; args && args[i] && args[i + 1]; i++)
+        if (strcmp(args[i], "--shm-backend") == 0 &&
+            (strcmp(args[i + 1], "memfd") == 0 || strcmp(args[i + 1], "none") == 0))
+            return true;
+    return false;
+}
+
 /* Builds the argument list of kvpt_daemon_start() and kvpt_daemon_spawn() and starts it. */
 static void launch(struct kvpt_daemon *d, const char *socket, const char *const *args, bool wait)
 {
@@ -147,8 +158,14 @@ static void launch(struct kvpt_daemon *d, const char *socket, const char *const 
     argv[argc++] = KVP_TEST_KVPOOLD;
     argv[argc++] = "--socket";
     argv[argc++] = d->socket;
-    argv[argc++] = "--log-level";
-    argv[argc++] = "debug";
+    /* A configuration file sets the level itself (a reload may change it). */
+    bool has_config = false;
+    for (int i = 0; args && args[i]; i++)
+        has_config |= strcmp(args[i], "--config") == 0;
+    if (!has_config) {
+        argv[argc++] = "--log-level";
+        argv[argc++] = "debug";
+    }
     for (int i = 0; args && args[i]; i++) {
         if (strcmp(args[i], "--shm-name") == 0) {
             has_shm_name = true;
@@ -157,7 +174,9 @@ static void launch(struct kvpt_daemon *d, const char *socket, const char *const 
         has_http |= strcmp(args[i], "--http") == 0;
         argv[argc++] = args[i];
     }
-    if (!has_shm_name) {
+    if (!has_shm_name && no_named_segment(args)) {
+        d->shm_name[0] = '\0';
+    } else if (!has_shm_name) {
         argv[argc++] = "--shm-name";
         argv[argc++] = d->shm_name;
     }
@@ -499,8 +518,10 @@ void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args)
     argv[argc++] = d->socket;
     argv[argc++] = "--log-level";
     argv[argc++] = "debug";
-    argv[argc++] = "--shm-name";
-    argv[argc++] = d->shm_name;
+    if (!no_named_segment(args)) {
+        argv[argc++] = "--shm-name";
+        argv[argc++] = d->shm_name;
+    }
     argv[argc++] = "--http"; /* a later --http in args wins */
     argv[argc++] = "off";
     for (int i = 0; args && args[i] && argc < 63; i++)

@@ -38,8 +38,10 @@ struct kvpt_daemon {
 };
 
 /*
- * Starts kvpoold with --socket in a fresh temporary directory, --log-level debug, a unique
- * --shm-name (unless args contain --shm-name) and the extra args (NULL-terminated, may be
+ * Starts kvpoold with --socket in a fresh temporary directory, --log-level debug (unless args
+ * contain --config: the file sets the level), a unique
+ * --shm-name (unless args contain --shm-name, or --shm-backend memfd or none, which have no
+ * name: d->shm_name is then "") and the extra args (NULL-terminated, may be
  * NULL). Waits until it answers a ping. Fails the test (abort via cmocka) if it does not.
  */
 void kvpt_daemon_start(struct kvpt_daemon *d, const char *const *args);

@@ -357,11 +357,17 @@ static void test_status_and_instances(void **state)
     assert_non_null(strstr(line, "enabled, posix segment /dev/shm/"));
     assert_non_null(strstr(line, d.shm_name));
     assert_non_null(strstr(out, "Instances:  2 (1 shm, 1 inline)\n"));
+    line_with(out, "Clients:", line, sizeof(line));
+    assert_string_equal(line, "Clients:    2 connected (max 256)"); /* the worker and kvpool */
+    line_with(out, "TRANSPORT", line, sizeof(line));
+    assert_non_null(strstr(line, "  FRONT END  TRANSPORT"));
     line_with(out, "cli-shm-worker", line, sizeof(line));
     assert_non_null(strstr(line, "test-model"));
     assert_non_null(strstr(line, "0/1"));
+    assert_non_null(strstr(line, " kvpool "));
     assert_true(strlen(line) >= 4 && strcmp(line + strlen(line) - 4, " shm") == 0);
     line_with(out, "cli-inline-worker", line, sizeof(line));
+    assert_non_null(strstr(line, " kvpool "));
     assert_non_null(strstr(line, " inline (requested by worker)"));
     char pid[32];
     snprintf(pid, sizeof(pid), " %d ", (int)getpid());
@@ -375,6 +381,7 @@ static void test_status_and_instances(void **state)
     assert_non_null(strstr(line, "float16"));
     assert_non_null(strstr(line, "16.0 KiB")); /* stored: 2 chunks of 8 KiB */
     line_with(out, "cli-inline-worker", line, sizeof(line));
+    assert_non_null(strstr(line, " kvpool "));
     assert_non_null(strstr(line, "inline (requested by worker)"));
     assert_int_equal(count_of(out, "\n"), 3);
 

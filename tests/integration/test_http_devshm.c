@@ -61,7 +61,8 @@ static void test_gate_reason_in_status(void **state)
     assert_rc(kvpt_http_request(port, "GET", "/metrics", &r), 0);
     assert_int_equal(r.status, 200);
     assert_true(kvpt_metric(r.body, "kvpool_shm_enabled", &found) == 0 && found);
-    assert_true(kvpt_metric(r.body, "kvpool_instances{transport=\"inline\"}", &found) == 1 &&
+    assert_true(kvpt_metric(r.body, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}",
+                            &found) == 1 &&
                 found);
     assert_true(kvpt_metric(r.body, "kvpool_pool_capacity_bytes", &found) == (1ull << 30) && found);
     kvpt_http_free(&r);

@@ -1,13 +1,15 @@
 /*
  * test_http_limits.c - what an HTTP client can do wrong, against a real kvpoold: methods and
  * paths it does not serve, malformed and oversized requests, a client that stalls in the middle
- * of its request, more connections than the endpoint takes. Each gets a 4xx (or is closed by the
- * daemon after the inactivity timeout), never a crash, and never delays a worker. Also the
- * start-up: a port in use is one ERROR line before the pool is reserved, an invalid --http a
- * usage error, a non-loopback address a warning.
+ * of its request, more connections than the endpoint takes, a crowd of idle connections, clients
+ * that trickle their headers a byte at a time. Each gets a 4xx (or is closed by the daemon once
+ * its request is late), never a crash, never delays a worker, and never keeps a health check
+ * from being answered. Also the start-up: a port in use is one ERROR line before the pool is
+ * reserved, an invalid --http a usage error, a non-loopback address a warning.
  */
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -25,8 +27,9 @@
 #include "http_client.h"
 
 #define C 16
-#define HTTP_TIMEOUT_S 5    /* KVP_HTTP_TIMEOUT_S */
-#define HTTP_CONNECTIONS 16 /* KVP_HTTP_MAX_CONNECTIONS */
+#define HTTP_REQUEST_TIMEOUT_S 3 /* KVP_HTTP_REQUEST_TIMEOUT_S */
+#define HTTP_CONNECTIONS 256     /* KVP_HTTP_MAX_CONNECTIONS */
+#define PROBE_MS 5000            /* a probe's receive timeout: generous, a functional bound */
 
 static struct kvpt_daemon d;
 static uint16_t port;
@@ -123,8 +126,8 @@ static void test_oversized_requests(void **state)
 }
 
 /* A client that stops in the middle of its request holds nothing but its own connection: the
- * workers and the other HTTP clients are served meanwhile, and the daemon closes it after the
- * inactivity timeout. */
+ * workers and the other HTTP clients are served meanwhile, and the daemon closes it once its
+ * request is late. */
 static void test_slow_client(void **state)
 {
     (void)state;
@@ -149,17 +152,93 @@ static void test_slow_client(void **state)
     assert_rc(kvp_retrieve(inst, &t, 0, 2 * C, bufs), 2);
     assert_true(kvpt_check(bufs[1], bytes, 7, 1));
     assert_serving();
-    assert_true(kvpt_now_ms() - t0 < 4000); /* well within the 5 s the stalled ones may last */
+    assert_true(kvpt_now_ms() - t0 < 2000); /* well within the 3 s the stalled one may last */
     free(bufs[0]);
     free(bufs[1]);
     free(tok);
     kvp_client_close(c);
 
-    /* Closed by the daemon, without a reply, after about the timeout. */
-    assert_true(kvpt_raw_closed(fd, (HTTP_TIMEOUT_S + 5) * 1000));
+    /* Closed by the daemon, without a reply, after about the request timeout. */
+    assert_true(kvpt_raw_closed(fd, (HTTP_REQUEST_TIMEOUT_S + 5) * 1000));
     uint64_t waited = kvpt_now_ms() - t0;
-    assert_true(waited >= (HTTP_TIMEOUT_S - 1) * 1000);
+    assert_true(waited >= (HTTP_REQUEST_TIMEOUT_S - 1) * 1000);
     close(fd);
+}
+
+/* A health check, as a liveness probe makes it: answered 200 within PROBE_MS. */
+static void assert_probe_answered(void)
+{
+    static const char req[] = "GET /api/healthcheck HTTP/1.1\r\nHost: x\r\n"
+                              "Connection: close\r\n\r\n";
+    struct kvpt_http_reply r;
+    assert_rc(kvpt_http_raw(port, req, sizeof(req) - 1, PROBE_MS, &r), 0);
+    assert_int_equal(r.status, 200);
+    kvpt_http_free(&r);
+}
+
+/* 200 connections that send nothing: the probe is answered at once, and the daemon closes them
+ * all once their requests are late. */
+static void test_idle_crowd(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = kvpt_http_connect(port);
+        assert_true(fds[i] >= 0);
+    }
+    kvpt_sleep_ms(200); /* the daemon has accepted them */
+    assert_probe_answered();
+    kvpt_assert_serves(&d);
+    for (int i = 0; i < N; i++) {
+        assert_true(kvpt_raw_closed(fds[i], (HTTP_REQUEST_TIMEOUT_S + 5) * 1000));
+        close(fds[i]);
+    }
+    assert_probe_answered();
+}
+
+/* Clients that send their headers one byte every 3 s (slowloris) while probes come. */
+struct trickle {
+    int fds[16];
+    volatile bool stop;
+};
+
+static void *trickle_main(void *arg)
+{
+    struct trickle *t = arg;
+    static const char req[] = "GET /api/status HTTP/1.1\r\nHost: x\r\nX-Slow: yes\r\n";
+    for (size_t k = 0; k < sizeof(req) - 1 && !t->stop; k++) {
+        for (int i = 0; i < 16; i++)
+            send(t->fds[i], req + k, 1, MSG_NOSIGNAL);
+        for (int ms = 0; ms < 3000 && !t->stop; ms += 50)
+            kvpt_sleep_ms(50);
+    }
+    return NULL;
+}
+
+static void test_trickling_headers(void **state)
+{
+    (void)state;
+    struct trickle t = {.stop = false};
+    pthread_t th;
+    for (int i = 0; i < 16; i++) {
+        t.fds[i] = kvpt_http_connect(port);
+        assert_true(t.fds[i] >= 0);
+    }
+    assert_int_equal(pthread_create(&th, NULL, trickle_main, &t), 0);
+    /* Probes while they trickle: before, at and after the time their requests are late. */
+    for (int i = 0; i < 4; i++) {
+        assert_probe_answered();
+        kvpt_sleep_ms(1000);
+    }
+    /* However often a byte comes, a request late by the timeout is closed. */
+    for (int i = 0; i < 16; i++)
+        assert_true(kvpt_raw_closed(t.fds[i], (HTTP_REQUEST_TIMEOUT_S + 5) * 1000));
+    t.stop = true;
+    pthread_join(th, NULL);
+    for (int i = 0; i < 16; i++)
+        close(t.fds[i]);
+    assert_probe_answered();
 }
 
 /* More connections than the endpoint takes: the extra ones wait or are closed, the workers
@@ -180,7 +259,7 @@ static void test_connection_limit(void **state)
     for (int i = 0; i < 100; i++)
         assert_rc(kvp_ping(c), 0);
     kvp_client_close(c);
-    assert_true(kvpt_now_ms() - t0 < 4000); /* well within the 5 s the stalled ones may last */
+    assert_true(kvpt_now_ms() - t0 < 2000); /* well within the 3 s the stalled ones may last */
 
     for (int i = 0; i < HTTP_CONNECTIONS + 8; i++)
         close(fds[i]);
@@ -260,6 +339,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refused_requests), cmocka_unit_test(test_oversized_requests),
         cmocka_unit_test(test_slow_client),      cmocka_unit_test(test_connection_limit),
+        cmocka_unit_test(test_idle_crowd),       cmocka_unit_test(test_trickling_headers),
         cmocka_unit_test(test_port_in_use),      cmocka_unit_test(test_bad_value_and_non_loopback),
     };
     return cmocka_run_group_tests(tests, group_setup, kvpt_group_stop);

@@ -127,8 +127,8 @@ static void test_transfers_by_transport(void **state)
 
     m = metrics(port);
     assert_int_equal(value(m, "kvpool_shm_enabled"), 1);
-    assert_int_equal(value(m, "kvpool_instances{transport=\"shm\"}"), 1);
-    assert_int_equal(value(m, "kvpool_instances{transport=\"inline\"}"), 1);
+    assert_int_equal(value(m, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}"), 1);
+    assert_int_equal(value(m, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}"), 1);
     assert_int_equal(value(m, "kvpool_pool_capacity_bytes"), 16 << 20);
     assert_int_equal(value(m, "kvpool_pool_used_bytes"), 8 * cb_bytes);
     assert_int_equal(value(m, "kvpool_objects"), 8);
@@ -148,6 +148,9 @@ static void test_transfers_by_transport(void **state)
     assert_int_equal(value(m, "kvpool_evictions_total"), 0);
     assert_int_equal(value(m, "kvpool_allocation_failures_total"), 0);
     assert_int_equal(value(m, "kvpool_connected_clients"), 2);
+    /* Every client is a connection of kvpool's protocol: no other front end has a series. */
+    assert_int_equal(value(m, "kvpool_clients{front_end=\"kvpool\"}"), 2);
+    assert_null(strstr(m, "front_end=\"lmcache\""));
     assert_int_equal(value(m, "kvpool_chunk_tokens"), C);
     /* Request latencies: one sample per request, by opcode. */
     assert_int_equal(value(m, "kvpool_request_duration_seconds_count{op=\"ping\"}"), pings + 10);

@@ -201,12 +201,17 @@ static void test_counts_follow_operations(void **state)
     assert_int_equal(num(ib, "retrieved_chunks"), 3);
     assert_int_equal(num(ib, "retrieved_bytes"), 3 * cb_bytes);
     assert_true(num(ia, "client_id") != num(ib, "client_id"));
+    /* Both came through kvpool's own protocol, and so did their clients. */
+    assert_string_equal(str(ia, "front_end"), "kvpool");
+    assert_string_equal(str(ib, "front_end"), "kvpool");
+    assert_string_equal(str(client(st, num(ia, "client_id")), "front_end"), "kvpool");
 
     assert_int_equal(num(st, "clients.connected"), 2);
     assert_int_equal(json_array_size(at(st, "clients.list")), 2);
     json_t *c0 = json_array_get(at(st, "clients.list"), 0);
     assert_int_equal(num(c0, "pid"), getpid());
     assert_int_equal(num(c0, "instances"), 1);
+    assert_string_equal(str(c0, "front_end"), "kvpool");
 
     assert_int_equal(num(st, "counters.registrations_shm"), 1);
     assert_int_equal(num(st, "counters.registrations_inline"), 1);

@@ -186,6 +186,21 @@ static void test_frozen(void **state)
     kvpt_daemon_stop(&a);
 }
 
+/* The server's count of refused logins (INFO commandstats: AUTH's failed calls). */
+static uint64_t denied_auths(const struct kvpt_redis *r)
+{
+    redisContext *c = kvpt_redis_connect(r);
+    freeReplyObject(kvpt_redis_cmd(c, "AUTH s3cretpw"));
+    redisReply *rep = kvpt_redis_cmd(c, "INFO commandstats");
+    const char *p = rep->type == REDIS_REPLY_STRING ? strstr(rep->str, "cmdstat_auth:") : NULL;
+    p = p ? strstr(p, "failed_calls=") : NULL;
+    assert_non_null(p);
+    uint64_t n = strtoull(p + strlen("failed_calls="), NULL, 10);
+    freeReplyObject(rep);
+    redisFree(c);
+    return n;
+}
+
 /* A password Redis requires: from the URL or a file, never in the daemon's log. */
 static void test_credentials(void **state)
 {
@@ -203,14 +218,28 @@ static void test_credentials(void **state)
     fclose(f);
     chmod(pwfile, 0644);
 
-    /* A wrong password: L2 is down (once), the daemon serves, and says why without it. */
-    const char *a_args[] = {"--chunk-size", "16", "--l2", bad_url, NULL};
+    /* A wrong password: said so once (not "unreachable"), the daemon serves, and the attempts
+     * back off (1 s, 2 s, 4 s, 8 s...) whatever the workers do meanwhile: over 16 s, 4 more
+     * at most (a backoff capped at 5 s, as for an unreachable server, would make 7). */
+    const char *a_args[] = {"--chunk-size", "16", "--l2", bad_url, "--l2-connections", "1", NULL};
     kvpt_daemon_start(&a, a_args);
-    assert_true(kvpt_log_wait(&a, "unreachable", 5000));
+    assert_true(kvpt_log_wait(&a, "authentication failed", 5000));
     assert_true(kvpt_log_wait(&a, "unix://:***@", 0));
+    uint64_t denied0 = denied_auths(&r), t0 = kvpt_now_ms();
     kvp_client *ca = kvpt_connect(&a);
-    kvpt_store_seq(reg(ca, "denied"), 3300, SEQ);
+    kvp_instance *inst = reg(ca, "denied");
+    for (uint32_t s = 3300; kvpt_now_ms() - t0 < 16000; s++) {
+        kvpt_store_seq(inst, s, SEQ);
+        kvpt_assert_seq(inst, s, SEQ, 2 * SEQ); /* a lookup past L1 */
+        kvpt_sleep_ms(200);
+    }
+    uint64_t denied = denied_auths(&r) - denied0;
+    if (denied > 5)
+        fail_msg("%llu failed AUTH in 16 s after the first: no backoff",
+                 (unsigned long long)denied);
     assert_int_equal(kvpt_stat(ca, "l2_up"), 0);
+    assert_int_equal(kvpt_log_count(&a, "authentication failed"), 1);
+    assert_int_equal(kvpt_log_count(&a, "unreachable"), 0);
     kvp_client_close(ca);
 
     /* The password from a file: a warning about its mode, and the copies go through. */

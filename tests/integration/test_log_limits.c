@@ -21,7 +21,7 @@
 #define CONNS 50
 #define BURST 5 /* KVP_LOG_RL_BURST */
 
-/* Sum of N over the log's "suppressed N similar messages: \"<what>\"" lines. */
+/* Sum of N over the log's "suppressed N similar messages, the first: \"...<what>\"" lines. */
 static int suppressed_total(const struct kvpt_daemon *d, const char *what)
 {
     FILE *f = fopen(d->log, "re");
@@ -57,10 +57,11 @@ static void test_malformed_flood(void **state)
     uint64_t elapsed = kvpt_now_ms() - t0;
 
     /* The count of what was dropped comes out within a window or two of the last event. */
-    const char *what = "Connection %llu (pid %d): %s; closing";
-    assert_true(
-        kvpt_log_wait(&d, "similar messages: \"Connection %llu (pid %d): %s; closing\"", 5000));
-    int shown = kvpt_log_count(&d, "malformed frame header; closing");
+    const char *what = "): malformed frame header; closing\"";
+    assert_true(kvpt_log_wait(&d, "similar messages, the first: \"Connection ", 5000));
+    /* The report quotes a message as it was logged, not the call site's format string. */
+    assert_int_equal(kvpt_log_count(&d, "%llu"), 0);
+    int shown = kvpt_log_count(&d, "malformed frame header; closing") - kvpt_log_count(&d, what);
     int windows = (int)(elapsed / 1000) + 2;
     print_message("%d connections in %llu ms: %d lines shown, %d suppressed\n", CONNS,
                   (unsigned long long)elapsed, shown, suppressed_total(&d, what));

@@ -118,7 +118,8 @@ static void test_notify_protocol(void **state)
     kvpt_assert_serves(&d);
     assert_true(has_line(msg, "MAINPID", pid));
     assert_non_null(strstr(msg, "\nSTATUS=kvpoold " KVP_VERSION_STRING " ready: pool 805306368 "
-                                "bytes (268431360 reserved, the rest in the background), "));
+                                "bytes (268431360 reserved, 536875008 more in the "
+                                "background), "));
     assert_non_null(strstr(msg, d.socket));
 
     /* The background reservation: its progress, then its end, as STATUS= alone (a service

@@ -262,8 +262,8 @@ static void test_serves_while_reserving(void **state)
     setenv("KVPOOL_PROGRESS_INTERVAL_MS", "0", 1);
     kvpt_daemon_start(&d, args);
     unsetenv("KVPOOL_PROGRESS_INTERVAL_MS");
-    assert_int_equal(kvpt_log_count(&d, " ready: pool 805306368 bytes (268431360 reserved, the "
-                                        "rest in the background), SHM enabled"),
+    assert_int_equal(kvpt_log_count(&d, " ready: pool 805306368 bytes (268431360 reserved, "
+                                        "536875008 more in the background), SHM enabled"),
                      1);
     assert_int_equal(kvpt_log_count(&d, "INFO  Reserving 268435456 of 805310464 bytes for the "
                                         "pool (/dev/shm/"),
@@ -303,8 +303,8 @@ static void test_store_and_stop_during_warmup(void **state)
     struct kvpt_daemon d;
     const char *args[] = {"--l1-size", "4GiB", "--chunk-size", "16", NULL};
     kvpt_daemon_start(&d, args);
-    assert_int_equal(kvpt_log_count(&d, " ready: pool 4294967296 bytes (268431360 reserved, the "
-                                        "rest in the background)"),
+    assert_int_equal(kvpt_log_count(&d, " ready: pool 4294967296 bytes (268431360 reserved, "
+                                        "4026535936 more in the background)"),
                      1);
 
     kvp_client *c = kvpt_connect(&d);
@@ -327,6 +327,25 @@ static void test_store_and_stop_during_warmup(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/*
+ * A pool of exactly one reservation step: the first step covers the header page too, so 4096
+ * bytes of the pool are left for the background, and the ready line says so rather than "the
+ * rest" (which reads as most of the pool).
+ */
+static void test_pool_of_one_step(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    const char *args[] = {"--l1-size", "256MiB", "--chunk-size", "16", NULL};
+    kvpt_daemon_start(&d, args);
+    assert_int_equal(kvpt_log_count(&d, " ready: pool 268435456 bytes (268431360 reserved, 4096 "
+                                        "more in the background), "),
+                     1);
+    assert_int_equal(kvpt_log_count(&d, "the rest in the background"), 0);
+    assert_int_equal(kvpt_stat_wait(&d, "pool_reserved", 268435456, 20000), 268435456);
+    kvpt_daemon_stop(&d);
+}
+
 /* The command line wins over a bad environment value; without it the value is fatal. */
 static void test_bad_env_overridden(void **state)
 {
@@ -346,7 +365,10 @@ static void test_bad_env_overridden(void **state)
     kvpt_daemon_stop(&d);
 }
 
-/* SIGHUP (the terminal went away) stops the daemon like SIGTERM; SIGPIPE does nothing. */
+/*
+ * SIGPIPE does nothing; SIGHUP reloads the configuration (test_reload.c) and never stops the
+ * daemon, even without a configuration file; SIGTERM stops it and cleans up.
+ */
 static void test_sighup_and_sigpipe(void **state)
 {
     (void)state;
@@ -361,9 +383,15 @@ static void test_sighup_and_sigpipe(void **state)
     assert_int_equal(kill(d.pid, SIGPIPE), 0);
     kvpt_sleep_ms(100);
     assert_int_equal(kvp_ping(c), 0);
+
+    assert_int_equal(kill(d.pid, SIGHUP), 0);
+    assert_true(kvpt_log_wait(&d, "Reloaded the configuration: nothing changed", 5000));
+    assert_int_equal(kvp_ping(c), 0);
+    assert_true(kvpt_shm_exists(name));
+    assert_int_equal(kvpt_log_count(&d, "kvpoold stopping"), 0);
     kvp_client_close(c);
 
-    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGHUP), 0);
+    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGTERM), 0);
     assert_false(kvpt_shm_exists(name));
     assert_int_equal(access(d.socket, F_OK), -1);
     assert_true(kvpt_log_wait(&d, "kvpoold stopped", 1000));
@@ -392,6 +420,7 @@ int main(void)
         T(test_max_clients_over_fd_limit),
         T(test_serves_while_reserving),
         T(test_store_and_stop_during_warmup),
+        T(test_pool_of_one_step),
         T(test_bad_env_overridden),
         T(test_sighup_and_sigpipe),
     };

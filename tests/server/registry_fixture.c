@@ -73,7 +73,7 @@ int try_add(struct kvp_registry *r, uint64_t owner, const struct kvp_reg_spec *q
 {
     struct kvp_registration inst;
     assert_rc(kvp_registry_validate(r, q, &inst, msg, msg_size), 0);
-    assert_rc(kvp_registry_choose_transport(r, &inst, msg, msg_size), 0);
+    assert_rc(kvp_registry_choose_transport(r, &inst, NULL, msg, msg_size), 0);
     msg[0] = '\0';
     inst.owner = owner;
     inst.owner_pid = PID_OF(owner);

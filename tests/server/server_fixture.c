@@ -56,6 +56,21 @@ void fx_server_stop(struct kvp_server *s)
         fprintf(stderr, "cannot remove %s\n", fx_dir);
 }
 
+void fx_spec(struct kvp_reg_spec *q, const char *id, uint8_t transport, const char *reason)
+{
+    memset(q, 0, sizeof(*q));
+    snprintf(q->instance_id, sizeof(q->instance_id), "%s", id);
+    snprintf(q->model_name, sizeof(q->model_name), "fixture-model");
+    snprintf(q->dtype, sizeof(q->dtype), "float16");
+    snprintf(q->reason, sizeof(q->reason), "%s", reason ? reason : "");
+    q->world_size = 2;
+    q->worker_rank = 1;
+    q->block_size = 16;
+    q->num_layers = 2;
+    q->hidden_dim = 64;
+    q->transport = transport;
+}
+
 uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8_t transport,
                      const char *reason)
 {
@@ -64,22 +79,13 @@ uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8
     char msg[256];
     bool existing;
 
-    memset(&q, 0, sizeof(q));
-    snprintf(q.instance_id, sizeof(q.instance_id), "%s", id);
-    snprintf(q.model_name, sizeof(q.model_name), "fixture-model");
-    snprintf(q.dtype, sizeof(q.dtype), "float16");
-    snprintf(q.reason, sizeof(q.reason), "%s", reason ? reason : "");
-    q.world_size = 2;
-    q.worker_rank = 1;
-    q.block_size = 16;
-    q.num_layers = 2;
-    q.hidden_dim = 64;
-    q.transport = transport;
+    fx_spec(&q, id, transport, reason);
     assert_rc(kvp_registry_validate(&s->registry, &q, &inst, msg, sizeof(msg)), 0);
-    assert_rc(kvp_registry_choose_transport(&s->registry, &inst, msg, sizeof(msg)), 0);
+    assert_rc(kvp_registry_choose_transport(&s->registry, &inst, NULL, msg, sizeof(msg)), 0);
     inst.connected_since_ms = kvp_wall_ms();
     inst.owner = owner;
     inst.owner_pid = (int32_t)(1000 + owner);
+    snprintf(inst.frontend, sizeof(inst.frontend), "kvpool");
     assert_rc(kvp_registry_add(&s->registry, &inst, 0, &existing, msg, sizeof(msg)), 0);
     assert_false(existing);
     return inst.handle;

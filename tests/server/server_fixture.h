@@ -30,10 +30,14 @@ void fx_server_start_http(struct kvp_server *s, bool shm, const char *http);
 /* Stops and destroys s, removes its directory. */
 void fx_server_stop(struct kvp_server *s);
 
+/* The registration fx_register() makes: instance id, model "fixture-model", world size 2,
+ * rank 1, 2 layers, hidden 64, float16, asking for transport with reason (NULL: none). */
+void fx_spec(struct kvp_reg_spec *q, const char *id, uint8_t transport, const char *reason);
+
 /*
- * Registers instance id for connection owner (pid 1000 + owner) with a 2-layer, hidden-64
- * float16 layout, asking for transport (KVP_REG_SHM or KVP_REG_INLINE) with reason. Fails the
- * test unless it is registered. Returns its handle.
+ * Registers instance id (fx_spec()) for connection owner (pid 1000 + owner) of the kvpool
+ * front end, asking for transport (KVP_REG_SHM or KVP_REG_INLINE) with reason. Fails the test
+ * unless it is registered. Returns its handle.
  */
 uint32_t fx_register(struct kvp_server *s, const char *id, uint64_t owner, uint8_t transport,
                      const char *reason);

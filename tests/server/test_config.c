@@ -1,6 +1,7 @@
 /*
  * test_config.c - kvpoold's configuration (src/server/base/config.h): size parsing, defaults, the
- * command line, KVPOOL_* environment variables and the messages printed for bad values.
+ * command line, KVPOOL_* environment variables, the messages printed for bad values, and what a
+ * reload (SIGHUP) may change.
  *
  * Each case parses through config_fixture.c, which captures what kvp_config_parse() prints, and
  * starts from an environment without any KVPOOL_* variable, so the machine running the tests
@@ -15,6 +16,7 @@
 
 #include "base/config.h"
 #include "common/kvp_assert.h"
+#include "common/shm_name.h"
 #include "config_fixture.h"
 
 /* ---- kvp_parse_size ---- */
@@ -91,8 +93,11 @@ static void test_defaults(void **state)
     assert_int_equal(r.cfg.l1_size, 1ull << 30);
     assert_int_equal(r.cfg.chunk_tokens, 256);
     assert_true(r.cfg.shm_enabled);
-    snprintf(want, sizeof(want), "kvpool_l1_pool_%ld", (long)getpid());
-    assert_string_equal(r.cfg.shm_name, want);
+    /* The pid, then a random part nobody can predict. */
+    snprintf(want, sizeof(want), "kvpool_l1_pool_%ld_", (long)getpid());
+    assert_memory_equal(r.cfg.shm_name, want, strlen(want));
+    assert_true(kvp_shm_name_is_default(r.cfg.shm_name));
+    assert_false(r.cfg.shm_name_given);
     assert_int_equal(r.cfg.socket_mode, 0600);
     assert_int_equal(r.cfg.log_level, KVP_LOG_INFO);
     assert_int_equal(r.cfg.max_clients, 256);
@@ -163,6 +168,7 @@ static void test_shm_name(void **state)
     expect_ok(&r);
     assert_true(r.cfg.shm_enabled);
     assert_string_equal(r.cfg.shm_name, "kvpool_l1_pool_foo");
+    assert_true(r.cfg.shm_name_given);
     run_free(&r);
 
     /* The prefix is not doubled. */
@@ -526,6 +532,121 @@ static void test_long_socket_path(void **state)
     run_free(&r);
 }
 
+/* ---- SIGHUP: what a reload may change ---- */
+
+/* The options SIGHUP applies to the running daemon; every other option needs a restart. */
+static const char *const reloadable[] = {
+    "allow-uid",  "allow-gid",  "log-level", "log-format", "reserve-timeout",
+    "io-timeout", "follow-cpu", "l2-ttl",    "l2-timeout",
+};
+static const char *const restart_only[] = {
+    "socket",
+    "socket-mode",
+    "l1-size",
+    "chunk-size",
+    "shm-name",
+    "shm-backend",
+    "shm-mode",
+    "max-clients",
+    "http",
+    "l2",
+    "l2-password-file",
+    "l2-connections",
+    "l2-queue",
+    "max-instances-per-client",
+};
+
+static void test_reloadable_options(void **state)
+{
+    (void)state;
+    struct run r;
+    char line[128];
+
+    for (size_t i = 0; i < sizeof(reloadable) / sizeof(reloadable[0]); i++)
+        if (kvp_config_is_reloadable(reloadable[i]) != 1)
+            fail_msg("%s is not reloadable", reloadable[i]);
+    for (size_t i = 0; i < sizeof(restart_only) / sizeof(restart_only[0]); i++)
+        if (kvp_config_is_reloadable(restart_only[i]) != 0)
+            fail_msg("%s is reloadable", restart_only[i]);
+    assert_rc(kvp_config_is_reloadable("config"), -ENOENT);
+    assert_rc(kvp_config_is_reloadable("help"), -ENOENT);
+    assert_rc(kvp_config_is_reloadable("l1_size"), -ENOENT);
+
+    /* --help says it, from the same table, for every option that takes a value. */
+    parse(&r, "--help", NULL);
+    int applied = 0, restart = 0;
+    for (const char *p = r.out; (p = strstr(p, "SIGHUP: ")); p++) {
+        applied += strncmp(p, "SIGHUP: applied to the running daemon\n", 38) == 0;
+        restart += strncmp(p, "SIGHUP: needs a restart\n", 24) == 0;
+    }
+    assert_rc(applied, sizeof(reloadable) / sizeof(reloadable[0]));
+    assert_rc(restart, sizeof(restart_only) / sizeof(restart_only[0]));
+    snprintf(line, sizeof(line), "  --log-level LEVEL\n");
+    const char *ll = strstr(r.out, line);
+    assert_non_null(ll);
+    assert_non_null(strstr(ll, "SIGHUP: applied to the running daemon\n"));
+    assert_true(strstr(ll, "SIGHUP: applied") < strstr(ll, "  --log-format"));
+    run_free(&r);
+}
+
+/* What kvp_config_compare() reported. */
+struct changes {
+    int n;
+    char text[2048];
+};
+
+static void note_change(void *arg, const char *name, bool reload, const char *was, const char *now)
+{
+    struct changes *c = arg;
+    size_t len = strlen(c->text);
+    snprintf(c->text + len, sizeof(c->text) - len, "%s%s:%s->%s;", reload ? "+" : "-", name, was,
+             now);
+    c->n++;
+}
+
+/* A reload compares option by option, names both values (never a secret), and takes only the
+ * reloadable ones. */
+static void test_compare_and_take(void **state)
+{
+    (void)state;
+    struct run r;
+    struct kvp_config cur;
+    struct changes ch = {0};
+
+    /* The same environment for both (ctest sets KVPOOL_HTTP=off). */
+    parse(&r, NULL);
+    expect_ok(&r);
+    cur = r.cfg;
+    run_free(&r);
+    parse(&r, "--log-level", "debug", "--l1-size", "2GiB", "--allow-uid", "5,6", "--l2",
+          "redis://user:s3cret@localhost:6379", "--follow-cpu", "off", "--io-timeout", "500", NULL);
+    expect_ok(&r);
+    assert_rc(kvp_config_compare(&cur, &cur, note_change, &ch), 0);
+    assert_rc(kvp_config_compare(&cur, &r.cfg, note_change, &ch), 6);
+    assert_rc(ch.n, 6);
+    assert_non_null(strstr(ch.text, "+log-level:info->debug;"));
+    assert_non_null(strstr(ch.text, "-l1-size:1073741824->2147483648;"));
+    assert_non_null(strstr(ch.text, "+allow-uid:none->5,6;"));
+    assert_non_null(strstr(ch.text, "-l2:(not shown)->(not shown);"));
+    assert_non_null(strstr(ch.text, "+follow-cpu:on->off;"));
+    assert_non_null(strstr(ch.text, "+io-timeout:30000->500;"));
+    assert_null(strstr(ch.text, "s3cret"));
+
+    kvp_config_take_reloadable(&cur, &r.cfg);
+    assert_int_equal(cur.log_level, KVP_LOG_DEBUG);
+    assert_int_equal(cur.n_allow_uids, 2);
+    assert_int_equal(cur.allow_uids[1], 6);
+    assert_false(cur.follow_cpu);
+    assert_int_equal(cur.io_timeout_ms, 500);
+    assert_int_equal(cur.l1_size, 1ull << 30);
+    assert_string_equal(cur.l2_url, "");
+    /* What is left is what needs a restart. */
+    memset(&ch, 0, sizeof(ch));
+    assert_rc(kvp_config_compare(&cur, &r.cfg, note_change, &ch), 2);
+    assert_null(strchr(ch.text, '+'));
+    run_free(&r);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, clean_env, clean_env)
 
 int main(void)
@@ -548,6 +669,8 @@ int main(void)
         T(test_bad_values_name_the_option),
         T(test_long_socket_path),
         T(test_log_format),
+        T(test_reloadable_options),
+        T(test_compare_and_take),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -106,10 +106,9 @@ static void test_comments_quotes_blanks(void **state)
     run_free(&r);
 
     /* shm-name = "" disables shared memory, like --shm-name "". A '#' right after a
-     * character is part of the value. The last of two entries wins, like on the command line. */
+     * character is part of the value. */
     path = write_file("b.conf", "shm-name = \"\"\n"
                                 "socket = /tmp/x#y.sock\n"
-                                "chunk-size = 16\n"
                                 "chunk-size = 32\n");
     parse(&r, "--config", path, NULL);
     expect_ok(&r);
@@ -136,7 +135,7 @@ static void test_every_option_is_a_key(void **state)
                                               "l1-size = 2GiB\n"
                                               "chunk-size = 128\n"
                                               "shm-name = /pool\n"
-                                              "shm-backend = memfd\n"
+                                              "shm-backend = posix\n"
                                               "shm-mode = 0660\n"
                                               "allow-uid = 1000,1001\n"
                                               "allow-gid = 100\n"
@@ -152,7 +151,7 @@ static void test_every_option_is_a_key(void **state)
     assert_int_equal(r.cfg.l1_size, 2ull << 30);
     assert_int_equal(r.cfg.chunk_tokens, 128);
     assert_string_equal(r.cfg.shm_name, "kvpool_l1_pool_pool");
-    assert_int_equal(r.cfg.shm_backend, KVP_SHM_MEMFD);
+    assert_int_equal(r.cfg.shm_backend, KVP_SHM_POSIX);
     assert_int_equal(r.cfg.shm_mode, 0660);
     assert_int_equal(r.cfg.n_allow_uids, 2);
     assert_int_equal(r.cfg.allow_uids[1], 1001);
@@ -163,6 +162,129 @@ static void test_every_option_is_a_key(void **state)
     assert_int_equal(r.cfg.reserve_timeout_s, 30);
     assert_int_equal(r.cfg.io_timeout_ms, 1000);
     run_free(&r);
+}
+
+/*
+ * A key given twice: which value was meant is anybody's guess, so neither wins silently; the
+ * error names both lines. Even when the command line overrides the key.
+ */
+static void test_duplicate_key(void **state)
+{
+    (void)state;
+    struct run r;
+    const char *path = write_file("dup.conf", "chunk-size = 16\n"
+                                              "l1-size = 64MiB\n"
+                                              "# a comment\n"
+                                              "chunk-size = 32\n");
+    parse(&r, "--config", path, NULL);
+    expect_error_line(&r, at(path, 4), "chunk-size is set twice, at line 1 and at line 4", NULL);
+    run_free(&r);
+
+    parse(&r, "--config", path, "--chunk-size", "64", NULL);
+    expect_error_line(&r, "chunk-size is set twice, at line 1 and at line 4", NULL);
+    run_free(&r);
+}
+
+/* A file saved with a UTF-8 byte order mark (some editors add one) reads like one without. */
+static void test_byte_order_mark(void **state)
+{
+    (void)state;
+    struct run r;
+    const char *path = write_file("bom.conf", "\xef\xbb\xbfl1-size = 64MiB\nchunk-size = 32\n");
+    parse(&r, "--config", path, NULL);
+    expect_ok(&r);
+    assert_int_equal(r.cfg.l1_size, 64ull << 20);
+    assert_int_equal(r.cfg.chunk_tokens, 32);
+    run_free(&r);
+
+    /* Only at the very start: elsewhere it is part of a key, and unknown. */
+    path = write_file("bom2.conf", "l1-size = 64MiB\n\xef\xbb\xbf"
+                                   "chunk-size = 32\n");
+    parse(&r, "--config", path, NULL);
+    expect_error_line(&r, at(path, 2), "unknown key", NULL);
+    run_free(&r);
+}
+
+/* --shm-name names a POSIX segment; memfd has none: saying both is refused, from any layers. */
+static void test_shm_name_with_memfd(void **state)
+{
+    (void)state;
+    struct run r;
+
+    parse(&r, "--shm-backend", "memfd", "--shm-name", "pool", NULL);
+    expect_error_line(&r, "shm-name (from command line)", "shm-backend memfd (from command line)",
+                      NULL);
+    run_free(&r);
+
+    const char *path = write_file("memfd.conf", "shm-name = pool\n");
+    parse(&r, "--config", path, "--shm-backend", "memfd", NULL);
+    expect_error_line(&r, "shm-name (from", at(path, 1), "memfd (from command line)", NULL);
+    run_free(&r);
+
+    setenv("KVPOOL_SHM_NAME", "", 1);
+    parse(&r, "--shm-backend", "memfd", NULL);
+    expect_error_line(&r, "shm-name (from KVPOOL_SHM_NAME)", NULL);
+    run_free(&r);
+    unsetenv("KVPOOL_SHM_NAME");
+
+    /* A named segment with no segment at all is the same contradiction; "" with none is not. */
+    parse(&r, "--shm-backend", "none", "--shm-name", "pool", NULL);
+    expect_error_line(&r, "shm-backend none", NULL);
+    run_free(&r);
+    parse(&r, "--shm-backend", "none", "--shm-name", "", NULL);
+    expect_ok(&r);
+    run_free(&r);
+
+    /* Either alone is fine. */
+    parse(&r, "--shm-backend", "memfd", NULL);
+    expect_ok(&r);
+    assert_int_equal(r.cfg.shm_backend, KVP_SHM_MEMFD);
+    run_free(&r);
+}
+
+/*
+ * With --log-format json, the option parser's messages are json log lines too (a log shipper
+ * parses every line): from the moment the format is known, i.e. at once when the command line
+ * or the environment says json, and from its line on when only the file does.
+ */
+static void test_errors_as_json(void **state)
+{
+    (void)state;
+    struct run r;
+    const char *path = write_file("j.conf", "l1-size = 64MiB\nchunk-size = lots\n");
+
+    parse(&r, "--log-format", "json", "--config", path, NULL);
+    expect_error_line(&r, "{\"ts\":\"", "\"level\":\"error\"",
+                      "\"msg\":\"invalid chunk-size 'lots' (from ", ":2): expected a token count",
+                      "\"pid\":", NULL);
+    assert_null(strstr(r.err, "kvpoold: "));
+    run_free(&r);
+
+    /* The file's own syntax errors, and its format line before them. */
+    path = write_file("j2.conf", "log-format = json\nl1-size 64MiB\n");
+    parse(&r, "--config", path, NULL);
+    expect_error_line(&r, "\"level\":\"error\"", ":2: expected 'key = value'", NULL);
+    run_free(&r);
+
+    /* From the environment; a note is a warning. */
+    setenv("KVPOOL_LOG_FORMAT", "json", 1);
+    setenv("KVPOOL_CHUNK_SIZE", "lots", 1);
+    parse(&r, "--chunk-size", "16", NULL);
+    assert_rc(r.rc, 0);
+    assert_non_null(strstr(r.err, "\"level\":\"warn\""));
+    assert_non_null(strstr(r.err, "ignoring invalid KVPOOL_CHUNK_SIZE 'lots'"));
+    run_free(&r);
+    unsetenv("KVPOOL_CHUNK_SIZE");
+
+    parse(&r, "--bogus", NULL);
+    expect_error_line(&r, "\"msg\":\"unknown or incomplete option '--bogus'\\nTry", NULL);
+    run_free(&r);
+
+    /* The command line's text wins over the environment's json. */
+    parse(&r, "--log-format", "text", "--bogus", NULL);
+    expect_einval(&r, "kvpoold: unknown or incomplete option '--bogus'", NULL);
+    run_free(&r);
+    unsetenv("KVPOOL_LOG_FORMAT");
 }
 
 static void test_unknown_key_names_line(void **state)
@@ -486,6 +608,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_comments_quotes_blanks),
         T(test_every_option_is_a_key),
+        T(test_duplicate_key),
+        T(test_byte_order_mark),
+        T(test_shm_name_with_memfd),
+        T(test_errors_as_json),
         T(test_unknown_key_names_line),
         T(test_bad_value_names_line),
         T(test_syntax_errors_name_line),

@@ -1,8 +1,8 @@
 /*
  * test_http.c - the HTTP endpoint (http.c) inside the test process, over real TCP: the --http
- * value and option, every path's answer while starting, serving and stopping, the methods and
- * paths that are refused, a port in use, and the status page's Content-Security-Policy (the
- * hashes it names are those of the page's own style and script).
+ * option (its values: test_listen_addr.c), every path's answer while starting, serving and
+ * stopping, the methods and paths that are refused, a port in use, and the status page's
+ * Content-Security-Policy (the hashes it names are those of the page's own style and script).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -27,62 +27,6 @@
 #include "http/http.h"
 #include "http_client.h"
 #include "server_fixture.h"
-
-static void test_parse_listen(void **state)
-{
-    (void)state;
-    static const struct {
-        const char *spec;
-        int family; /* 0: off */
-        uint16_t port;
-        bool loopback;
-    } good[] = {
-        {"off", 0, 0, false},
-        {"127.0.0.1:9190", AF_INET, 9190, true},
-        {"localhost:0", AF_INET, 0, true},
-        {"9191", AF_INET, 9191, true},
-        {"127.1.2.3:5", AF_INET, 5, true},
-        {"0.0.0.0:80", AF_INET, 80, false},
-        {"192.168.1.20:65535", AF_INET, 65535, false},
-        {"[::1]:9190", AF_INET6, 9190, true},
-        {"[::]:1", AF_INET6, 1, false},
-    };
-    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
-        struct kvp_http_listen l;
-        if (kvp_http_parse_listen(good[i].spec, &l) != 0)
-            fail_msg("'%s' refused", good[i].spec);
-        assert_int_equal(l.off, good[i].family == 0);
-        if (l.off)
-            continue;
-        assert_int_equal(l.addr.ss_family, good[i].family);
-        uint16_t port = ntohs(l.addr.ss_family == AF_INET
-                                  ? ((struct sockaddr_in *)&l.addr)->sin_port
-                                  : ((struct sockaddr_in6 *)&l.addr)->sin6_port);
-        assert_int_equal(port, good[i].port);
-        assert_int_equal(l.loopback, good[i].loopback);
-    }
-    static const char *const bad[] = {
-        "",
-        ":80",
-        "127.0.0.1:",
-        "127.0.0.1:65536",
-        "127.0.0.1:-1",
-        "OFF",
-        "host.test:80",
-        "::1:80",
-        "[::1]",
-        "[::1:80",
-        "1.2.3:80",
-        "127.0.0.1:80x",
-        "127.0.0.1: 8",
-        "127.0.0.1:123456",
-        "[nope]:80",
-        "x",
-    };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        if (kvp_http_parse_listen(bad[i], NULL) != -EINVAL)
-            fail_msg("'%s' accepted", bad[i]);
-}
 
 /* Runs the option parser on args; returns its result, with what it printed in out and err. */
 static int parse(struct kvp_config *cfg, const char *const *args, char **out, char **err)
@@ -344,9 +288,9 @@ static void test_port_in_use(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_listen),          cmocka_unit_test(test_option),
-        cmocka_unit_test(test_starting_and_stopping), cmocka_unit_test(test_serving),
-        cmocka_unit_test(test_page_and_csp),          cmocka_unit_test(test_port_in_use),
+        cmocka_unit_test(test_option),      cmocka_unit_test(test_starting_and_stopping),
+        cmocka_unit_test(test_serving),     cmocka_unit_test(test_page_and_csp),
+        cmocka_unit_test(test_port_in_use),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -84,6 +84,58 @@ static void test_line_format(void **state)
     assert_null(strstr(c.text, "not shown"));
 }
 
+/*
+ * A value a worker chose (instance id, model name, fallback reason) cannot forge a line: every
+ * control byte, C1 control and invalid byte of the message is escaped, the line stays one line.
+ */
+static void test_text_escapes(void **state)
+{
+    (void)state;
+    struct capture c;
+    const char *model = "m\n2026-12-02T12:00:00.000Z ERROR forged\r\x1b[31mred\x7f";
+    kvp_log_threshold = KVP_LOG_INFO;
+    capture_begin(&c);
+    log_info("Instance %s registered", model);
+    log_warn("%s", "csi \xc2\x9b"
+                   "31m, bad \xff\xc3 end, bidi \xe2\x80\xae, tab\t, back\\slash");
+    log_info("%s", "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80");
+    capture_end(&c);
+    assert_rc(lines(c.text), 3);
+    assert_null(strchr(c.text, '\r'));
+    assert_null(strchr(c.text, '\x1b'));
+    assert_null(strchr(c.text, '\x7f'));
+    assert_null(strstr(c.text, "\xc2\x9b"));
+    assert_null(strstr(c.text, "\xff"));
+    assert_non_null(strstr(c.text, "Z INFO  Instance m\\n2026-12-02T12:00:00.000Z ERROR forged"
+                                   "\\r\\x1b[31mred\\x7f registered\n"));
+    assert_non_null(strstr(c.text, "Z WARN  csi \\u009b31m, bad \\xff\\xc3 end, bidi \\u202e, "
+                                   "tab\\t, back\\\\slash\n"));
+    /* Well-formed UTF-8 text is left alone. */
+    assert_non_null(strstr(c.text, "Z INFO  caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac "
+                                   "\xf0\x9f\x98\x80\n"));
+}
+
+/* The escape is cut at a whole character or escape, and always NUL-terminated. */
+static void test_escape_bounds(void **state)
+{
+    (void)state;
+    char out[8];
+    assert_rc(kvp_log_escape(out, sizeof(out), "abc\n\n", 5), 7);
+    assert_string_equal(out, "abc\\n\\n");
+    assert_rc(kvp_log_escape(out, sizeof(out), "abcd\x01", 5), 4);
+    assert_string_equal(out, "abcd");
+    assert_rc(kvp_log_escape(out, sizeof(out), "abcde\xc3\xa9", 7), 7);
+    assert_string_equal(out, "abcde\xc3\xa9");
+    assert_rc(kvp_log_escape(out, sizeof(out), "abcdef\xc3\xa9", 8), 6);
+    assert_string_equal(out, "abcdef");
+    /* A truncated sequence at the end of the message is bytes, not a character. */
+    assert_rc(kvp_log_escape(out, sizeof(out), "\xe6\x97", 2), 4);
+    assert_string_equal(out, "\\xe6");
+    /* Overlong forms and surrogates are not UTF-8. */
+    assert_rc(kvp_log_escape(out, sizeof(out), "\xc0\xaf", 2), 4);
+    assert_string_equal(out, "\\xc0");
+}
+
 /* The next line of text (advancing *p), decoded as a JSON object; fails the test otherwise. */
 static json_t *next_json(const char **p)
 {
@@ -183,7 +235,7 @@ static void test_json_report(void **state)
     kvp_log_set_format(KVP_LOG_TEXT);
     const char *p = c.text;
     json_t *o = next_json(&p);
-    assert_string_equal(str_of(o, "msg"), "suppressed 2 similar messages: \"stalled %d\"");
+    assert_string_equal(str_of(o, "msg"), "suppressed 2 similar messages (stalled %d)");
     assert_rc(json_integer_value(json_object_get(o, "suppressed")), 2);
     assert_string_equal(str_of(o, "kind"), "stalled %d");
     json_decref(o);
@@ -228,7 +280,7 @@ static void test_burst_then_report(void **state)
     assert_true(kvp_log_rl_admit(&rl, 1000 + KVP_LOG_RL_WINDOW_MS));
     capture_end(&c);
     assert_rc(lines(c.text), 1);
-    assert_non_null(strstr(c.text, "WARN  suppressed 45 similar messages: \"bad frame from %d\""));
+    assert_non_null(strstr(c.text, "WARN  suppressed 45 similar messages (bad frame from %d)"));
 
     /* Nothing is reported twice. */
     capture_begin(&c);
@@ -252,7 +304,7 @@ static void test_flush_reports_silent_site(void **state)
     assert_rc(kvp_log_rl_flush(5000 + KVP_LOG_RL_WINDOW_MS), 1);
     capture_end(&c);
     assert_rc(lines(c.text), 1);
-    assert_non_null(strstr(c.text, "ERROR suppressed 3 similar messages: \"accept failed\""));
+    assert_non_null(strstr(c.text, "ERROR suppressed 3 similar messages (accept failed)"));
     assert_null(strstr(c.text, "quiet site"));
 }
 
@@ -276,10 +328,12 @@ static void test_macro_per_call_site(void **state)
     assert_true(flood >= KVP_LOG_RL_BURST && flood <= 2 * KVP_LOG_RL_BURST);
     assert_true(other >= KVP_LOG_RL_BURST && other <= 10);
     assert_non_null(strstr(c.text, "WARN  flood 0\n"));
-    assert_non_null(strstr(c.text, "similar messages: \"flood %d\""));
+    /* The report quotes the first message dropped, formatted, never the format string. */
+    assert_non_null(strstr(c.text, "similar messages, the first: \"flood 5\"\n"));
+    assert_null(strstr(c.text, "%d"));
     assert_rc(count(c.text, "plain warning"), 1);
     if (other < 10)
-        assert_true(count(c.text, "similar messages: \"other kind %d\"") >= 1);
+        assert_true(count(c.text, "similar messages, the first: \"other kind ") >= 1);
 }
 
 /* Below the threshold nothing is counted or reported. */
@@ -326,7 +380,7 @@ static void test_threads(void **state)
     assert_rc(kvp_log_rl_flush(77000 + KVP_LOG_RL_WINDOW_MS), 1);
     capture_end(&c);
     char want[128];
-    snprintf(want, sizeof(want), "suppressed %d similar messages: \"threaded\"",
+    snprintf(want, sizeof(want), "suppressed %d similar messages (threaded)",
              THREADS * CALLS - KVP_LOG_RL_BURST);
     assert_non_null(strstr(c.text, want));
 }
@@ -335,6 +389,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_line_format),
+        cmocka_unit_test(test_text_escapes),
+        cmocka_unit_test(test_escape_bounds),
         cmocka_unit_test(test_json_format),
         cmocka_unit_test(test_json_report),
         cmocka_unit_test(test_parse_format),

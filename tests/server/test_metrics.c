@@ -3,7 +3,10 @@
  * exposition format (HELP and TYPE once per family, before its samples), one family per map row
  * group of stats.h, values that follow what the test did, the histogram's invariants, and
  * Prometheus's own checker, promtool, when it is installed (the integration test
- * test_http_metrics.c requires it).
+ * test_http_metrics.c requires it). Instances and clients are counted by front end: a second
+ * front end's owner (made and registering through the operations layer) gets its own series,
+ * and so does a transport the renderer has no special case for ("pickle", from a snapshot
+ * completed by hand).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -18,6 +21,9 @@
 #include <cmocka.h>
 
 #include "common/kvp_assert.h"
+#include "core/ops.h"
+#include "core/owner.h"
+#include "core/snapshot.h"
 #include "core/stats.h"
 #include "report/metrics.h"
 #include "server_fixture.h"
@@ -158,6 +164,7 @@ static void test_format_and_families(void **state)
         "# TYPE kvpool_reserved_chunks_dropped_total counter",
         "# TYPE kvpool_protocol_errors_total counter",
         "# TYPE kvpool_connected_clients gauge",
+        "# TYPE kvpool_clients gauge",
         "# TYPE kvpool_request_duration_seconds histogram",
         "# TYPE kvpool_build_info gauge",
     };
@@ -174,6 +181,10 @@ static void test_format_and_families(void **state)
     assert_true(sample(text, "kvpool_shm_enabled") == 1);
     assert_true(sample(text, "kvpool_pool_capacity_bytes") == FX_POOL);
     assert_true(sample(text, "kvpool_chunk_tokens") == FX_CHUNK_TOKENS);
+    /* The daemon's own front end has its series before it has instances or clients. */
+    assert_true(sample(text, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}") == 0);
+    assert_true(sample(text, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
+    assert_true(sample(text, "kvpool_clients{front_end=\"kvpool\"}") == 0);
     free(text);
     fx_server_stop(&s);
 }
@@ -194,8 +205,8 @@ static void test_values_follow_events(void **state)
     KVP_COUNT(store_chunks_aborted_disconnect, 2);
     char *t = metrics(&s);
     check_format(t);
-    assert_true(sample(t, "kvpool_instances{transport=\"inline\"}") == 2);
-    assert_true(sample(t, "kvpool_instances{transport=\"shm\"}") == 0);
+    assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 2);
+    assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}") == 0);
     assert_true(sample(t, "kvpool_shm_enabled") == 0);
     assert_true(sample(t, "kvpool_store_chunks_total{transport=\"inline\"}") == stored + 5);
     assert_true(sample(t, "kvpool_reserved_chunks_dropped_total{cause=\"disconnect\"}") ==
@@ -249,6 +260,90 @@ static void test_histogram(void **state)
     fx_server_stop(&s);
 }
 
+/* The instances and clients of a second front end, registered through the operations layer
+ * as the LMCache front end does: series of their own, beside kvpool's. */
+static void test_front_ends(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    struct kvp_owner lmc[2], own;
+    struct kvp_reg_spec q;
+    struct kvp_registration reg;
+    char msg[256];
+    bool existing;
+
+    fx_server_start(&s, true);
+    kvp_owner_init(&own, &s, "kvpool", 4242, 1000);
+    fx_spec(&q, "native", KVP_REG_SHM, NULL);
+    assert_rc(kvp_op_register(&own, &q, NULL, &reg, &existing, msg, sizeof(msg)), 0);
+    for (int i = 0; i < 2; i++) {
+        char id[32];
+        kvp_owner_init(&lmc[i], &s, "lmcache", -1, 0);
+        snprintf(id, sizeof(id), "lmcache-%d", i);
+        fx_spec(&q, id, i == 0 ? KVP_REG_SHM : KVP_REG_INLINE, NULL);
+        assert_rc(kvp_op_register(&lmc[i], &q, NULL, &reg, &existing, msg, sizeof(msg)), 0);
+    }
+    char *t = metrics(&s);
+    check_format(t);
+    assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}") == 1);
+    assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
+    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"shm\"}") == 1);
+    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"inline\"}") == 1);
+    assert_true(sample(t, "kvpool_clients{front_end=\"kvpool\"}") == 1);
+    assert_true(sample(t, "kvpool_clients{front_end=\"lmcache\"}") == 2);
+    /* The family is described once, whatever the number of front ends. */
+    assert_non_null(strstr(t, "# TYPE kvpool_instances gauge\n"));
+    assert_null(strstr(strstr(t, "# TYPE kvpool_instances gauge\n") + 1,
+                       "# TYPE kvpool_instances gauge\n"));
+    free(t);
+
+    /* Its owners go: its series go with them, kvpool's stay. */
+    kvp_owner_destroy(&lmc[0]);
+    kvp_owner_destroy(&lmc[1]);
+    t = metrics(&s);
+    check_format(t);
+    assert_null(strstr(t, "front_end=\"lmcache\""));
+    assert_true(sample(t, "kvpool_clients{front_end=\"kvpool\"}") == 1);
+    free(t);
+    kvp_owner_destroy(&own);
+    t = metrics(&s);
+    assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}") == 0);
+    assert_true(sample(t, "kvpool_clients{front_end=\"kvpool\"}") == 0);
+    free(t);
+    fx_server_stop(&s);
+}
+
+/* A transport without a special case in the renderer: its own label value, never folded into
+ * inline; and a label value that would need escaping is escaped. */
+static void test_transport_label(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    struct kvp_snapshot snap;
+    size_t len;
+
+    fx_server_start(&s, false);
+    assert_rc(kvp_snapshot_take(&s, 0, &snap), 0);
+    assert_true(snap.ninstance_groups + 3 <= KVP_SNAP_GROUPS);
+    struct kvp_instance_group *g = &snap.instance_groups[snap.ninstance_groups];
+    g[0] = (struct kvp_instance_group){.frontend = "lmcache",
+                                       .transport = KVP_REG_PICKLE,
+                                       .count = 3};
+    g[1] = (struct kvp_instance_group){.frontend = "lmcache", .transport = 77, .count = 1};
+    g[2] = (struct kvp_instance_group){.frontend = "a\"b\\c", .transport = KVP_REG_SHM, .count = 1};
+    snap.ninstance_groups += 3;
+    char *t = kvp_metrics_render(&snap, &len);
+    kvp_snapshot_free(&snap);
+    assert_non_null(t);
+    check_format(t);
+    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"pickle\"}") == 3);
+    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"unknown\"}") == 1);
+    assert_true(sample(t, "kvpool_instances{front_end=\"a\\\"b\\\\c\",transport=\"shm\"}") == 1);
+    assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
+    free(t);
+    fx_server_stop(&s);
+}
+
 /* Prometheus's own linter, when installed (Debian: prometheus). */
 static void test_promtool(void **state)
 {
@@ -261,7 +356,17 @@ static void test_promtool(void **state)
     struct kvp_server s;
     fx_server_start(&s, true);
     fx_register(&s, "p", 1, KVP_REG_SHM, NULL);
+    /* A second front end's labels, with an instance and a client. */
+    struct kvp_owner lmc;
+    struct kvp_reg_spec q;
+    struct kvp_registration reg;
+    char msg[256];
+    bool existing;
+    kvp_owner_init(&lmc, &s, "lmcache", -1, 0);
+    fx_spec(&q, "lmcache-1", KVP_REG_INLINE, NULL);
+    assert_rc(kvp_op_register(&lmc, &q, NULL, &reg, &existing, msg, sizeof(msg)), 0);
     char *text = metrics(&s);
+    kvp_owner_destroy(&lmc);
     char path[] = "/tmp/kvp-metrics-XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
@@ -280,10 +385,9 @@ static void test_promtool(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_format_and_families),
-        cmocka_unit_test(test_values_follow_events),
-        cmocka_unit_test(test_histogram),
-        cmocka_unit_test(test_promtool),
+        cmocka_unit_test(test_format_and_families), cmocka_unit_test(test_values_follow_events),
+        cmocka_unit_test(test_histogram),           cmocka_unit_test(test_front_ends),
+        cmocka_unit_test(test_transport_label),     cmocka_unit_test(test_promtool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

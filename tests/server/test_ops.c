@@ -97,7 +97,7 @@ static uint32_t reg(struct kvp_owner *o, const char *id, uint8_t transport)
     struct kvp_reg_spec q = spec(id, transport);
     struct kvp_registration inst;
     bool existing = true;
-    assert_rc(kvp_op_register(o, &q, &inst, &existing, M), 0);
+    assert_rc(kvp_op_register(o, &q, NULL, &inst, &existing, M), 0);
     assert_false(existing);
     assert_int_equal(inst.layout.bytes, CHUNK);
     return inst.handle;
@@ -162,7 +162,7 @@ static void test_register_conflicts_and_limit(void **state)
     struct kvp_reg_spec q = spec("w0", KVP_REG_SHM);
     struct kvp_registration inst, again;
     bool existing;
-    assert_rc(kvp_op_register(&a, &q, &inst, &existing, M), 0);
+    assert_rc(kvp_op_register(&a, &q, NULL, &inst, &existing, M), 0);
     assert_false(existing);
     assert_int_equal(inst.owner, a.id);
     assert_int_equal(inst.owner_pid, 4242);
@@ -173,18 +173,18 @@ static void test_register_conflicts_and_limit(void **state)
 
     /* The owner gets its own registration back; another owner is busy; another layout
      * conflicts; a bad field is named. */
-    assert_rc(kvp_op_register(&a, &q, &again, &existing, M), 0);
+    assert_rc(kvp_op_register(&a, &q, NULL, &again, &existing, M), 0);
     assert_true(existing);
     assert_int_equal(again.handle, inst.handle);
-    assert_rc(kvp_op_register(&b, &q, &again, &existing, M), -EBUSY);
+    assert_rc(kvp_op_register(&b, &q, NULL, &again, &existing, M), -EBUSY);
     assert_non_null(strstr(msg, "4242"));
     struct kvp_reg_spec other = q;
     other.num_layers = 4;
-    assert_rc(kvp_op_register(&b, &other, &again, &existing, M), -EEXIST);
+    assert_rc(kvp_op_register(&b, &other, NULL, &again, &existing, M), -EEXIST);
     assert_non_null(strstr(msg, "num_layers"));
     other = spec("w9", KVP_REG_SHM);
     other.hidden_dim = 0;
-    assert_rc(kvp_op_register(&b, &other, &again, &existing, M), -EINVAL);
+    assert_rc(kvp_op_register(&b, &other, NULL, &again, &existing, M), -EINVAL);
     assert_non_null(strstr(msg, "hidden_dim"));
 
     /* A handle is the registering owner's only: every operation of another owner refuses it. */
@@ -207,11 +207,11 @@ static void test_register_conflicts_and_limit(void **state)
         h[i] = reg(&a, id, KVP_REG_SHM);
     }
     q = spec("one-more", KVP_REG_SHM);
-    assert_rc(kvp_op_register(&a, &q, &again, &existing, M), -EDQUOT);
+    assert_rc(kvp_op_register(&a, &q, NULL, &again, &existing, M), -EDQUOT);
     assert_non_null(strstr(msg, "--max-instances-per-client (4)"));
     /* ... the owner's own registration still comes back at the limit ... */
     q = spec("w0", KVP_REG_SHM);
-    assert_rc(kvp_op_register(&a, &q, &again, &existing, M), 0);
+    assert_rc(kvp_op_register(&a, &q, NULL, &again, &existing, M), 0);
     assert_true(existing);
     /* ... another owner is not affected, and an unregister makes room. */
     reg(&b, "b0", KVP_REG_INLINE);
@@ -500,7 +500,7 @@ static void test_key_sources(void **state)
     snprintf(q.model_name, sizeof(q.model_name), "other-model");
     struct kvp_registration inst;
     bool existing;
-    assert_rc(kvp_op_register(&b, &q, &inst, &existing, M), 0);
+    assert_rc(kvp_op_register(&b, &q, NULL, &inst, &existing, M), 0);
     src = (struct kvp_key_src){.chunk_ids = ids, .nchunk_ids = 3, .id_len = 32};
     assert_rc(kvp_op_lookup(&b, inst.handle, &src, 0, &res, M), 0);
     assert_int_equal(res.cached, 0);

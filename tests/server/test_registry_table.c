@@ -136,7 +136,7 @@ static void test_table_full(void **state)
 
     struct kvp_reg_spec q = good_req("one-too-many");
     assert_rc(kvp_registry_validate(r, &q, &inst, msg, sizeof(msg)), 0);
-    assert_rc(kvp_registry_choose_transport(r, &inst, msg, sizeof(msg)), 0);
+    assert_rc(kvp_registry_choose_transport(r, &inst, NULL, msg, sizeof(msg)), 0);
     inst.owner = 1;
     inst.owner_pid = PID_OF(1);
     assert_rc(kvp_registry_add(r, &inst, 0, &existing, msg, sizeof(msg)), -ENOSPC);

@@ -217,8 +217,11 @@ static void test_chunk_larger_than_pool(void **state)
 
 /* ---- Transport ---- */
 
-static int choose(const struct kvp_offer *offer, uint8_t transport, const char *reason,
-                  struct kvp_registration *inst, char *msg, size_t msg_size)
+/* Validates a registration asking for transport with reason, then decides its transport with
+ * cannot_map as the evidence (NULL: the worker can map the segment). */
+static int choose_as(const struct kvp_offer *offer, uint8_t transport, const char *reason,
+                     const char *cannot_map, struct kvp_registration *inst, char *msg,
+                     size_t msg_size)
 {
     struct kvp_registry *r = new_registry(offer);
     struct kvp_reg_spec q = good_req("w0");
@@ -226,9 +229,16 @@ static int choose(const struct kvp_offer *offer, uint8_t transport, const char *
     snprintf(q.reason, sizeof(q.reason), "%s", reason);
     assert_rc(kvp_registry_validate(r, &q, inst, msg, msg_size), 0);
     msg[0] = '\0';
-    int rc = kvp_registry_choose_transport(r, inst, msg, msg_size);
+    int rc = kvp_registry_choose_transport(r, inst, cannot_map, msg, msg_size);
     free_registry(r);
     return rc;
+}
+
+/* choose_as() with evidence that the worker can map the segment. */
+static int choose(const struct kvp_offer *offer, uint8_t transport, const char *reason,
+                  struct kvp_registration *inst, char *msg, size_t msg_size)
+{
+    return choose_as(offer, transport, reason, NULL, inst, msg, msg_size);
 }
 
 static void test_transport_shm(void **state)
@@ -240,6 +250,27 @@ static void test_transport_shm(void **state)
     assert_rc(choose(&offer_shm, KVP_REG_SHM, "", &inst, msg, sizeof(msg)), 0);
     assert_int_equal(inst.transport, KVP_REG_SHM);
     assert_string_equal(inst.reason, "");
+}
+
+/* A claim of shm without evidence that the worker can map the segment gets inline, with the
+ * evidence's reason, not the worker's. */
+static void test_transport_shm_claim_overruled(void **state)
+{
+    (void)state;
+    struct kvp_registration inst;
+    char msg[512];
+
+    assert_rc(choose_as(&offer_shm, KVP_REG_SHM, "", "uid 65534 cannot open it", &inst, msg,
+                        sizeof(msg)),
+              0);
+    assert_int_equal(inst.transport, KVP_REG_INLINE);
+    assert_string_equal(inst.reason, "uid 65534 cannot open it");
+    /* An inline request is not affected by the evidence. */
+    assert_rc(choose_as(&offer_shm, KVP_REG_INLINE, "asked", "uid 65534 cannot open it", &inst, msg,
+                        sizeof(msg)),
+              0);
+    assert_int_equal(inst.transport, KVP_REG_INLINE);
+    assert_string_equal(inst.reason, "asked");
 }
 
 static void test_transport_shm_unavailable(void **state)
@@ -312,6 +343,7 @@ int main(void)
         cmocka_unit_test(test_validate_every_dtype),
         cmocka_unit_test(test_chunk_larger_than_pool),
         cmocka_unit_test(test_transport_shm),
+        cmocka_unit_test(test_transport_shm_claim_overruled),
         cmocka_unit_test(test_transport_shm_unavailable),
         cmocka_unit_test(test_transport_inline_keeps_reason),
         cmocka_unit_test(test_transport_auto_is_inline),

@@ -26,6 +26,7 @@
 
 #include "base/log.h"
 #include "common/kvp_assert.h"
+#include "common/shm_name.h"
 #include "core/segment.h"
 #include "core/shm_gate.h"
 
@@ -137,6 +138,9 @@ static void test_create_shared(void **state)
 
     /* The header, through the mapping and through the file. */
     check_header(seg.base, seg.nonce, size, getpid());
+    bool final = false;
+    assert_int_equal(kvp_seg_header_reserved(seg.base, &final), size);
+    assert_true(final);
     read_file_header(c->path, h);
     check_header(h, seg.nonce, size, getpid());
 
@@ -559,10 +563,17 @@ static int child_filled_during_warmup(const char *name)
     char why[256] = "";
     const uint64_t size = 2 * KVP_RESERVE_STEP + KVP_SEG_HEADER;
 
+    bool final = true;
+
     kvp_log_threshold = KVP_LOG_ERROR;
     if (kvp_segment_create_shared(&seg, name, size, 0600, why, sizeof(why)) != 0) {
         fprintf(stderr, "child: create: %s\n", why);
         return 30;
+    }
+    /* The header tells workers what they may pre-fault: the first part, more to come. */
+    if (kvp_seg_header_reserved(seg.base, &final) != KVP_RESERVE_FIRST || final) {
+        fprintf(stderr, "child: the header does not say that the first part is reserved\n");
+        return 33;
     }
     int rc = kvp_segment_reserve_rest(&seg, NULL, NULL, why, sizeof(why));
     if (rc != -ENOSPC || !strstr(why, "reserve")) {
@@ -573,6 +584,11 @@ static int child_filled_during_warmup(const char *name)
         fprintf(stderr, "child: %llu bytes reserved, expected %llu\n",
                 (unsigned long long)seg.reserved, (unsigned long long)KVP_RESERVE_FIRST);
         return 32;
+    }
+    /* ...and now that this is all there will be. */
+    if (kvp_seg_header_reserved(seg.base, &final) != KVP_RESERVE_FIRST || !final) {
+        fprintf(stderr, "child: the header does not say that the reservation ended\n");
+        return 34;
     }
     /* A fault here would kill the child: the test sees a signal, not an exit code. */
     memset(seg.base + KVP_SEG_HEADER, 0xa5, seg.reserved - KVP_SEG_HEADER);
@@ -639,6 +655,8 @@ static void test_sweep_leftovers(void **state)
     close(make_leftover(dir, "kvpool_l1_pool_named", 2 * MIB, true));
     /* ...which removes it as its own name. */
     close(make_leftover(dir, "kvpool_l1_pool_mine", 5 * MIB, true));
+    /* A dead one with a default name of this version (pid and random part): removed. */
+    close(make_leftover(dir, "kvpool_l1_pool_106_0123456789abcdef", MIB, true));
     /* Not a segment at all. */
     close(make_leftover(dir, "something_else_1", MIB, true));
     char target[256], link[256];
@@ -647,8 +665,9 @@ static void test_sweep_leftovers(void **state)
     assert_rc(symlink(target, link), 0);
 
     uint64_t freed = kvp_segment_sweep(dir, "kvpool_l1_pool_mine", KVP_SWEEP_MIN_AGE_S);
-    assert_int_equal(freed, 8 * MIB);
+    assert_int_equal(freed, 9 * MIB);
     assert_false(exists_in(dir, "kvpool_l1_pool_101"));
+    assert_false(exists_in(dir, "kvpool_l1_pool_106_0123456789abcdef"));
     assert_false(exists_in(dir, "kvpool_l1_pool_mine"));
     assert_true(exists_in(dir, "kvpool_l1_pool_102"));
     if (root)
@@ -765,6 +784,66 @@ static void test_reserve_cancel(void **state)
     assert_false(exists_in(KVP_SHM_DIR, c->name));
 }
 
+/*
+ * The default name: one that exists already, even held by a live owner, is never touched; the
+ * segment gets another random name.
+ */
+static void test_default_name_taken(void **state)
+{
+    struct ctx *c = *state;
+    struct kvp_segment seg = KVP_SEGMENT_INIT;
+    char why[256], shm[112];
+
+    snprintf(shm, sizeof(shm), "/%s", c->name);
+    int planted = shm_open(shm, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    assert_true(planted >= 0);
+    assert_rc(flock(planted, LOCK_EX | LOCK_NB), 0);
+    int rc = kvp_segment_create_shared_default(&seg, c->name, KVP_SEG_HEADER + MIB, 0600, why,
+                                               sizeof(why));
+    if (rc != 0)
+        fail_msg("create: %d %s", rc, why);
+    assert_true(seg.shared);
+    assert_string_not_equal(seg.name, c->name);
+    assert_true(kvp_shm_name_is_default(seg.name));
+    assert_true(exists_in(KVP_SHM_DIR, seg.name));
+    /* The planted file is as it was: still there, still empty, its lock still held. */
+    struct stat st;
+    assert_rc(stat(c->path, &st), 0);
+    assert_int_equal(st.st_size, 0);
+    int probe = open(c->path, O_RDONLY | O_CLOEXEC);
+    assert_true(probe >= 0);
+    assert_rc(flock(probe, LOCK_EX | LOCK_NB), -1);
+    close(probe);
+    close(planted);
+    char name[sizeof(seg.name)];
+    snprintf(name, sizeof(name), "%s", seg.name);
+    kvp_segment_destroy(&seg);
+    assert_false(exists_in(KVP_SHM_DIR, name));
+}
+
+/* A name the operator gave, held by another uid's file: a clear error, and the file stays. */
+static void test_given_name_of_other_uid(void **state)
+{
+    struct ctx *c = *state;
+    struct kvp_segment seg = KVP_SEGMENT_INIT;
+    char why[512] = "", shm[112];
+
+    if (geteuid() != 0)
+        skip(); /* only root can make a file of another uid */
+    snprintf(shm, sizeof(shm), "/%s", c->name);
+    int planted = shm_open(shm, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    assert_true(planted >= 0);
+    assert_rc(fchown(planted, 65534, 65534), 0);
+    close(planted);
+    assert_rc(kvp_segment_create_shared(&seg, c->name, KVP_SEG_HEADER + MIB, 0600, why,
+                                        sizeof(why)),
+              -EPERM);
+    if (!strstr(why, "belongs to uid 65534"))
+        fail_msg("why \"%s\" does not name the file's owner", why);
+    assert_false(seg.shared);
+    assert_true(exists_in(KVP_SHM_DIR, c->name));
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -777,6 +856,8 @@ int main(void)
         T(test_stale_after_owner_killed),
         T(test_stale_unlocked_file),
         T(test_invalid_name),
+        T(test_default_name_taken),
+        T(test_given_name_of_other_uid),
         T(test_private),
         T(test_destroy_null_and_init),
         T(test_destroy_zeroed_keeps_fd0),

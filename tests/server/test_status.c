@@ -1,7 +1,10 @@
 /*
  * test_status.c - kvp_status_json() on a real kvp_server started in this process: every field
  * docs/HTTP.md promises, with values that follow from what the test did (registrations,
- * transfers counted, a client connected), for a daemon with shared memory and one without.
+ * transfers counted, a client connected), for a daemon with shared memory and one without; an
+ * instance and a client of a second front end (an "lmcache" owner registering through the
+ * operations layer) named as such; and transports the renderer has no special case for
+ * ("pickle", a value without a name), rendered from a snapshot completed by hand.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -17,6 +20,9 @@
 #include <jansson.h>
 
 #include "common/kvp_assert.h"
+#include "core/ops.h"
+#include "core/owner.h"
+#include "core/snapshot.h"
 #include "core/stats.h"
 #include "kvp/listener.h"
 #include "kvp/session.h"
@@ -67,6 +73,18 @@ static const char *str(json_t *root, const char *path)
     return json_string_value(v);
 }
 
+/* A status document text, parsed; frees the text. */
+static json_t *parse(char *text)
+{
+    json_error_t err;
+    assert_non_null(text);
+    json_t *root = json_loads(text, 0, &err);
+    if (!root)
+        fail_msg("status is not JSON (%s at line %d): %s", err.text, err.line, text);
+    free(text);
+    return root;
+}
+
 /* The instance of that id in "instances", or NULL. */
 static json_t *instance(json_t *root, const char *id)
 {
@@ -75,6 +93,19 @@ static json_t *instance(json_t *root, const char *id)
     json_array_foreach(at(root, "instances"), i, e)
     {
         if (strcmp(json_string_value(json_object_get(e, "instance_id")), id) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* The client of that id in "clients.list", or NULL. */
+static json_t *client(json_t *root, uint64_t id)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(at(root, "clients.list"), i, e)
+    {
+        if ((uint64_t)json_integer_value(json_object_get(e, "id")) == id)
             return e;
     }
     return NULL;
@@ -159,6 +190,8 @@ static void test_instances_and_transfers(void **state)
     assert_int_equal(num(i1, "worker_rank"), 1);
     assert_int_equal(num(i1, "pid"), 1007);
     assert_int_equal(num(i1, "client_id"), 7);
+    assert_string_equal(str(i1, "front_end"), "kvpool");
+    assert_string_equal(str(i2, "front_end"), "kvpool");
     assert_false(json_is_true(at(i1, "use_mla")));
     /* [2, layers, chunk tokens, hidden] */
     json_t *shape = at(i1, "chunk_shape");
@@ -245,6 +278,7 @@ static void test_clients(void **state)
     assert_int_equal(num(c, "uid"), getuid());
     assert_int_equal(num(c, "instances"), 0);
     assert_true(num(c, "id") > 0);
+    assert_string_equal(str(c, "front_end"), "kvpool");
     json_decref(st);
 
     /* The connection ends: the list empties. */
@@ -263,6 +297,120 @@ static void test_clients(void **state)
     fx_server_stop(&s);
 }
 
+/*
+ * An instance registered through another front end: its owner is made and registers through the
+ * operations layer, as the LMCache front end does. It is listed with its front end, and so is
+ * its client, next to a kvpool connection's; when its owner goes, both leave the report.
+ */
+static void test_second_front_end(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    int sv[2];
+    char msg[256];
+    bool existing;
+    struct kvp_reg_spec q;
+    struct kvp_registration reg;
+    struct kvp_owner lmc;
+
+    fx_server_start(&s, true);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    assert_rc(kvp_session_spawn(&s, sv[0]), 0);
+    fx_register(&s, "native", 1000, KVP_REG_SHM, NULL); /* an id no owner has */
+    kvp_owner_init(&lmc, &s, "lmcache", -1, 0);
+    fx_spec(&q, "lmcache-42", KVP_REG_INLINE, "workers without the segment");
+    assert_rc(kvp_op_register(&lmc, &q, NULL, &reg, &existing, msg, sizeof(msg)), 0);
+    kvp_registry_count_io(&s.registry, reg.handle, true, 2, 2 * 4096);
+
+    json_t *st = status(&s);
+    json_t *i = instance(st, "lmcache-42");
+    assert_non_null(i);
+    assert_string_equal(str(i, "front_end"), "lmcache");
+    assert_string_equal(str(i, "transport"), "inline");
+    assert_string_equal(str(i, "fallback_reason"), "workers without the segment");
+    assert_true(json_is_null(at(i, "pid")));
+    assert_int_equal(num(i, "client_id"), lmc.id);
+    assert_int_equal(num(i, "stored_chunks"), 2);
+    assert_non_null(strstr(str(i, "connected_since"), "T"));
+    assert_string_equal(str(instance(st, "native"), "front_end"), "kvpool");
+    assert_int_equal(num(st, "gauges.instances"), 2);
+    assert_int_equal(num(st, "gauges.instances_inline"), 1);
+
+    /* Both clients are listed, each with its front end; the kvpool connection is the one
+     * "connected" counts (--max-clients bounds it). */
+    assert_int_equal(json_array_size(at(st, "clients.list")), 2);
+    json_t *c = client(st, lmc.id);
+    assert_non_null(c);
+    assert_string_equal(str(c, "front_end"), "lmcache");
+    assert_true(json_is_null(at(c, "pid")));
+    assert_int_equal(num(c, "instances"), 1);
+    size_t k;
+    json_t *e;
+    int native = 0;
+    json_array_foreach(at(st, "clients.list"), k, e)
+    {
+        native += strcmp(json_string_value(json_object_get(e, "front_end")), "kvpool") == 0;
+    }
+    assert_int_equal(native, 1);
+    assert_int_equal(num(st, "clients.connected"), 1);
+    json_decref(st);
+
+    /* Its owner goes: its instance and its client leave the report. */
+    kvp_owner_destroy(&lmc);
+    st = status(&s);
+    assert_null(instance(st, "lmcache-42"));
+    assert_non_null(instance(st, "native"));
+    assert_null(client(st, lmc.id));
+    assert_int_equal(json_array_size(at(st, "clients.list")), 1);
+    json_decref(st);
+    close(sv[1]);
+    fx_server_stop(&s);
+}
+
+/*
+ * Transports are named, never folded into "inline": an instance on LMCache's pickle transport
+ * (no registration asks for it yet, so the snapshot is completed by hand) is "pickle" with its
+ * reason, and a value without a name is "unknown" rather than a crash or a wrong name.
+ */
+static void test_transport_names(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    struct kvp_snapshot snap;
+
+    fx_server_start(&s, false);
+    fx_register(&s, "p", 1, KVP_REG_INLINE, NULL);
+    fx_register(&s, "x", 2, KVP_REG_INLINE, NULL);
+    fx_register(&s, "i", 3, KVP_REG_INLINE, NULL);
+    assert_rc(kvp_snapshot_take(&s, KVP_SNAP_LISTS, &snap), 0);
+    assert_int_equal(snap.ninstances, 3);
+    for (uint32_t n = 0; n < snap.ninstances; n++) {
+        struct kvp_registration *r = &snap.instances[n].reg;
+        if (strcmp(r->spec.instance_id, "p") == 0) {
+            r->transport = KVP_REG_PICKLE;
+            snprintf(r->frontend, sizeof(r->frontend), "lmcache");
+            snprintf(r->reason, sizeof(r->reason), "no shared memory in the worker");
+        } else if (strcmp(r->spec.instance_id, "x") == 0) {
+            r->transport = 200;
+        }
+    }
+    json_t *st = parse(kvp_status_json_render(&s, &snap));
+    kvp_snapshot_free(&snap);
+    assert_string_equal(str(instance(st, "p"), "transport"), "pickle");
+    assert_string_equal(str(instance(st, "p"), "front_end"), "lmcache");
+    assert_string_equal(str(instance(st, "p"), "fallback_reason"),
+                        "no shared memory in the worker");
+    assert_string_equal(str(instance(st, "x"), "transport"), "unknown");
+    assert_string_equal(str(instance(st, "i"), "transport"), "inline");
+    json_decref(st);
+
+    assert_string_equal(kvp_reg_transport_name(KVP_REG_SHM), "shm");
+    assert_string_equal(kvp_reg_transport_name(KVP_REG_INLINE), "inline");
+    assert_string_equal(kvp_reg_transport_name(KVP_REG_PICKLE), "pickle");
+    assert_string_equal(kvp_reg_transport_name(255), "unknown");
+    fx_server_stop(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -271,6 +419,8 @@ int main(void)
         cmocka_unit_test(test_without_shm),
         cmocka_unit_test(test_non_utf8_names),
         cmocka_unit_test(test_clients),
+        cmocka_unit_test(test_second_front_end),
+        cmocka_unit_test(test_transport_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

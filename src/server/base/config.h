@@ -24,8 +24,9 @@ struct kvp_config {
     uint32_t socket_mode; /* permission bits of the socket file */
     uint64_t l1_size;     /* pool bytes, multiple of 4096 */
     uint32_t chunk_tokens;
-    bool shm_enabled;   /* false: --shm-name "" (--shm-backend none is shm_backend) */
-    char shm_name[128]; /* normalised, without '/' */
+    bool shm_enabled;    /* false: --shm-name "" (--shm-backend none is shm_backend) */
+    char shm_name[128];  /* normalised, without '/'; by default a random one (shm_name.h) */
+    bool shm_name_given; /* shm_name came from the operator (--shm-name, its variable or file) */
     enum kvp_log_level log_level;
     enum kvp_log_format log_format;
     uint32_t max_clients;
@@ -55,9 +56,31 @@ void kvp_config_defaults(struct kvp_config *cfg);
  * Applies the configuration file (--config, else $KVPOOL_CONFIG), then the KVPOOL_* environment
  * variables, then the command line. Returns 0 to run, 1 when --help or --version was printed to
  * out (exit 0), or -EINVAL after printing an error to err (a file error names FILE:LINE). Notes
- * about ignored values (a bad value that a higher layer overrides) also go to err.
+ * about ignored values (a bad value that a higher layer overrides) also go to err. Messages are
+ * "kvpoold: ..." lines, or json log lines once --log-format json is known to be asked for; with
+ * err NULL (a reload, the logger set up) they are log lines of the running logger.
  */
 int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, FILE *err);
+
+/*
+ * Called by kvp_config_compare() for each option whose value differs: its name, whether SIGHUP
+ * applies it (else it needs a restart), and both values as a user would write them (a secret
+ * one as "(not shown)").
+ */
+typedef void (*kvp_config_change_fn)(void *arg, const char *name, bool reloadable, const char *was,
+                                     const char *now);
+
+/* Compares two configurations option by option, calling fn (may be NULL) for each difference.
+ * Returns the number of options that differ. */
+int kvp_config_compare(const struct kvp_config *cur, const struct kvp_config *next,
+                       kvp_config_change_fn fn, void *arg);
+
+/* Copies into cur the values of next's options that SIGHUP applies (the option table's
+ * reloadable ones); the others stay as they are. */
+void kvp_config_take_reloadable(struct kvp_config *cur, const struct kvp_config *next);
+
+/* 1 if SIGHUP applies option name, 0 if it needs a restart, -ENOENT for no such option. */
+int kvp_config_is_reloadable(const char *name);
 
 /*
  * Parses a size: a decimal number with an optional unit B, K/KiB, M/MiB, G/GiB, T/TiB (powers

@@ -11,6 +11,9 @@
  * order; the callback (config.c) decides what the key means and whether the value is valid, so
  * this file stays free of any knowledge of options. Every error names the file and the line.
  *
+ * A UTF-8 byte order mark at the start of the file is skipped. Each key may appear once: a key
+ * given twice is an error (config.c), since which value was meant is anybody's guess.
+ *
  * Quoting exists for values that would otherwise be trimmed away or cut by a comment: the empty
  * string (shm-name = ""), leading or trailing blanks, a " #". There are no escapes: a value
  * cannot contain its own quote character (use the other one).
@@ -193,7 +196,9 @@ int kvp_conf_file_read(const char *path, kvp_conf_entry_fn fn, void *arg, FILE *
     int rc = read_all(path, &buf, &len, err);
     if (rc)
         return rc;
-    for (size_t pos = 0; pos < len && rc == 0;) {
+    /* A UTF-8 byte order mark, which some editors write first: not part of the first key. */
+    size_t pos = len >= 3 && memcmp(buf, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
+    while (pos < len && rc == 0) {
         const char *start = buf + pos;
         const char *nl = memchr(start, '\n', len - pos);
         size_t n = nl ? (size_t)(nl - start) : len - pos;

@@ -22,7 +22,8 @@ typedef int (*kvp_conf_entry_fn)(void *arg, const char *key, const char *value, 
  * Reads the file at path and calls fn for each entry. The syntax, per line: blank; a comment,
  * '#' first; or "key = value", where the value may be quoted with " or ' (no escapes; "" is an
  * empty value) and an unquoted value ends at a '#' that begins it or follows a blank (a trailing
- * comment). Returns 0; the first non-zero return of fn; or -EINVAL after printing to err one
+ * comment). A UTF-8 byte order mark at the start is skipped. Returns 0; the first non-zero
+ * return of fn; or -EINVAL after printing to err one
  * line "kvpoold: PATH:LINE: what is wrong" (a syntax error, a line over KVP_CONF_MAX_LINE bytes,
  * a NUL byte) or "kvpoold: cannot read configuration file PATH: reason" (it cannot be opened or
  * read, is a directory, or is over KVP_CONF_MAX_SIZE bytes).

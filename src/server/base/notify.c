@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <systemd/sd-daemon.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/log.h"
@@ -88,6 +89,29 @@ void kvp_notify_status(const char *status)
         return;
     one_line(status, line, sizeof(line));
     snprintf(msg, sizeof(msg), "STATUS=%s", line);
+    send_msg(msg);
+}
+
+void kvp_notify_reloading(void)
+{
+    struct timespec ts;
+    char msg[96];
+    if (!kvp_notify_enabled())
+        return;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    snprintf(msg, sizeof(msg),
+             "RELOADING=1\nSTATUS=Reloading the configuration\nMONOTONIC_USEC=%llu",
+             (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000);
+    send_msg(msg);
+}
+
+void kvp_notify_reloaded(const char *status)
+{
+    char line[STATUS_MAX], msg[STATUS_MAX + 32];
+    if (!kvp_notify_enabled())
+        return;
+    one_line(status, line, sizeof(line));
+    snprintf(msg, sizeof(msg), "READY=1\nSTATUS=%s", line);
     send_msg(msg);
 }
 

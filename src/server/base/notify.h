@@ -25,6 +25,12 @@ void kvp_notify_progress(const char *status);
 /* While serving: STATUS=<status> alone. */
 void kvp_notify_status(const char *status);
 
+/* A reload (SIGHUP) has begun: RELOADING=1 with MONOTONIC_USEC=<now>, as systemd asks. */
+void kvp_notify_reloading(void);
+
+/* The reload is over, the daemon serves: READY=1, STATUS=<status>. */
+void kvp_notify_reloaded(const char *status);
+
 /* Shutdown has begun: STOPPING=1. */
 void kvp_notify_stopping(void);
 

@@ -21,6 +21,7 @@
 #include "core/transport.h"
 
 struct kvp_session;
+struct kvp_refusals;
 struct kvp_http;
 struct kvp_l2;
 struct kvp_owner;
@@ -52,11 +53,20 @@ struct kvp_server {
 
     int lock_fd; /* <socket>.lock, flocked for our lifetime */
     int listen_fd;
-    bool socket_bound; /* the socket file at cfg.socket_path is ours ... */
-    dev_t socket_dev;  /* ... as long as it is this inode */
+    struct kvp_refusals *refusals; /* answers connections that are not served (refusals.c) */
+    bool socket_bound;             /* the socket file at cfg.socket_path is ours ... */
+    dev_t socket_dev;              /* ... as long as it is this inode */
     ino_t socket_ino;
-    int wake_fds[2]; /* self-pipe: stop request and expiry wake-up */
+    int wake_fds[2]; /* self-pipe: stop and reload requests, expiry wake-up */
     atomic_bool stopping;
+    atomic_bool reload_requested; /* SIGHUP: the accept loop returns to main() to reload */
+
+    /* The options SIGHUP changes (config.c's table says which) that threads other than the main
+     * one read: stored by the main thread (kvp_server_reconfigure), loaded relaxed where they
+     * are used (each value is used on its own). cfg keeps the values of start-up. */
+    _Atomic uint32_t reserve_timeout_s;
+    _Atomic uint32_t io_timeout_ms;
+    atomic_bool follow_cpu;
 
     struct kvp_owners owners; /* the clients of every front end (owner.c) */
 

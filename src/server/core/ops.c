@@ -49,7 +49,7 @@ __attribute__((format(printf, 4, 5))) static int fail(char *msg, size_t msg_size
 
 /* ---- registration ---- */
 
-int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec,
+int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec, const char *cannot_map,
                     struct kvp_registration *out, bool *existing, char *msg, size_t msg_size)
 {
     struct kvp_registry *r = &o->srv->registry;
@@ -58,7 +58,7 @@ int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec,
     *existing = false;
     int rc = kvp_registry_validate(r, spec, &inst, msg, msg_size);
     if (rc == 0)
-        rc = kvp_registry_choose_transport(r, &inst, msg, msg_size);
+        rc = kvp_registry_choose_transport(r, &inst, cannot_map, msg, msg_size);
     if (rc) {
         log_warn_rl("Registration of instance '%s' refused: %s", spec->instance_id, msg);
         return rc;

@@ -116,8 +116,12 @@ struct kvp_op_slots {
  * field, named in msg), -EOPNOTSUPP (shm asked, none here), -EEXIST (the id is registered with
  * another layout), -EBUSY (by another owner), -EDQUOT (o has --max-instances-per-client),
  * -ENOSPC (the table is full) or -ENOMEM. Refusals are logged.
+ *
+ * cannot_map: NULL when the front end has evidence that the worker can map the segment
+ * (kvp_transport_peer_can_map()), else why it cannot: a claim of shm is then overruled to
+ * inline with that reason, so that the worker never publishes a slot it could not have written.
  */
-int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec,
+int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec, const char *cannot_map,
                     struct kvp_registration *out, bool *existing, char *msg, size_t msg_size);
 
 /* Ends o's instance handle: its reservations are aborted and its pins dropped first. Returns 0

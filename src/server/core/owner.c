@@ -135,6 +135,36 @@ uint32_t kvp_owners_list(struct kvp_owners *l, struct kvp_owner_view *out, uint3
     return n;
 }
 
+uint32_t kvp_owners_count_groups(struct kvp_owners *l, struct kvp_owner_group *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&l->lock);
+    for (const struct kvp_owner *o = l->head; o; o = o->next) {
+        uint32_t g = 0;
+        while (g < n && strncmp(out[g].frontend, o->frontend, sizeof(out[g].frontend)) != 0)
+            g++;
+        if (g == n) {
+            if (n == cap)
+                continue;
+            out[n] = (struct kvp_owner_group){.count = 0};
+            memcpy(out[n].frontend, o->frontend, sizeof(out[n].frontend));
+            out[n].frontend[KVP_MAX_FRONTEND] = '\0';
+            n++;
+        }
+        out[g].count++;
+    }
+    pthread_mutex_unlock(&l->lock);
+    /* A handful of groups: insertion sort by name, outside the lock. */
+    for (uint32_t i = 1; i < n; i++) {
+        struct kvp_owner_group g = out[i];
+        uint32_t j = i;
+        for (; j > 0 && strcmp(out[j - 1].frontend, g.frontend) > 0; j--)
+            out[j] = out[j - 1];
+        out[j] = g;
+    }
+    return n;
+}
+
 uint32_t kvp_owners_count(struct kvp_owners *l)
 {
     pthread_mutex_lock(&l->lock);

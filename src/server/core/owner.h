@@ -93,6 +93,17 @@ struct kvp_owner_view {
  * copy only. */
 uint32_t kvp_owners_list(struct kvp_owners *l, struct kvp_owner_view *out, uint32_t cap);
 
+/* How many owners one front end has. */
+struct kvp_owner_group {
+    char frontend[KVP_MAX_FRONTEND + 1];
+    uint32_t count;
+};
+
+/* Counts the owners of l by front end: up to cap groups into out, ordered by front-end name;
+ * returns how many. Owners of a front end beyond cap are left out (front-end names are the
+ * daemon's own: a cap of a few is never reached). Lock held for the count only. */
+uint32_t kvp_owners_count_groups(struct kvp_owners *l, struct kvp_owner_group *out, uint32_t cap);
+
 /* How many owners l has (an upper bound for kvp_owners_list(): allocate before copying). */
 uint32_t kvp_owners_count(struct kvp_owners *l);
 

@@ -3,8 +3,10 @@
  *
  * The transport rule (docs/PROTOCOL.md, REGISTER): the worker reports the transport it will
  * actually use, after trying to map the segment itself, so the daemon never believes a worker
- * is on SHM while it silently fell back. The daemon only overrides towards inline when it has
- * no segment. Exactly one INFO line per new registration names the outcome.
+ * is on SHM while it silently fell back. The daemon only overrides towards inline: when it has
+ * no segment, and when there is no evidence that the worker can map it (transport.c), since a
+ * worker that commits slots it could not write would read their previous contents back.
+ * Exactly one INFO line per new registration names the outcome.
  *
  * Identity rule: an instance id names one registration, owned by one connection. The keys of a
  * request are derived from the registration its handle names (model, world size, rank,
@@ -96,11 +98,12 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spe
 }
 
 /*
- * The worker reports what it will use after trying to map the segment itself; the daemon only
- * refuses "shm" when it has no segment, and otherwise records the worker's choice and reason.
+ * The worker reports what it will use after trying to map the segment itself; the daemon
+ * refuses "shm" when it has no segment, overrules it (inline, with the evidence's reason) when
+ * the worker cannot map the segment, and otherwise records the worker's choice and reason.
  */
 int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
-                                  char *msg, size_t msg_size)
+                                  const char *cannot_map, char *msg, size_t msg_size)
 {
     const struct kvp_reg_spec *req = &inst->spec;
 
@@ -109,13 +112,17 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
             snprintf(msg, msg_size, "shm transport unavailable: %s", r->offer.shm_reason);
             return -EOPNOTSUPP;
         }
-        inst->transport = KVP_REG_SHM;
-        inst->reason[0] = '\0';
-        return 0;
+        if (!cannot_map) {
+            inst->transport = KVP_REG_SHM;
+            inst->reason[0] = '\0';
+            return 0;
+        }
     }
     inst->transport = KVP_REG_INLINE;
     if (!r->offer.shm_enabled)
         snprintf(inst->reason, sizeof(inst->reason), "%s", r->offer.shm_reason);
+    else if (req->transport == KVP_REG_SHM)
+        snprintf(inst->reason, sizeof(inst->reason), "%s", cannot_map);
     else if (req->reason[0])
         snprintf(inst->reason, sizeof(inst->reason), "%s", req->reason);
     else if (req->transport == KVP_REG_INLINE)
@@ -338,6 +345,83 @@ uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner)
     for (uint32_t k = 0; k < n; k++)
         removed += kvp_registry_remove(r, handles[k], "connection closed") == 0;
     return removed;
+}
+
+uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
+                               uint32_t cap, uint32_t *nowners)
+{
+    uint32_t moved = 0;
+    *nowners = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < KVP_MAX_INSTANCES; i++) {
+        struct kvp_registration *inst = &r->slots[i].inst;
+        if (!r->slots[i].used || inst->transport != KVP_REG_SHM)
+            continue;
+        inst->transport = KVP_REG_INLINE;
+        snprintf(inst->reason, sizeof(inst->reason), "%s", reason);
+        moved++;
+        if (*nowners < cap)
+            owners[(*nowners)++] = inst->owner;
+    }
+    r->count_shm = 0;
+    pthread_mutex_unlock(&r->lock);
+    return moved;
+}
+
+const char *kvp_reg_transport_name(uint8_t transport)
+{
+    static const char *const names[] = {
+        [KVP_REG_AUTO] = "auto",
+        [KVP_REG_SHM] = "shm",
+        [KVP_REG_INLINE] = "inline",
+        [KVP_REG_PICKLE] = "pickle",
+    };
+    if (transport >= sizeof(names) / sizeof(names[0]) || !names[transport])
+        return "unknown";
+    return names[transport];
+}
+
+/* Order of the groups: by front end, then transport. */
+static int group_cmp(const struct kvp_instance_group *a, const struct kvp_instance_group *b)
+{
+    int c = strcmp(a->frontend, b->frontend);
+    return c ? c : (int)a->transport - (int)b->transport;
+}
+
+uint32_t kvp_registry_count_groups(struct kvp_registry *r, struct kvp_instance_group *out,
+                                   uint32_t cap, uint32_t *total)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->lock);
+    *total = r->count;
+    for (int i = 0; i < KVP_MAX_INSTANCES; i++) {
+        if (!r->slots[i].used)
+            continue;
+        const struct kvp_registration *inst = &r->slots[i].inst;
+        uint32_t g = 0;
+        while (g < n && (out[g].transport != inst->transport ||
+                         strncmp(out[g].frontend, inst->frontend, sizeof(out[g].frontend)) != 0))
+            g++;
+        if (g == n) {
+            if (n == cap)
+                continue;
+            out[n] = (struct kvp_instance_group){.transport = inst->transport, .count = 0};
+            memcpy(out[n].frontend, inst->frontend, sizeof(out[n].frontend));
+            out[n].frontend[KVP_MAX_FRONTEND] = '\0';
+            n++;
+        }
+        out[g].count++;
+    }
+    pthread_mutex_unlock(&r->lock);
+    /* A handful of groups: insertion sort, outside the lock. */
+    for (uint32_t i = 1; i < n; i++) {
+        struct kvp_instance_group g = out[i];
+        uint32_t j = i;
+        for (; j > 0 && group_cmp(&out[j - 1], &g) > 0; j--)
+            out[j] = out[j - 1];
+        out[j] = g;
+    }
+    return n;
 }
 
 uint32_t kvp_registry_count(struct kvp_registry *r)

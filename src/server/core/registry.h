@@ -22,9 +22,23 @@
 
 #define KVP_MAX_INSTANCES 1024
 
-/* How an instance's chunks travel. A registration asks for AUTO, SHM or INLINE; the registry
- * settles on SHM or INLINE (kvp_registry_choose_transport()). */
-enum kvp_reg_transport { KVP_REG_AUTO = 0, KVP_REG_SHM = 1, KVP_REG_INLINE = 2 };
+/*
+ * How an instance's chunks travel. A registration asks for AUTO, SHM or INLINE; the registry
+ * settles on SHM or INLINE (kvp_registry_choose_transport()). PICKLE names LMCache's pickle
+ * transport (the chunks travel inside the front end's messages, docs/LMCACHE.md): the reports
+ * know its name, no registration asks for it yet. The reports name every value through
+ * kvp_reg_transport_name(), so a value added here is shown by its own name everywhere.
+ */
+enum kvp_reg_transport {
+    KVP_REG_AUTO = 0,
+    KVP_REG_SHM = 1,
+    KVP_REG_INLINE = 2,
+    KVP_REG_PICKLE = 3,
+};
+
+/* The name of a transport in the reports and logs: "auto", "shm", "inline", "pickle", or
+ * "unknown" for a value without one. Never NULL; a static string. */
+const char *kvp_reg_transport_name(uint8_t transport);
 
 /*
  * What a worker declares when it registers, whatever protocol carried it: its instance id, the
@@ -76,6 +90,13 @@ struct kvp_instance_view {
     uint64_t stored_chunks, stored_bytes, retrieved_chunks, retrieved_bytes;
 };
 
+/* How many registered instances one front end has on one transport (the reports' labels). */
+struct kvp_instance_group {
+    char frontend[KVP_MAX_FRONTEND + 1];
+    uint8_t transport; /* enum kvp_reg_transport */
+    uint32_t count;
+};
+
 /* What the daemon offers, fixed at start-up. */
 struct kvp_offer {
     bool shm_enabled;
@@ -112,11 +133,13 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spe
 
 /*
  * Decides the transport of a validated instance (the single place where SHM versus inline is
- * chosen per worker). Returns 0, or -EOPNOTSUPP when the worker insists on shm and the daemon
- * has none (msg says why).
+ * chosen per worker). cannot_map is NULL when there is evidence that the worker can map the
+ * segment (kvp_transport_peer_can_map()), else why not: a claim of shm then gets the inline
+ * transport with that reason. Returns 0, or -EOPNOTSUPP when the worker insists on shm and the
+ * daemon has none (msg says why).
  */
 int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
-                                  char *msg, size_t msg_size);
+                                  const char *cannot_map, char *msg, size_t msg_size);
 
 /*
  * Registers *inst for the owner its owner fields name (owner, owner_pid, connected_since_ms,
@@ -148,6 +171,16 @@ int kvp_registry_get_owned(struct kvp_registry *r, uint32_t handle, uint64_t own
 void kvp_registration_key_ns(const struct kvp_registration *inst, const void *salt,
                              uint32_t salt_len, struct kvp_key_ns *ns);
 
+/*
+ * The daemon stopped using its segment (seg_guard.h): every instance on the shm transport is
+ * moved to inline with reason, so that a commit of a reservation it wrote through its mapping
+ * is refused from now on (new registrations are kept off shm by the evidence check,
+ * transport.c). Writes the connection ids that owned such instances to owners (at most cap, the
+ * count to *nowners; an id may repeat). Returns how many instances were moved.
+ */
+uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
+                               uint32_t cap, uint32_t *nowners);
+
 /* Unregisters handle. Returns 0 or -ENOENT. */
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why);
 
@@ -158,6 +191,16 @@ uint32_t kvp_registry_count(struct kvp_registry *r);
 
 /* The number of registered instances and, of those, how many use the shm transport. */
 void kvp_registry_count_transports(struct kvp_registry *r, uint32_t *total, uint32_t *shm);
+
+/*
+ * Counts the registered instances by front end and transport: up to cap groups into out,
+ * ordered by front-end name, then transport; returns how many groups. *total is every
+ * registered instance, also those of a group beyond cap (front-end names and transports are
+ * the daemon's own, never a client's, so a cap of a few dozen is never reached). One pass over
+ * the table under the lock; nothing is allocated.
+ */
+uint32_t kvp_registry_count_groups(struct kvp_registry *r, struct kvp_instance_group *out,
+                                   uint32_t cap, uint32_t *total);
 
 /*
  * Adds a transfer to the counts of instance handle: chunks and bytes stored (store true) or

@@ -2,10 +2,14 @@
  * segment.c - creation and teardown of the pool's memory.
  *
  * Shared case, in order:
- *   1. shm_open(O_CREAT|O_EXCL, 0600). If the name exists, open it and try a non-blocking
- *      exclusive flock: if that fails a live daemon holds it and we refuse to start (-EBUSY); if
- *      it succeeds the owner is dead (flocks die with their process), so the stale segment is
- *      unlinked and creation is retried once. Liveness, not the name, decides.
+ *   1. shm_open(O_CREAT|O_EXCL, 0600). The default name has a random part (shm_name.h) that no
+ *      other user can predict; should it exist anyway, whoever made it, another one is drawn:
+ *      another user's file is never a reason to refuse or to lose shared memory. A name the
+ *      operator gave is judged instead: another uid's file is an error that says so (-EPERM);
+ *      otherwise the file is opened and a non-blocking exclusive flock tried: if that fails a
+ *      live daemon holds it and we refuse to start (-EBUSY); if it succeeds the owner is dead
+ *      (flocks die with their process), so the stale segment is unlinked and creation is
+ *      retried once. Liveness, not the name, decides.
  *   2. flock(LOCK_EX) on our new segment, held until exit: this is what step 1 of the next
  *      daemon tests.
  *   3. ftruncate to the whole size (sparse) and mmap(MAP_SHARED) of it, then, in steps of
@@ -22,7 +26,9 @@
  *   4. The header page gets a magic and a random nonce that HELLO also returns: a worker proves
  *      it mapped this daemon's segment and not a namesake in another IPC namespace. The magic
  *      is written last, after the lock: a segment with a valid header whose lock is free was
- *      left by a dead daemon.
+ *      left by a dead daemon. The header also says how much is reserved, after every step, and
+ *      when the reservation has ended: a worker pre-faults only that part, since touching a
+ *      page that nobody allocated on a full /dev/shm is SIGBUS.
  *
  * memfd case: the same reservation and pre-faulting on an anonymous memfd, sized and then
  * sealed against shrinking and growing before the reservation (which stays within the size); it has
@@ -32,7 +38,8 @@
  * Attach-only processes (workers) never unlink; only the owner does, in kvp_segment_destroy().
  *
  * Crash leftovers (kvp_segment_sweep): a SIGKILLed or OOM-killed daemon leaves its whole pool
- * in /dev/shm, and with the default name kvpool_l1_pool_<pid> nobody would ever reuse it. At
+ * in /dev/shm, and under a default name (kvpool_l1_pool_<pid>_<random>, or kvpool_l1_pool_<pid>
+ * of earlier versions) nobody would ever reuse it. At
  * start-up, before the capacity gate, the daemon removes such segments: those of its euid whose
  * liveness lock is free and that either carry a valid header or are older than
  * KVP_SWEEP_MIN_AGE_S (a segment without a header that young may belong to a daemon that has
@@ -61,6 +68,7 @@
 #include "base/notify.h"
 #include "common/errors.h"
 #include "common/shm_name.h"
+#include "core/seg_guard.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
@@ -75,9 +83,11 @@ void kvp_segment_set_reserve_control(uint32_t interval_ms, const atomic_bool *ca
     reserve_cancel = cancel;
 }
 
+/* The header, with the part reserved by now (the first part, when creating). */
 static void write_header(struct kvp_segment *seg)
 {
     kvp_seg_header_write(seg->base, seg->nonce, seg->size, (uint32_t)getpid());
+    kvp_seg_header_publish_reserved(seg->base, seg->reserved, seg->reserved >= seg->size);
 }
 
 /*
@@ -145,7 +155,9 @@ static int reserve_steps(struct kvp_segment *seg, uint8_t *base, int fd, uint64_
             snprintf(why, why_size, "stopped while reserving %s", what);
             return -ECANCELED;
         }
-        if (fd >= 0) {
+        /* A segment the daemon stopped using (seg_guard.h) is private memory now: allocating
+         * in its file would only grow what somebody else truncated. */
+        if (fd >= 0 && !kvp_seg_guard_tripped()) {
             int rc;
             do {
                 rc = posix_fallocate(fd, (off_t)off, (off_t)n);
@@ -161,6 +173,9 @@ static int reserve_steps(struct kvp_segment *seg, uint8_t *base, int fd, uint64_
         touch_pages(base + off, n);
         off += n;
         seg->reserved = off;
+        /* Workers pre-fault only what the header says is reserved (src/client/shm_map.c). */
+        if (seg->base)
+            kvp_seg_header_publish_reserved(seg->base, off, off >= seg->size);
         if (on_step)
             on_step(arg, off);
 
@@ -244,8 +259,11 @@ int kvp_segment_reserve_rest(struct kvp_segment *seg, kvp_reserve_cb on_step, vo
         snprintf(what, sizeof(what), "private memory");
     if (seg->reserved >= seg->size)
         return 0;
-    return reserve_steps(seg, seg->base, seg->shared ? seg->fd : -1, seg->reserved, seg->size, what,
-                         on_step, arg, why, why_size);
+    int rc = reserve_steps(seg, seg->base, seg->shared ? seg->fd : -1, seg->reserved, seg->size,
+                           what, on_step, arg, why, why_size);
+    /* Stopped short (full, or a stop request): what is reserved now is all there will be. */
+    kvp_seg_header_publish_reserved(seg->base, seg->reserved, true);
+    return rc;
 }
 
 /* Reads the owner pid recorded in an existing segment's header, 0 if unreadable. */
@@ -256,9 +274,24 @@ static uint32_t header_pid(int fd)
     return n > 0 ? kvp_seg_header_pid(&h, (size_t)n) : 0;
 }
 
-/* Handles an existing name: -EBUSY if a live daemon holds it, 0 once a stale one is removed. */
+/*
+ * Handles an existing name given by the operator: -EPERM if another uid's file holds it (never
+ * ours to judge, let alone remove), -EBUSY if a live daemon holds it, 0 once a stale one is
+ * removed.
+ */
 static int replace_stale(const char *path, char *why, size_t why_size)
 {
+    char dev_path[160];
+    struct stat st;
+    snprintf(dev_path, sizeof(dev_path), "/dev/shm%s", path);
+    if (lstat(dev_path, &st) == 0 && st.st_uid != geteuid()) {
+        snprintf(why, why_size,
+                 "segment %s (--shm-name) belongs to uid %u, not to this kvpoold's uid %u: "
+                 "another user created it, maybe to keep this daemon from starting; remove it, "
+                 "or leave --shm-name unset to get a name nobody can predict",
+                 dev_path, (unsigned)st.st_uid, (unsigned)geteuid());
+        return -EPERM;
+    }
     int fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
         int err = errno;
@@ -290,23 +323,26 @@ static int replace_stale(const char *path, char *why, size_t why_size)
     return 0;
 }
 
-int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_t size,
-                              uint32_t mode, char *why, size_t why_size)
+/*
+ * Creates path exclusively and takes its liveness lock: *fdp is the new file's descriptor. A
+ * name that exists already is, for a name the operator gave (given), a stale segment to replace
+ * (or an error: replace_stale()); for a default name, -EEXIST: whatever holds it, a fresh
+ * random name is the answer. Returns 0, -EEXIST (only when !given), -EBUSY when a live daemon
+ * holds the name or won it at the same instant, -EPERM (another uid's file), or another negative
+ * errno, with why filled.
+ */
+static int create_locked(const char *path, bool given, int *fdp, char *why, size_t why_size)
 {
-    char path[130];
     int fd = -1, rc;
-
-    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
-    why[0] = '\0';
-    snprintf(path, sizeof(path), "/%s", name);
-
     for (int attempt = 0;; attempt++) {
         fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd >= 0)
             break;
-        if (errno != EEXIST || attempt > 0) {
-            rc = -errno;
-            snprintf(why, why_size, "cannot create /dev/shm%s: %s", path, kvp_strerror(-errno));
+        rc = -errno;
+        if (rc == -EEXIST && !given)
+            return rc;
+        if (rc != -EEXIST || attempt > 0) {
+            snprintf(why, why_size, "cannot create /dev/shm%s: %s", path, kvp_strerror(rc));
             return rc;
         }
         rc = replace_stale(path, why, why_size);
@@ -317,20 +353,54 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
      * Between O_EXCL and this lock another daemon starting with the same name could see an
      * unlocked file, take it for stale and unlink it. So after locking, check that the name
      * still refers to our file; if it does not (or someone else holds the lock), we lost the
-     * race and refuse, leaving the name to the winner.
+     * race and leave the name to the winner.
      */
     struct stat ours, named;
-    char dev_path[sizeof(path) + 8];
+    char dev_path[160];
     snprintf(dev_path, sizeof(dev_path), "/dev/shm%s", path);
     if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &ours) != 0 || stat(dev_path, &named) != 0 ||
         ours.st_ino != named.st_ino || ours.st_dev != named.st_dev) {
         close(fd);
+        if (!given)
+            return -EEXIST;
         snprintf(why, why_size,
                  "segment /dev/shm%s was claimed by another kvpoold starting at the same time; "
                  "choose another --shm-name",
                  path);
         return -EBUSY;
     }
+    *fdp = fd;
+    return 0;
+}
+
+/* Creates the segment under name, or (retry) under a fresh random name as long as the name is
+ * taken. */
+static int create_shared(struct kvp_segment *seg, const char *name, bool retry, uint64_t size,
+                         uint32_t mode, char *why, size_t why_size)
+{
+    char cur[sizeof(seg->name)], path[sizeof(cur) + 2];
+    int fd = -1, rc = -EEXIST;
+
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    why[0] = '\0';
+    snprintf(cur, sizeof(cur), "%s", name);
+    for (int attempt = 0; rc == -EEXIST && attempt < KVP_SHM_NAME_ATTEMPTS; attempt++) {
+        if (attempt > 0 || !cur[0]) {
+            log_debug("Segment name %s is taken; drawing another", cur);
+            rc = kvp_shm_name_random((long)getpid(), cur, sizeof(cur));
+            if (rc) {
+                snprintf(why, why_size, "cannot draw a segment name: %s", kvp_strerror(rc));
+                return rc;
+            }
+        }
+        snprintf(path, sizeof(path), "/%s", cur);
+        rc = create_locked(path, !retry, &fd, why, why_size);
+    }
+    if (rc == -EEXIST)
+        snprintf(why, why_size, "%d random segment names in a row were taken in /dev/shm",
+                 KVP_SHM_NAME_ATTEMPTS);
+    if (rc)
+        return rc;
 
     /* shm_open's mode is filtered by the umask; set the configured bits exactly. */
     if (fchmod(fd, mode) != 0) {
@@ -344,13 +414,25 @@ int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_
     rc = reserve_and_map(seg, fd, size, what, why, why_size);
     if (rc)
         goto out_unlink;
-    snprintf(seg->name, sizeof(seg->name), "%s", name);
+    snprintf(seg->name, sizeof(seg->name), "%s", cur);
     return 0;
 
 out_unlink:
     shm_unlink(path);
     close(fd);
     return rc;
+}
+
+int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_t size,
+                              uint32_t mode, char *why, size_t why_size)
+{
+    return create_shared(seg, name, false, size, mode, why, why_size);
+}
+
+int kvp_segment_create_shared_default(struct kvp_segment *seg, const char *name, uint64_t size,
+                                      uint32_t mode, char *why, size_t why_size)
+{
+    return create_shared(seg, name, true, size, mode, why, why_size);
 }
 
 int kvp_segment_create_memfd(struct kvp_segment *seg, uint64_t size, char *why, size_t why_size)
@@ -421,18 +503,13 @@ void kvp_segment_destroy(struct kvp_segment *seg)
     *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
 }
 
-/* A name the sweep may consider: the default kvpool_l1_pool_<pid>, or the configured name. */
+/* A name the sweep may consider: a default name (kvp_shm_name_is_default()), or the
+ * configured name. */
 static bool sweep_candidate(const char *name, const char *own_name)
 {
-    size_t plen = strlen(KVP_SHM_PREFIX);
     if (own_name && own_name[0] && strcmp(name, own_name) == 0)
         return true;
-    if (strncmp(name, KVP_SHM_PREFIX, plen) != 0 || name[plen] == '\0')
-        return false;
-    for (const char *p = name + plen; *p; p++)
-        if (*p < '0' || *p > '9')
-            return false;
-    return true;
+    return kvp_shm_name_is_default(name);
 }
 
 /* True when fd starts with the segment magic, which the owner writes after taking the lock. */

@@ -22,6 +22,7 @@
 #define KVP_RESERVE_FIRST KVP_RESERVE_STEP /* reserved before creation returns */
 #define KVP_RESERVE_PROGRESS_MS 5000       /* default interval of the progress lines */
 #define KVP_SWEEP_MIN_AGE_S 10             /* a headerless leftover younger than this stays */
+#define KVP_SHM_NAME_ATTEMPTS 8            /* random default names tried before giving up */
 
 struct kvp_segment {
     uint8_t *base; /* mapping of the whole segment */
@@ -46,13 +47,25 @@ struct kvp_segment {
  * for the daemon's lifetime, ftruncate to size (sparse), mapping, posix_fallocate and first touch
  * of the first part (KVP_RESERVE_FIRST, see kvp_segment_set_reserve_control), header.
  * A namesake left by a dead daemon (no lock held) is logged and replaced.
- * Returns 0; -EBUSY when a live daemon holds the name (fatal: never share a pool); -ECANCELED
+ * Returns 0; -EBUSY when a live daemon holds the name (fatal: never share a pool); -EPERM when
+ * a file of another uid holds it (fatal: why says so; see kvp_segment_create_shared_default()
+ * for a name nobody can plant); -ECANCELED
  * when a stop was requested during the reservation (the name is unlinked); any other
  * negative errno when the segment cannot be made (why says what happened, the name is unlinked,
  * the caller falls back to private memory).
  */
 int kvp_segment_create_shared(struct kvp_segment *seg, const char *name, uint64_t size,
                               uint32_t mode, char *why, size_t why_size);
+
+/*
+ * Like kvp_segment_create_shared() for the daemon's default name (one of
+ * kvp_shm_name_random(); "" draws one): a name that exists already, whoever made it, is never
+ * touched; another random name is drawn, up to KVP_SHM_NAME_ATTEMPTS times. seg->name is the
+ * name used. Returns 0, -ECANCELED, -EEXIST (every name drawn was taken), or another negative
+ * errno as above (the caller falls back to private memory).
+ */
+int kvp_segment_create_shared_default(struct kvp_segment *seg, const char *name, uint64_t size,
+                                      uint32_t mode, char *why, size_t why_size);
 
 /*
  * Creates an anonymous memfd segment of size bytes: memfd_create with sealing allowed, ftruncate
@@ -98,8 +111,9 @@ int kvp_segment_reserve_rest(struct kvp_segment *seg, kvp_reserve_cb on_step, vo
 void kvp_segment_set_reserve_control(uint32_t interval_ms, const atomic_bool *cancel);
 
 /*
- * Removes the segments in dir (KVP_SHM_DIR) left by dead daemons: files named
- * kvpool_l1_pool_<digits> (the default, pid-based name) or own_name (may be NULL), owned by
+ * Removes the segments in dir (KVP_SHM_DIR) left by dead daemons: files with a default name
+ * (kvp_shm_name_is_default(): kvpool_l1_pool_<pid>_<random>, or kvpool_l1_pool_<pid> of earlier
+ * versions) or own_name (may be NULL), owned by
  * this euid, whose liveness lock is free, and that have a valid header or were last changed at
  * least min_age_s seconds ago. Logs each removal (name, size) at WARN. A segment whose lock is
  * held or of another uid is never touched. Returns the bytes freed (file sizes).

@@ -4,8 +4,12 @@
  * Design. Reports are rendered from a copy, never from live structures, so that no lock is held
  * while text is formatted and a slow reader (an HTTP client, a `kvpool stats`) can never delay a
  * worker. Each owner is asked in turn, under its own lock, for a copy: the store for its gauges
- * (kvp_store_get_gauges), the registry for its instances and their transfer counts, the owner
- * list (owner.c) for the clients of every front end, the server for its connection count. The locks
+ * (kvp_store_get_gauges), the registry for its instances and their transfer counts and for their
+ * count by front end and transport, the owner list (owner.c) for the clients of every front end
+ * and their count by front end, the server for the kvpool protocol's connection count (the one
+ * number --max-clients bounds). Instances and clients come from the registry and the owner list
+ * only, never from a front end's own list of connections, so an instance registered through any
+ * front end is reported the same way, with its front end's name. The locks
  * are leaf locks and are taken one after the other, so the snapshot is a set of consistent parts
  * rather than one instant: an instance may be counted in "instances" and have disconnected by the
  * time the client list is copied. Counters and the latency and lock-hold histograms are relaxed
@@ -30,7 +34,7 @@
 int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot *snap)
 {
     struct kvp_store_gauges g;
-    uint32_t ninst, nshm;
+    uint32_t ninst, nshm = 0, ninline = 0;
 
     *snap = (struct kvp_snapshot){.taken_ms = kvp_wall_ms(), .started_ms = s->started_wall_ms};
     if (flags & KVP_SNAP_LISTS) {
@@ -52,7 +56,17 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     kvp_lock_hold_read(&snap->lock_hold);
 
     kvp_store_get_gauges(&s->store, &g);
-    kvp_registry_count_transports(&s->registry, &ninst, &nshm);
+    snap->ninstance_groups = kvp_registry_count_groups(&s->registry, snap->instance_groups,
+                                                       KVP_SNAP_GROUPS, &ninst);
+    for (uint32_t i = 0; i < snap->ninstance_groups; i++) {
+        nshm += snap->instance_groups[i].transport == KVP_REG_SHM ? snap->instance_groups[i].count
+                                                                  : 0;
+        ninline += snap->instance_groups[i].transport == KVP_REG_INLINE
+                       ? snap->instance_groups[i].count
+                       : 0;
+    }
+    snap->nclient_groups = kvp_owners_count_groups(&s->owners, snap->client_groups,
+                                                   KVP_SNAP_GROUPS);
     pthread_mutex_lock(&s->conns_lock);
     uint32_t nconns = s->nconns;
     pthread_mutex_unlock(&s->conns_lock);
@@ -70,7 +84,7 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     v[KVP_GAUGE_objects_pinned] = g.pinned;
     v[KVP_GAUGE_instances] = ninst;
     v[KVP_GAUGE_instances_shm] = nshm;
-    v[KVP_GAUGE_instances_inline] = ninst - nshm;
+    v[KVP_GAUGE_instances_inline] = ninline; /* a third transport counts in neither */
     v[KVP_GAUGE_connections] = nconns;
     v[KVP_GAUGE_max_clients] = s->cfg.max_clients;
     v[KVP_GAUGE_shm_enabled] = s->seg.shared;

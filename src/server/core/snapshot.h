@@ -1,8 +1,9 @@
 /*
  * snapshot.h - one copy of everything the daemon reports (counters, gauges, the latency
  * histogram, the instances and the connected clients), taken with each lock held only for
- * copying, so that the renderers (the STATS reply in handlers.c, status.c, metrics.c) format it
- * without holding any lock.
+ * copying, so that the renderers (the STATS reply in kvp/handlers.c, report/status_json.c,
+ * report/metrics.c) format it without holding any lock. Every instance and client is there,
+ * whichever front end registered it (owner.h, registry.h), each with its front end's name.
  */
 #ifndef KVP_SNAPSHOT_H
 #define KVP_SNAPSHOT_H
@@ -16,6 +17,10 @@
 
 struct kvp_server;
 
+/* Groups (front end x transport, front end) a snapshot keeps: front ends and transports are
+ * the daemon's own names, a few of each. */
+#define KVP_SNAP_GROUPS 32
+
 struct kvp_snapshot {
     int64_t taken_ms;   /* wall clock of the snapshot, ms since the epoch */
     int64_t started_ms; /* wall clock of the daemon's start */
@@ -23,6 +28,13 @@ struct kvp_snapshot {
     uint64_t gauges[KVP_NGAUGES];
     struct kvp_latency_copy latency[KVP_OP_MAX_]; /* by opcode */
     struct kvp_hold_copy lock_hold;               /* the store lock's hold times */
+
+    /* The instances by front end and transport, the clients (owners) by front end: always
+     * taken, for the labelled families of /metrics (kvpool_instances, kvpool_clients). */
+    struct kvp_instance_group instance_groups[KVP_SNAP_GROUPS];
+    uint32_t ninstance_groups;
+    struct kvp_owner_group client_groups[KVP_SNAP_GROUPS];
+    uint32_t nclient_groups;
 
     /* With KVP_SNAP_LISTS only (else NULL and 0). */
     struct kvp_instance_view *instances;

@@ -11,7 +11,9 @@
  *   family  its Prometheus metric, without the "kvpool_" prefix (and, for counters, without the
  *           "_total" suffix, which metrics.c adds); rows of one family are adjacent and differ
  *           by the value of their label. NULL for a total that is only the sum of a labelled
- *           family (Prometheus users sum() it; STATS keeps the name it always had);
+ *           family (Prometheus users sum() it; STATS keeps the name it always had), and for
+ *           the rows metrics.c renders with more labels than one (the instances by front end
+ *           and transport: kvpool_instances{front_end,transport});
  *   label   the family's label name ("" for none): "transport" or "cause";
  *   value   this row's value of that label;
  *   help    one line; the first row of a family gives the family's HELP text.
@@ -32,7 +34,7 @@
 #define KVP_COUNTER_MAP(XX)                                                                    \
     XX(connections_accepted, "connections_accepted", "", "", "connections accepted")           \
     XX(connections_rejected, "connections_rejected", "", "",                                   \
-       "connections refused (--max-clients, --allow-uid)")                                     \
+       "connections refused (--max-clients, --allow-uid, no thread or memory for them)")       \
     XX(requests, "requests", "", "", "requests answered")                                      \
     XX(request_errors, "request_errors", "", "", "requests answered with an error")            \
     XX(protocol_errors, "protocol_errors", "", "", "connections closed for a malformed frame") \
@@ -118,10 +120,8 @@
        "reservations cancelled by --reserve-timeout whose owner has not ended them")          \
     XX(objects_pinned, "pinned_objects", "", "", "committed chunks pinned by retrieves")      \
     XX(instances, NULL, "", "", "registered instances")                                       \
-    XX(instances_shm, "instances", "transport", "shm",                                        \
-       "registered instances, by the transport they use")                                     \
-    XX(instances_inline, "instances", "transport", "inline",                                  \
-       "registered instances on the inline transport")                                        \
+    XX(instances_shm, NULL, "", "", "registered instances on the shm transport")              \
+    XX(instances_inline, NULL, "", "", "registered instances on the inline transport")        \
     XX(l2_up, "l2_up", "", "", "1 when the L2 tier answers, 0 when it is unreachable or off") \
     XX(l2_backlog_chunks, "l2_backlog_chunks", "", "", "chunks waiting for a copy to L2")     \
     XX(l2_backlog_bytes, "l2_backlog_bytes", "", "", "bytes waiting for a copy to L2")        \

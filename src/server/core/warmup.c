@@ -67,6 +67,8 @@ int kvp_warmup_start(struct kvp_server *s)
     if (rc) {
         log_warn("Cannot start reserving the rest of the pool (%s): serving with %" PRIu64 " bytes",
                  kvp_strerror(-rc), kvp_segment_pool_bytes(s->seg.reserved));
+        /* Workers stop waiting for more (seg_header.h). */
+        kvp_seg_header_publish_reserved(s->seg.base, s->seg.reserved, true);
         return rc;
     }
     s->warmup_started = true;

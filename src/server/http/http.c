@@ -5,7 +5,9 @@
  * daemon over HTTP; workers never do. So the endpoint is read-only, and nothing it does can slow
  * the data path: every answer is rendered from a snapshot (snapshot.c) whose locks are held only
  * to copy, and the text is formatted with no lock held. It has its own thread, so a slow or
- * malicious HTTP client can at worst delay other HTTP clients, never a worker.
+ * malicious HTTP client can at worst delay other HTTP clients, never a worker; and the limits
+ * below keep it from delaying them for long, so that a liveness probe is answered at once even
+ * while hundreds of idle or trickling connections are open.
  *
  * Life cycle. kvp_server_start() calls kvp_http_start() before the pool is reserved (server.c,
  * step 2b): a port that cannot be bound is a start-up error within a second, not after minutes
@@ -15,25 +17,38 @@
  * endpoint is stopped in kvp_server_destroy() after the connections have closed (so that a probe
  * sees 503 "stopping" meanwhile) and before the store and the registry are freed.
  *
- * Limits (every input an HTTP client controls): KVP_HTTP_MAX_CONNECTIONS connections at once,
+ * Limits (every input an HTTP client controls): KVP_HTTP_MAX_CONNECTIONS connections at once
+ * (an idle one costs a descriptor and a few KiB, so there is room for a crowd), and
+ * KVP_HTTP_REQUEST_TIMEOUT_S seconds for a request's line and headers to arrive, counted from
+ * the connection's start or the end of its previous answer, however often bytes come: a client
+ * that trickles its headers a byte at a time (slowloris), or opens connections and sends
+ * nothing, holds its slot for that long at most. libmicrohttpd's inactivity timeout
+ * (KVP_HTTP_TIMEOUT_S) covers the rest (a client that stops reading its answer).
  * KVP_HTTP_MEMORY_LIMIT bytes for a request's line and headers (more is answered 431 or 414 by
- * libmicrohttpd), KVP_HTTP_TIMEOUT_S seconds of inactivity (a slow or silent client is
- * disconnected), strict HTTP/1.1 parsing, GET and HEAD only (anything else 405, an unknown path
+ * libmicrohttpd), strict HTTP/1.1 parsing, GET and HEAD only (anything else 405, an unknown path
  * 404, both with a JSON body). A request body is never read.
+ *
+ * The request deadline is enforced here, because libmicrohttpd 0.9 only knows inactivity: the
+ * endpoint's thread runs libmicrohttpd itself (external polling with epoll: MHD_run_wait() at
+ * most KVP_HTTP_TICK_MS at a time), follows every connection through its notifications, and
+ * shuts down the socket of one whose request is late; libmicrohttpd then closes it. Everything
+ * here runs on that one thread, so the connection list needs no lock.
  *
  * Security headers: no caching, no MIME sniffing; the page gets a Content-Security-Policy that
  * allows nothing but its own inline style and script, identified by their SHA-256 (computed
  * here from the embedded page, so editing the page needs no second edit), and fetches from its
  * own origin.
  *
- * Threads: libmicrohttpd's one internal polling thread runs every request handler; it is
- * created with the stop signals blocked, like every other thread of the daemon.
+ * Threads: the endpoint's thread (http_main()) runs libmicrohttpd, every request handler and
+ * every notification; it is created with the stop signals blocked, like every other thread of
+ * the daemon. The fuzz driver runs the same daemon without it, by kvp_http_run() (http.h).
  */
 #include "http/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -52,80 +67,27 @@
 #include "report/metrics.h"
 #include "report/status_json.h"
 
+#define KVP_HTTP_TICK_MS 100 /* the longest the thread waits in libmicrohttpd */
+
+/* One open connection, from libmicrohttpd's STARTED notification to its CLOSED one. */
+struct http_conn {
+    struct http_conn *prev, *next;
+    int fd;
+    uint64_t deadline_ms; /* its request must be in by then; 0 while it is being answered */
+};
+
 struct kvp_http {
     struct MHD_Daemon *mhd;
     struct kvp_server *srv;
     uint16_t port;
     char url[80]; /* http://ADDR:PORT/ as actually bound */
     char csp[512];
+    struct http_conn conns; /* sentinel of the open connections (the thread's own) */
+    uint32_t nconns;
+    pthread_t thread;
+    bool threaded;
+    atomic_bool stop;
 };
-
-/* ---- the --http value ---- */
-
-static int parse_port(const char *s, uint16_t *port)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 5 || strspn(s, "0123456789") != n)
-        return -EINVAL;
-    unsigned long v = strtoul(s, NULL, 10);
-    if (v > 65535)
-        return -EINVAL;
-    *port = (uint16_t)v;
-    return 0;
-}
-
-/* An explicit address is required for anything but loopback: binding elsewhere is a choice. */
-int kvp_http_parse_listen(const char *spec, struct kvp_http_listen *out)
-{
-    struct kvp_http_listen l;
-    char host[64] = "127.0.0.1";
-    const char *port_s = spec;
-    uint16_t port;
-
-    memset(&l, 0, sizeof(l));
-    if (strcmp(spec, "off") == 0) {
-        l.off = true;
-        goto done;
-    }
-    const char *colon = strrchr(spec, ':');
-    if (colon) {
-        size_t hl = (size_t)(colon - spec);
-        if (hl == 0 || hl >= sizeof(host))
-            return -EINVAL;
-        memcpy(host, spec, hl);
-        host[hl] = '\0';
-        port_s = colon + 1;
-    }
-    if (parse_port(port_s, &port))
-        return -EINVAL;
-    if (host[0] == '[') {
-        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&l.addr;
-        size_t n = strlen(host);
-        if (n < 3 || host[n - 1] != ']')
-            return -EINVAL;
-        host[n - 1] = '\0';
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons(port);
-        if (inet_pton(AF_INET6, host + 1, &a6->sin6_addr) != 1)
-            return -EINVAL;
-        l.addrlen = sizeof(*a6);
-        l.loopback = IN6_IS_ADDR_LOOPBACK(&a6->sin6_addr);
-    } else {
-        struct sockaddr_in *a4 = (struct sockaddr_in *)&l.addr;
-        if (strcmp(host, "localhost") == 0)
-            snprintf(host, sizeof(host), "127.0.0.1");
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons(port);
-        if (inet_pton(AF_INET, host, &a4->sin_addr) != 1)
-            return -EINVAL;
-        l.addrlen = sizeof(*a4);
-        l.loopback = (ntohl(a4->sin_addr.s_addr) >> 24) == 127;
-    }
-done:
-    if (out)
-        *out = l;
-    return 0;
-}
 
 /* http://ADDR:PORT/ for the log and the status. */
 static void format_url(const struct sockaddr_storage *ss, uint16_t port, char *out, size_t size)
@@ -141,7 +103,7 @@ static void format_url(const struct sockaddr_storage *ss, uint16_t port, char *o
 }
 
 /* Binds and listens. Returns the socket, or a negative errno after the start-up ERROR line. */
-static int bind_listen(const struct kvp_http_listen *l, const char *spec, uint16_t *port)
+static int bind_listen(const struct kvp_listen_addr *l, const char *spec, uint16_t *port)
 {
     int fd = socket(l->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), err;
     if (fd < 0) {
@@ -264,6 +226,19 @@ static enum MHD_Result reply_static(struct kvp_http *h, struct MHD_Connection *c
     return reply(h, conn, status, type, text, strlen(text), MHD_RESPMEM_PERSISTENT);
 }
 
+/* json_dumps() leaves no final newline; curl users like one. Returns the text's length. */
+static size_t add_newline(char **text)
+{
+    size_t len = strlen(*text);
+    char *t = realloc(*text, len + 2);
+    if (t) {
+        *text = t;
+        t[len++] = '\n';
+        t[len] = '\0';
+    }
+    return len;
+}
+
 /* Serving: the store and the registry exist until kvp_http_stop(). */
 static bool serving(const struct kvp_http *h)
 {
@@ -279,6 +254,13 @@ static enum MHD_Result serve_health(struct kvp_http *h, struct MHD_Connection *c
         return reply_static(h, conn, MHD_HTTP_SERVICE_UNAVAILABLE, TYPE_JSON,
                             "{\"status\": \"unhealthy\", \"reason\": \"starting: the pool is "
                             "being reserved\"}\n");
+    /* Still healthy (200) when L2 is not up: the daemon serves from L1, and a liveness probe
+     * must not restart it; the body says what is degraded. */
+    char *text = kvp_status_health_degraded(h->srv);
+    if (text) {
+        size_t len = add_newline(&text);
+        return reply(h, conn, MHD_HTTP_OK, TYPE_JSON, text, len, MHD_RESPMEM_MUST_FREE);
+    }
     return reply_static(h, conn, MHD_HTTP_OK, TYPE_JSON, "{\"status\": \"healthy\"}\n");
 }
 
@@ -289,14 +271,7 @@ static enum MHD_Result serve_status(struct kvp_http *h, struct MHD_Connection *c
     if (!text)
         return reply_static(h, conn, MHD_HTTP_INTERNAL_SERVER_ERROR, TYPE_JSON,
                             "{\"error\": \"out of memory\"}\n");
-    size_t len = strlen(text);
-    /* json_dumps() leaves no final newline; curl users like one. */
-    char *t = realloc(text, len + 2);
-    if (t) {
-        text = t;
-        text[len++] = '\n';
-        text[len] = '\0';
-    }
+    size_t len = add_newline(&text);
     return reply(h, conn, status, TYPE_JSON, text, len, MHD_RESPMEM_MUST_FREE);
 }
 
@@ -313,6 +288,74 @@ static enum MHD_Result serve_metrics(struct kvp_http *h, struct MHD_Connection *
     return reply(h, conn, MHD_HTTP_OK, KVP_METRICS_CONTENT_TYPE, text, len, MHD_RESPMEM_MUST_FREE);
 }
 
+/* ---- connections and their request deadline ---- */
+
+static struct http_conn *conn_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* A new connection must send its request within KVP_HTTP_REQUEST_TIMEOUT_S; a closed one is
+ * forgotten. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct kvp_http *h = cls;
+    struct http_conn *c = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c = malloc(sizeof(*c));
+        /* Without an entry (out of memory) the connection has only the inactivity timeout. */
+        if (!c || !ci) {
+            free(c);
+            return;
+        }
+        c->fd = ci->connect_fd;
+        c->deadline_ms = kvp_mono_ms() + KVP_HTTP_REQUEST_TIMEOUT_S * 1000;
+        c->next = h->conns.next;
+        c->prev = &h->conns;
+        h->conns.next->prev = c;
+        h->conns.next = c;
+        h->nconns++;
+        *socket_context = c;
+    } else if (c) {
+        c->prev->next = c->next;
+        c->next->prev = c->prev;
+        h->nconns--;
+        free(c);
+        *socket_context = NULL;
+    }
+}
+
+/* An answer was sent (or given up): the next request on the connection, if any, gets a new
+ * deadline. */
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct http_conn *c = conn_of(conn);
+    (void)cls;
+    (void)req_cls;
+    (void)toe;
+    if (c)
+        c->deadline_ms = kvp_mono_ms() + KVP_HTTP_REQUEST_TIMEOUT_S * 1000;
+}
+
+/* Shuts down the sockets of connections whose request is late: libmicrohttpd sees the end of
+ * the stream and closes them. */
+static void reap_late(struct kvp_http *h)
+{
+    uint64_t now = kvp_mono_ms();
+    for (struct http_conn *c = h->conns.next; c != &h->conns; c = c->next) {
+        if (c->deadline_ms && now >= c->deadline_ms) {
+            shutdown(c->fd, SHUT_RDWR);
+            c->deadline_ms = 0;
+        }
+    }
+}
+
 /*
  * Every request, called once its headers are in: answered at once, so a body (which no
  * endpoint takes) is never read; libmicrohttpd then closes the connection.
@@ -322,11 +365,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   size_t *upload_data_size, void **req_cls)
 {
     struct kvp_http *h = cls;
+    struct http_conn *c = conn_of(conn);
     (void)version;
     (void)upload_data;
     (void)upload_data_size;
     (void)req_cls;
 
+    /* The request is in: while it is answered, only the inactivity timeout applies. */
+    if (c)
+        c->deadline_ms = 0;
     KVP_COUNT(http_requests, 1);
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return reply_static(h, conn, MHD_HTTP_METHOD_NOT_ALLOWED, TYPE_JSON,
@@ -366,12 +413,65 @@ __attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char 
 
 /* ---- life cycle ---- */
 
+/* A new endpoint for s, with its page's policy; NULL after the ERROR line. */
+static struct kvp_http *http_new(struct kvp_server *s)
+{
+    struct kvp_http *h = calloc(1, sizeof(*h));
+    if (!h) {
+        log_error("Cannot start: out of memory for the HTTP endpoint");
+        return NULL;
+    }
+    h->srv = s;
+    h->conns.prev = h->conns.next = &h->conns;
+    if (sodium_init() < 0 || make_csp(h->csp, sizeof(h->csp))) {
+        log_error("Cannot start: the embedded status page has no style or script element to "
+                  "hash for its Content-Security-Policy");
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* libmicrohttpd on listen socket fd (-1: none, connections come from kvp_http_add_connection),
+ * polled by the caller: every option that bounds a client is here, for both uses. */
+static struct MHD_Daemon *mhd_start(struct kvp_http *h, int fd, bool ipv6)
+{
+    unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+    if (ipv6)
+        flags |= MHD_USE_IPv6;
+    if (fd < 0)
+        flags |= MHD_USE_NO_LISTEN_SOCKET;
+    /* The listening socket, when there is one: libmicrohttpd refuses the option without. */
+    struct MHD_OptionItem listen[2] = {{MHD_OPTION_LISTEN_SOCKET, fd, NULL},
+                                       {MHD_OPTION_END, 0, NULL}};
+    return MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+                            mhd_log, h, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_ARRAY,
+                            fd >= 0 ? listen : listen + 1, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)KVP_HTTP_MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                            (size_t)KVP_HTTP_MEMORY_LIMIT, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+                            MHD_OPTION_END);
+}
+
+/* The endpoint's thread: libmicrohttpd's work, then the late requests, until the stop. */
+static void *http_main(void *arg)
+{
+    struct kvp_http *h = arg;
+    while (!atomic_load_explicit(&h->stop, memory_order_acquire)) {
+        MHD_run_wait(h->mhd, KVP_HTTP_TICK_MS);
+        reap_late(h);
+    }
+    return NULL;
+}
+
 int kvp_http_start(struct kvp_server *s)
 {
-    struct kvp_http_listen l;
+    struct kvp_listen_addr l;
     const char *spec = s->cfg.http;
 
-    if (kvp_http_parse_listen(spec, &l)) {
+    if (kvp_listen_addr_parse(spec, &l)) {
         log_error("Cannot start: invalid --http '%s'", spec);
         return -EINVAL;
     }
@@ -379,45 +479,30 @@ int kvp_http_start(struct kvp_server *s)
         log_debug("HTTP endpoint disabled (--http off)");
         return 0;
     }
-    struct kvp_http *h = calloc(1, sizeof(*h));
-    if (!h) {
-        log_error("Cannot start: out of memory for the HTTP endpoint");
+    struct kvp_http *h = http_new(s);
+    if (!h)
         return -ENOMEM;
-    }
-    h->srv = s;
-    if (sodium_init() < 0 || make_csp(h->csp, sizeof(h->csp))) {
-        log_error("Cannot start: the embedded status page has no style or script element to "
-                  "hash for its Content-Security-Policy");
-        free(h);
-        return -EINVAL;
-    }
     int fd = bind_listen(&l, spec, &h->port);
     if (fd < 0) {
         free(h);
         return fd;
     }
     format_url(&l.addr, h->port, h->url, sizeof(h->url));
-
-    /* The polling thread inherits this mask: only the main thread takes the stop signals. */
-    sigset_t old;
-    kvp_stop_signals_block(&old);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
-    if (l.addr.ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    h->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
-                              mhd_log, h, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, h,
-                              MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)KVP_HTTP_MAX_CONNECTIONS, MHD_OPTION_CONNECTION_TIMEOUT,
-                              (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                              (size_t)KVP_HTTP_MEMORY_LIMIT, MHD_OPTION_STRICT_FOR_CLIENT, 1,
-                              MHD_OPTION_END);
-    kvp_stop_signals_restore(&old);
+    h->mhd = mhd_start(h, fd, l.addr.ss_family == AF_INET6);
     if (!h->mhd) {
         close(fd);
         log_error("Cannot start: cannot start the HTTP endpoint on %s", h->url);
         free(h);
         return -EIO;
     }
+    int rc = kvp_thread_create(&h->thread, NULL, http_main, h);
+    if (rc) {
+        MHD_stop_daemon(h->mhd);
+        log_error("Cannot start: cannot create the HTTP thread: %s", strerror(rc));
+        free(h);
+        return -rc;
+    }
+    h->threaded = true;
     s->http = h;
     if (l.loopback)
         log_info("HTTP endpoint on %s (status page; /api/healthcheck, /api/status, /metrics)",
@@ -430,6 +515,37 @@ int kvp_http_start(struct kvp_server *s)
     return 0;
 }
 
+int kvp_http_start_unthreaded(struct kvp_server *s)
+{
+    struct kvp_http *h = http_new(s);
+    if (!h)
+        return -ENOMEM;
+    h->mhd = mhd_start(h, -1, false);
+    if (!h->mhd) {
+        free(h);
+        return -EIO;
+    }
+    s->http = h;
+    return 0;
+}
+
+int kvp_http_add_connection(struct kvp_server *s, int fd)
+{
+    struct sockaddr_in peer = {.sin_family = AF_INET, .sin_port = htons(1)};
+    peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (MHD_add_connection(s->http->mhd, fd, (const struct sockaddr *)&peer, sizeof(peer)) !=
+        MHD_YES)
+        return -EIO;
+    return 0;
+}
+
+uint32_t kvp_http_run(struct kvp_server *s)
+{
+    MHD_run(s->http->mhd);
+    reap_late(s->http);
+    return s->http->nconns;
+}
+
 uint16_t kvp_http_port(const struct kvp_server *s)
 {
     return s->http ? s->http->port : 0;
@@ -440,7 +556,12 @@ void kvp_http_stop(struct kvp_server *s)
     struct kvp_http *h = s->http;
     if (!h)
         return;
-    /* Closes the listening socket and every connection, and joins the thread. */
+    if (h->threaded) {
+        /* Release: pairs with the acquire of the thread's loop; it ends within a tick. */
+        atomic_store_explicit(&h->stop, true, memory_order_release);
+        pthread_join(h->thread, NULL);
+    }
+    /* Closes the listening socket and every connection (each notified as closed). */
     MHD_stop_daemon(h->mhd);
     free(h);
     s->http = NULL;

@@ -4,50 +4,33 @@
  * unless the operator says otherwise (docs/HTTP.md, docs/SECURITY.md).
  *
  *   GET /                 the status page (status_page.html), refreshing from /api/status
- *   GET /api/healthcheck  200 {"status":"healthy"} while serving, else 503 with a reason
+ *   GET /api/healthcheck  200 {"status":"healthy"} while serving ("degraded" and its reasons
+ *                         added while the L2 tier is not up), else 503 with a reason
  *   GET /api/status       the status JSON (status.h)
  *   GET /metrics          the Prometheus text format (metrics.h)
  */
 #ifndef KVP_HTTP_H
 #define KVP_HTTP_H
 
-#include <stdbool.h>
 #include <stdint.h>
-#include <sys/socket.h>
+
+#include "base/listen_addr.h"
 
 struct kvp_server;
 
-/* --http when neither the command line nor KVPOOL_HTTP says otherwise. */
-#define KVP_HTTP_DEFAULT "127.0.0.1:9190"
-
 /* Limits on what an HTTP client can make the daemon hold. */
-#define KVP_HTTP_MAX_CONNECTIONS 16      /* at once; more wait in the listen backlog */
+#define KVP_HTTP_MAX_CONNECTIONS 256     /* at once; more wait in the listen backlog */
+#define KVP_HTTP_REQUEST_TIMEOUT_S 3     /* for a request's line and headers, however they come */
 #define KVP_HTTP_TIMEOUT_S 5             /* a connection idle (or stalled) this long is closed */
 #define KVP_HTTP_MEMORY_LIMIT (16 << 10) /* bytes per connection: request line and headers */
 
-/* A parsed --http value. */
-struct kvp_http_listen {
-    bool off;
-    struct sockaddr_storage addr; /* unless off */
-    socklen_t addrlen;
-    bool loopback; /* 127.0.0.0/8 or ::1 */
-};
-
 /*
- * Parses an --http value: "off"; "ADDR:PORT" where ADDR is an IPv4 address, "localhost"
- * (127.0.0.1) or an IPv6 address in brackets ("[::1]:9190"); or a bare PORT, which means
- * 127.0.0.1:PORT. PORT is 0 to 65535; 0 lets the kernel pick one (logged at start-up). Returns 0
- * or -EINVAL. out may be NULL (validation only).
- */
-int kvp_http_parse_listen(const char *spec, struct kvp_http_listen *out);
-
-/*
- * Binds and listens on s->cfg.http and starts serving from a thread of its own (stop signals
- * blocked), before the pool is reserved: a port that cannot be bound fails the start-up at once,
- * and until kvp_server_start() has finished, /api/healthcheck answers 503 "starting". Logs the
- * URL (with the port the kernel picked for port 0) in an INFO line, and a WARN line when the
- * address is not loopback. Returns 0 (s->http stays NULL for "off"), or a negative errno after
- * logging exactly one ERROR line that says why.
+ * Binds and listens on s->cfg.http (an ADDR:PORT value, listen_addr.h) and starts serving from
+ * a thread of its own (stop signals blocked), before the pool is reserved: a port that cannot
+ * be bound fails the start-up at once, and until kvp_server_start() has finished,
+ * /api/healthcheck answers 503 "starting". Logs the URL (with the port the kernel picked for port
+ * 0) in an INFO line, and a WARN line when the address is not loopback. Returns 0 (s->http stays
+ * NULL for "off"), or a negative errno after logging exactly one ERROR line that says why.
  */
 int kvp_http_start(struct kvp_server *s);
 
@@ -57,5 +40,17 @@ uint16_t kvp_http_port(const struct kvp_server *s);
 /* Closes every HTTP connection, stops the thread and frees the endpoint. Call before the store
  * and the registry go away. Safe when it never started. */
 void kvp_http_stop(struct kvp_server *s);
+
+/*
+ * The same endpoint without a thread or a listening socket, for the fuzz driver: it hands over
+ * connected sockets (kvp_http_add_connection(), which takes fd: the endpoint closes it) and
+ * runs the endpoint itself (kvp_http_run(): what is ready now, without waiting, and the
+ * request deadlines; returns how many connections are open). The requests go through the
+ * same libmicrohttpd options and handlers as on the network. kvp_http_stop() frees it.
+ * Returns 0 or a negative errno.
+ */
+int kvp_http_start_unthreaded(struct kvp_server *s);
+int kvp_http_add_connection(struct kvp_server *s, int fd);
+uint32_t kvp_http_run(struct kvp_server *s);
 
 #endif /* KVP_HTTP_H */

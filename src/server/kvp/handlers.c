@@ -158,7 +158,12 @@ static int handle_register(struct kvp_session *c, const struct kvp_header *h)
     if (kvp_decode_register_req(c->body, h->body_len, &req))
         return malformed(c, h);
     spec_of(&req, &spec);
-    int rc = kvp_op_register(&c->owner, &spec, &inst, &existing, c->errmsg, sizeof(c->errmsg));
+    /* A claim to use shared memory stands only on evidence that the worker can map it. */
+    char nomap[KVP_MAX_REASON + 1];
+    bool can_map = kvp_transport_peer_can_map(&s->seg, c->fd, c->sent_segment_fd, nomap,
+                                              sizeof(nomap));
+    int rc = kvp_op_register(&c->owner, &spec, can_map ? NULL : nomap, &inst, &existing, c->errmsg,
+                             sizeof(c->errmsg));
     if (rc)
         return error(c, h, rc);
 

@@ -36,6 +36,7 @@
 #include "core/stats.h"
 #include "kvp/handlers.h"
 #include "kvp/placement.h"
+#include "kvp/refusals.h"
 #include "kvp/session.h"
 
 /* Joins the server's list, unless --max-clients connections are there already. */
@@ -97,6 +98,23 @@ struct kvp_session *kvp_session_new(struct kvp_server *s, int fd)
     return conn_new(s, fd, &err);
 }
 
+/*
+ * Injected failures, for the tests of what a connection that cannot be served is answered:
+ * KVPOOL_FAULT_CONN=thread makes every connection's thread creation fail (EAGAIN), =memory
+ * every connection's buffers (ENOMEM). Only in builds with KVP_FAULT_INJECTION (CMake option,
+ * on by default; off for a release build that wants no such switch).
+ */
+static bool fault(const char *what)
+{
+#ifdef KVP_FAULT_INJECTION
+    const char *v = getenv("KVPOOL_FAULT_CONN");
+    return v && strcmp(v, what) == 0;
+#else
+    (void)what;
+    return false;
+#endif
+}
+
 int kvp_session_spawn(struct kvp_server *s, int fd)
 {
     int err = 0;
@@ -108,7 +126,7 @@ int kvp_session_spawn(struct kvp_server *s, int fd)
     pthread_t tid;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = kvp_thread_create(&tid, &attr, kvp_session_main, c);
+    int rc = fault("thread") ? EAGAIN : kvp_thread_create(&tid, &attr, kvp_session_main, c);
     pthread_attr_destroy(&attr);
     if (rc) {
         conn_leave(c);
@@ -119,6 +137,18 @@ int kvp_session_spawn(struct kvp_server *s, int fd)
         return -rc;
     }
     return 0;
+}
+
+void kvp_sessions_drop(struct kvp_server *s, const uint64_t *ids, uint32_t n)
+{
+    pthread_mutex_lock(&s->conns_lock);
+    for (struct kvp_session *c = s->conns; c; c = c->next)
+        for (uint32_t i = 0; i < n; i++)
+            if (c->owner.id == ids[i] && c->fd >= 0) {
+                shutdown(c->fd, SHUT_RDWR);
+                break;
+            }
+    pthread_mutex_unlock(&s->conns_lock);
 }
 
 void kvp_sessions_close_all(struct kvp_server *s)
@@ -230,23 +260,33 @@ void *kvp_session_main(void *arg)
     struct kvp_session *c = arg;
     struct kvp_server *s = c->srv;
 
-    struct timeval tv = {.tv_sec = s->cfg.io_timeout_ms / 1000,
-                         .tv_usec = (s->cfg.io_timeout_ms % 1000) * 1000};
+    /* Changed by SIGHUP for connections opened after it. */
+    uint32_t io_timeout_ms = atomic_load_explicit(&s->io_timeout_ms, memory_order_relaxed);
+    struct timeval tv = {.tv_sec = io_timeout_ms / 1000, .tv_usec = (io_timeout_ms % 1000) * 1000};
     setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 
     log_debug("Connection %llu opened (pid %d, uid %d)", (unsigned long long)c->owner.id,
               (int)c->owner.pid, (int)c->owner.uid);
-    int rc = kvp_session_alloc_buffers(c);
-    if (rc == 0)
+    int rc = fault("memory") ? -ENOMEM : kvp_session_alloc_buffers(c);
+    if (rc == 0) {
         rc = conn_serve(c);
-    else
+    } else {
         log_error_rl("Connection %llu: out of memory for connection buffers",
                      (unsigned long long)c->owner.id);
+        /* Answered like any connection that is not served; the socket changes hands under
+         * the lock that kvp_sessions_close_all() reads it with. */
+        pthread_mutex_lock(&s->conns_lock);
+        int fd = c->fd;
+        c->fd = -1;
+        pthread_mutex_unlock(&s->conns_lock);
+        kvp_refusals_add(s->refusals, fd, -ENOMEM,
+                         "kvpoold has no memory for this connection's buffers now");
+    }
 
     if (rc == -ETIMEDOUT)
         log_warn_rl("Connection %llu (pid %d) stalled mid-frame for more than %u ms; dropped",
-                    (unsigned long long)c->owner.id, (int)c->owner.pid, s->cfg.io_timeout_ms);
+                    (unsigned long long)c->owner.id, (int)c->owner.pid, io_timeout_ms);
     else
         log_debug("Connection %llu closed (%s)", (unsigned long long)c->owner.id, kvp_strerror(rc));
 

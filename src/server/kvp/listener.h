@@ -5,6 +5,8 @@
 #ifndef KVP_SESSIONS_H
 #define KVP_SESSIONS_H
 
+#include <stdint.h>
+
 struct kvp_server;
 struct kvp_session;
 
@@ -22,6 +24,10 @@ struct kvp_session *kvp_session_new(struct kvp_server *s, int fd);
 /* Thread entry: serves c until EOF, error or server stop, then releases everything it held,
  * leaves the server's list and frees c (closing its socket). */
 void *kvp_session_main(void *arg);
+
+/* Shuts the sockets of the connections whose ids are ids[0..n) down (those still there): their
+ * threads see EOF and end them as usual. Does not wait. */
+void kvp_sessions_drop(struct kvp_server *s, const uint64_t *ids, uint32_t n);
 
 /* Shuts every connection's socket down and waits until all their threads have left. */
 void kvp_sessions_close_all(struct kvp_server *s);

@@ -34,7 +34,8 @@
 
 void kvp_placement_follow(struct kvp_session *c, uint32_t hint)
 {
-    if (hint == 0 || c->placement_off || !c->srv->cfg.follow_cpu)
+    if (hint == 0 || c->placement_off ||
+        !atomic_load_explicit(&c->srv->follow_cpu, memory_order_relaxed))
         return;
     int cpu = (int)hint - 1;
     if (cpu == c->cpu || cpu >= CPU_SETSIZE)

@@ -26,6 +26,7 @@
 #include "common/iov.h"
 #include "common/msg.h"
 #include "core/daemon.h"
+#include "core/seg_guard.h"
 #include "core/stats.h"
 
 /* Used inside a frame, where SO_RCVTIMEO expiring means the peer stalled: -ETIMEDOUT. */
@@ -42,7 +43,10 @@ int kvp_session_recv(struct kvp_session *c, void *buf, size_t len)
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             return -ETIMEDOUT;
         } else if (errno != EINTR) {
-            return -errno;
+            int err = -errno;
+            if (err == -EFAULT)
+                kvp_seg_guard_check(); /* into the pool: was it truncated under us? */
+            return err;
         }
     }
     return 0;
@@ -78,9 +82,12 @@ static int send_all(struct kvp_session *c, struct iovec *iov, int iovcnt)
         struct msghdr mh = {.msg_iov = iov + i, .msg_iovlen = n - i < IOV_MAX ? n - i : IOV_MAX};
         ssize_t r = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
         if (r < 0) {
-            if (errno == EINTR)
+            int err = errno;
+            if (err == EINTR)
                 continue;
-            return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+            if (err == EFAULT)
+                kvp_seg_guard_check(); /* from the pool: was it truncated under us? */
+            return err == EAGAIN || err == EWOULDBLOCK ? -ETIMEDOUT : -err;
         }
         i = kvp_iov_advance(iov, n, i, (size_t)r);
     }
@@ -178,6 +185,7 @@ int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, in
     if (n < 0)
         return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
     KVP_COUNT(requests, 1);
+    c->sent_segment_fd = true; /* sent with the first byte: the peer has it now */
     if ((size_t)n < sizeof(hdr)) {
         struct iovec rest = {hdr + n, sizeof(hdr) - (size_t)n};
         return send_all(c, &rest, 1);

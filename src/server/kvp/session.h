@@ -42,6 +42,10 @@ struct kvp_session {
     uint32_t deferred_more;
     char deferred_msg[KVP_MAX_ERRMSG + 1];
 
+    /* The segment's descriptor was passed to this connection (MAP_SEGMENT): the evidence that
+     * its worker can map a memfd segment (transport.c). */
+    bool sent_segment_fd;
+
     int cpu; /* CPU this connection's thread is bound to (placement.c), -1: none */
     bool placement_off;
 };
@@ -56,7 +60,8 @@ int kvp_session_recv(struct kvp_session *c, void *buf, size_t len);
 int kvp_session_reply(struct kvp_session *c, const struct kvp_header *req, int status,
                       const struct iovec *payload, int npayload, uint64_t payload_len);
 
-/* Sends an empty success reply with fd attached (SCM_RIGHTS). Returns 0 or a negative errno. */
+/* Sends an empty success reply with the segment's descriptor fd attached (SCM_RIGHTS), and
+ * records that it was sent (sent_segment_fd). Returns 0 or a negative errno. */
 int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, int fd);
 
 /* Waits for and reads a request header (KVP_HEADER_SIZE bytes). Idle time is unlimited; a

@@ -13,8 +13,10 @@
  *     path; the handler then pins them as if they had always been in L1.
  * A tier that is off (no --l2) is a NULL pointer: every call accepts it and does nothing.
  *
- * Faults: L2 being unreachable (at start-up or later) never fails a request; the daemon serves
- * from L1, logs the change of state once, and the background threads reconnect with backoff.
+ * Faults: L2 being unreachable (at start-up or later), slow (every operation ends within
+ * --l2-timeout, or L2 counts as down) or refusing the password never fails a request; the
+ * daemon serves from L1, logs the change of state once, and the background threads reconnect
+ * with backoff.
  */
 #ifndef KVP_L2_H
 #define KVP_L2_H
@@ -29,11 +31,27 @@
 
 struct kvp_l2;
 
+/* The tier's state: unknown until the first operation, then up or down; auth_failed when the
+ * server refused the credentials (down, told apart: retrying at once will not help). */
+enum kvp_l2_state {
+    KVP_L2_STATE_UNKNOWN,
+    KVP_L2_STATE_UP,
+    KVP_L2_STATE_DOWN,
+    KVP_L2_STATE_AUTH_FAILED,
+};
+
+#define KVP_L2_REASON_MAX 256
+
 /* What the reports show of the tier. */
 struct kvp_l2_gauges {
     bool up; /* the last operation reached L2 */
+    enum kvp_l2_state state;
+    char reason[KVP_L2_REASON_MAX]; /* why it is not up, in words; "" when it is */
     uint64_t backlog_chunks, backlog_bytes;
 };
+
+/* The state as the reports name it: "up", "down" (unknown too), "auth_failed". */
+const char *kvp_l2_state_name(enum kvp_l2_state st);
 
 /*
  * Starts the tier described by cfg (l2_url, l2_password_file, ...) over store, whose offsets
@@ -71,6 +89,11 @@ uint32_t kvp_l2_lookup(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
  */
 uint32_t kvp_l2_fetch(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
                       const struct kvp_l2_layout *lay);
+
+/* Sets --l2-ttl and --l2-timeout (SIGHUP): copies queued and connections opened, operations
+ * and waits begun after the call use them; a connection already open keeps its socket
+ * timeouts. NULL is fine. Any thread. */
+void kvp_l2_set_limits(struct kvp_l2 *l2, uint32_t ttl_s, uint32_t timeout_ms);
 
 /* The --l2 URL with its password masked: what logs and reports show. "" for NULL. */
 const char *kvp_l2_name(const struct kvp_l2 *l2);

@@ -9,10 +9,14 @@
  * Errors. Every call returns 0 or a negative errno:
  *   -EREMOTEIO  the server answered with an error (out of memory, a refused command): the
  *               connection is still usable;
- *   anything else (-ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EIO, -EPROTO, -ENOMEM): the
- *               connection is unusable; the caller closes it and opens another one later.
- * why (why_size bytes) then says what happened, without credentials. Every call is bounded by
- * the timeout given at open, per network operation.
+ *   -EACCES     the server refused the credentials (a wrong password, or one it requires):
+ *               the connection is unusable, and trying again at once will not help;
+ *   anything else (-ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EIO, -EPROTO, -EMSGSIZE for a reply
+ *               over the backend's bound, -ENOMEM): the connection is unusable; the caller
+ *               closes it and opens another one later.
+ * why (why_size bytes) then says what happened, without credentials. Every call, as a whole
+ * (every connect, write and read it makes), ends within the timeout given at open: a server
+ * that answers slowly fails it with -ETIMEDOUT.
  */
 #ifndef KVP_L2_BACKEND_H
 #define KVP_L2_BACKEND_H
@@ -28,8 +32,9 @@ struct kvp_l2_conn;
 struct kvp_l2_backend {
     const char *name;
 
-    /* Connects to target; every later operation of the connection, and the connect itself, is
-     * bounded by timeout_ms. The target is copied (the password is wiped at close). */
+    /* Connects to target; the open (connect, AUTH, the first answer) and every later
+     * operation of the connection each end within timeout_ms. The target is copied (the
+     * password is wiped at close). */
     int (*open)(const struct kvp_l2_target *target, uint32_t timeout_ms, struct kvp_l2_conn **out,
                 char *why, size_t why_size);
     /* Closes a connection; NULL is fine. */

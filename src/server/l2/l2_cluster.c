@@ -97,7 +97,7 @@ int kvp_l2r_cluster_refresh(struct kvp_l2_conn *c, char *why, size_t why_size)
             size_t lens[2] = {7, 5};
             rc = kvp_l2r_node_ctx(c, i, &ctx, why, why_size);
             if (rc == 0)
-                rc = kvp_l2r_node_cmd(&c->nodes[i], 2, argv, lens, &r, why, why_size);
+                rc = kvp_l2r_node_cmd(c, i, 2, argv, lens, &r, why, why_size);
             if (rc)
                 continue;
             if (r->type != REDIS_REPLY_ARRAY) {

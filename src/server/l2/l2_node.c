@@ -1,11 +1,26 @@
 /*
- * l2_node.c - the Redis backend's nodes (l2_node.h): connecting one on first use with the tier's
- * timeout on connect and on every read and write (SO_RCVTIMEO/SO_SNDTIMEO), so no call can hang;
- * AUTH and SELECT on every new context; one command at a time; dropping a context on any I/O
- * error, so that the error is returned and the next call opens it again.
+ * l2_node.c - the Redis backend's nodes (l2_node.h): connecting one on first use, AUTH and
+ * SELECT on every new context, commands and replies under the operation's deadline, dropping a
+ * context on any I/O error, so that the error is returned and the next call opens it again.
+ *
+ * I/O. hiredis 0.14 would block in read() and write() with a timeout per call (SO_RCVTIMEO), so
+ * a server that sends one byte a little faster than the timeout could hold a call for minutes.
+ * Here every context is non-blocking (hiredis is told so: REDIS_BLOCK is cleared) and driven by
+ * poll() until the operation's deadline (kvp_l2r_op_begin()): redisBufferWrite() and
+ * redisBufferRead() never wait, kvp_l2r_wait() does, and never past the deadline. hiredis'
+ * blocking calls (redisCommand, redisGetReply) are never used.
+ *
+ * Bounds. hiredis 0.14's reader has no limit on a bulk's length or an array's element count
+ * (newer versions have maxbulklen and maxelements): a hostile server could announce a 2 GiB
+ * bulk and make it buffer every byte. So each reply is bounded twice: the bytes buffered for
+ * it (checked before each read) and the memory of the objects built from it (the reader's
+ * object functions are wrapped to charge every object to the node's budget, refused when it is
+ * spent; an array is charged for its announced element count before any element arrives). Both
+ * are KVP_L2_REPLY_MAX; a reply over them drops the node with -EMSGSIZE.
  *
  * Credentials: the password is sent by AUTH and never appears in a message (hiredis' error
- * strings do not hold it, Redis' error replies do not echo it).
+ * strings do not hold it, Redis' error replies do not echo it). A refused AUTH, and a NOAUTH
+ * or WRONGPASS reply to any command, are -EACCES: the tier reports them as such.
  *
  * Threads: a connection is used by one thread at a time; nothing here is shared between
  * connections.
@@ -14,9 +29,41 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+
+#include "core/daemon.h"
+
+void kvp_l2r_op_begin(struct kvp_l2_conn *c)
+{
+    c->deadline_ms = kvp_mono_ms() + c->timeout_ms;
+}
+
+int kvp_l2r_wait(struct kvp_l2_conn *c, int fd, short events, const char *what, char *why,
+                 size_t why_size)
+{
+    for (;;) {
+        uint64_t now = kvp_mono_ms();
+        if (now >= c->deadline_ms) {
+            snprintf(why, why_size, "%s: timed out (--l2-timeout %u ms)", what,
+                     (unsigned)c->timeout_ms);
+            return -ETIMEDOUT;
+        }
+        struct pollfd p = {.fd = fd, .events = events};
+        int n = poll(&p, 1, (int)(c->deadline_ms - now));
+        /* Ready, or an error or hang-up that the next read or write reports. */
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR) {
+            int rc = -errno;
+            snprintf(why, why_size, "%s: poll: %s", what, strerror(-rc));
+            return rc;
+        }
+    }
+}
 
 /* A context's error as a negative errno, with hiredis' text in why. */
 int kvp_l2r_ctx_error(const redisContext *ctx, const char *what, char *why, size_t why_size)
@@ -44,30 +91,131 @@ void kvp_l2r_node_drop(struct node *n)
     n->ctx = NULL;
 }
 
-/* One command on a context; a NULL reply (I/O error) drops the node. */
-int kvp_l2r_node_cmd(struct node *n, int argc, const char **argv, const size_t *lens,
-                     redisReply **out, char *why, size_t why_size)
+/* ---- the reply budget: hiredis' object functions, charged to the node ---- */
+
+static bool charge(const redisReadTask *t, size_t bytes)
 {
-    redisReply *r = redisCommandArgv(n->ctx, argc, argv, lens);
-    if (!r) {
-        int rc = kvp_l2r_ctx_error(n->ctx, argv[0], why, why_size);
-        kvp_l2r_node_drop(n);
-        return rc;
+    struct reply_budget *b = t->privdata;
+    if (bytes > b->left) {
+        b->over = true;
+        return false;
     }
-    *out = r;
-    return 0;
+    b->left -= bytes;
+    return true;
 }
 
-/* An error reply as -EREMOTEIO with its text; frees r. */
+static void *budget_string(const redisReadTask *t, char *s, size_t len)
+{
+    const struct reply_budget *b = t->privdata;
+    return charge(t, sizeof(redisReply) + len + 1) ? b->orig->createString(t, s, len) : NULL;
+}
+
+static void *budget_array(const redisReadTask *t, int elements)
+{
+    const struct reply_budget *b = t->privdata;
+    size_t n = elements > 0 ? (size_t)elements : 0;
+    return charge(t, sizeof(redisReply) + n * sizeof(redisReply *))
+               ? b->orig->createArray(t, elements)
+               : NULL;
+}
+
+static void *budget_integer(const redisReadTask *t, long long v)
+{
+    const struct reply_budget *b = t->privdata;
+    return charge(t, sizeof(redisReply)) ? b->orig->createInteger(t, v) : NULL;
+}
+
+static void *budget_nil(const redisReadTask *t)
+{
+    const struct reply_budget *b = t->privdata;
+    return charge(t, sizeof(redisReply)) ? b->orig->createNil(t) : NULL;
+}
+
+/* The objects are hiredis' own: freeReplyObject() frees them. */
+static redisReplyObjectFunctions budget_fns = {
+    .createString = budget_string,
+    .createArray = budget_array,
+    .createInteger = budget_integer,
+    .createNil = budget_nil,
+    .freeObject = freeReplyObject,
+};
+
+/* ---- commands and replies ---- */
+
+int kvp_l2r_node_flush(struct kvp_l2_conn *c, uint32_t i, const char *what, char *why,
+                       size_t why_size)
+{
+    struct node *n = &c->nodes[i];
+    int done = 0, rc = 0;
+    while (rc == 0) {
+        if (redisBufferWrite(n->ctx, &done) != REDIS_OK)
+            rc = kvp_l2r_ctx_error(n->ctx, what, why, why_size);
+        else if (done)
+            return 0;
+        else
+            rc = kvp_l2r_wait(c, n->ctx->fd, POLLOUT, what, why, why_size);
+    }
+    kvp_l2r_node_drop(n);
+    return rc;
+}
+
+int kvp_l2r_node_reply(struct kvp_l2_conn *c, uint32_t i, const char *what, redisReply **out,
+                       char *why, size_t why_size)
+{
+    struct node *n = &c->nodes[i];
+    redisContext *ctx = n->ctx;
+    int rc = 0;
+
+    n->budget.left = KVP_L2_REPLY_MAX;
+    n->budget.over = false;
+    while (rc == 0) {
+        void *r = NULL;
+        if (redisGetReplyFromReader(ctx, &r) != REDIS_OK) {
+            rc = n->budget.over ? -EMSGSIZE : kvp_l2r_ctx_error(ctx, what, why, why_size);
+            break;
+        }
+        if (r) {
+            *out = r;
+            return 0;
+        }
+        if (ctx->reader->len - ctx->reader->pos > KVP_L2_REPLY_MAX) {
+            rc = -EMSGSIZE;
+            break;
+        }
+        rc = kvp_l2r_wait(c, ctx->fd, POLLIN, what, why, why_size);
+        if (rc == 0 && redisBufferRead(ctx) != REDIS_OK)
+            rc = kvp_l2r_ctx_error(ctx, what, why, why_size);
+    }
+    if (rc == -EMSGSIZE)
+        snprintf(why, why_size, "%s: a reply larger than %u bytes", what,
+                 (unsigned)KVP_L2_REPLY_MAX);
+    kvp_l2r_node_drop(n);
+    return rc;
+}
+
+int kvp_l2r_node_cmd(struct kvp_l2_conn *c, uint32_t i, int argc, const char **argv,
+                     const size_t *lens, redisReply **out, char *why, size_t why_size)
+{
+    if (redisAppendCommandArgv(c->nodes[i].ctx, argc, argv, lens) != REDIS_OK) {
+        kvp_l2r_node_drop(&c->nodes[i]);
+        snprintf(why, why_size, "%s: out of memory", argv[0]);
+        return -ENOMEM;
+    }
+    int rc = kvp_l2r_node_flush(c, i, argv[0], why, why_size);
+    return rc ? rc : kvp_l2r_node_reply(c, i, argv[0], out, why, why_size);
+}
+
 int kvp_l2r_reply_error(redisReply *r, const char *what, char *why, size_t why_size)
 {
+    bool denied = strcmp(what, "AUTH") == 0 || strncmp(r->str, "WRONGPASS", 9) == 0 ||
+                  strncmp(r->str, "NOAUTH", 6) == 0;
     snprintf(why, why_size, "%s: %.*s", what, (int)(r->len < 200 ? r->len : 200), r->str);
     freeReplyObject(r);
-    return -EREMOTEIO;
+    return denied ? -EACCES : -EREMOTEIO;
 }
 
 /* AUTH and SELECT on a fresh context. */
-static int node_handshake(struct kvp_l2_conn *c, struct node *n, char *why, size_t why_size)
+static int node_handshake(struct kvp_l2_conn *c, uint32_t i, char *why, size_t why_size)
 {
     redisReply *r = NULL;
     int rc;
@@ -81,13 +229,11 @@ static int node_handshake(struct kvp_l2_conn *c, struct node *n, char *why, size
         }
         argv[argc] = c->t.password;
         lens[argc++] = strlen(c->t.password);
-        rc = kvp_l2r_node_cmd(n, argc, argv, lens, &r, why, why_size);
+        rc = kvp_l2r_node_cmd(c, i, argc, argv, lens, &r, why, why_size);
         if (rc)
             return rc;
-        if (r->type == REDIS_REPLY_ERROR) {
-            kvp_l2r_reply_error(r, "AUTH", why, why_size);
-            return -EACCES;
-        }
+        if (r->type == REDIS_REPLY_ERROR)
+            return kvp_l2r_reply_error(r, "AUTH", why, why_size);
         freeReplyObject(r);
     }
     if (!c->cluster && c->t.db) {
@@ -95,7 +241,7 @@ static int node_handshake(struct kvp_l2_conn *c, struct node *n, char *why, size
         snprintf(db, sizeof(db), "%u", (unsigned)c->t.db);
         const char *argv[2] = {"SELECT", db};
         size_t lens[2] = {6, strlen(db)};
-        rc = kvp_l2r_node_cmd(n, 2, argv, lens, &r, why, why_size);
+        rc = kvp_l2r_node_cmd(c, i, 2, argv, lens, &r, why, why_size);
         if (rc)
             return rc;
         if (r->type == REDIS_REPLY_ERROR)
@@ -114,10 +260,18 @@ int kvp_l2r_node_ctx(struct kvp_l2_conn *c, uint32_t i, redisContext **out, char
         *out = n->ctx;
         return 0;
     }
+    uint64_t now = kvp_mono_ms();
+    if (now >= c->deadline_ms) {
+        snprintf(why, why_size, "connect: timed out (--l2-timeout %u ms)", (unsigned)c->timeout_ms);
+        return -ETIMEDOUT;
+    }
+    /* The connect waits until the operation's deadline at most. */
+    uint64_t left = c->deadline_ms - now;
+    struct timeval tv = {.tv_sec = (time_t)(left / 1000), .tv_usec = (long)(left % 1000) * 1000};
     if (c->t.scheme == KVP_L2_REDIS_UNIX)
-        n->ctx = redisConnectUnixWithTimeout(c->t.path, c->tv);
+        n->ctx = redisConnectUnixWithTimeout(c->t.path, tv);
     else
-        n->ctx = redisConnectWithTimeout(n->host, n->port, c->tv);
+        n->ctx = redisConnectWithTimeout(n->host, n->port, tv);
     if (!n->ctx) {
         snprintf(why, why_size, "cannot connect: out of memory");
         return -ENOMEM;
@@ -129,13 +283,20 @@ int kvp_l2r_node_ctx(struct kvp_l2_conn *c, uint32_t i, redisContext **out, char
         kvp_l2r_node_drop(n);
         return rc;
     }
-    /* hiredis opens its socket without O_CLOEXEC. */
-    fcntl(n->ctx->fd, F_SETFD, FD_CLOEXEC);
-    int rc = redisSetTimeout(n->ctx, c->tv) == REDIS_OK ? 0 : -EIO;
-    if (rc)
-        snprintf(why, why_size, "cannot set the socket timeouts");
-    if (!rc)
-        rc = node_handshake(c, n, why, why_size);
+    /* hiredis opens its socket without O_CLOEXEC, and blocking: from here on, poll() waits. */
+    int fl = fcntl(n->ctx->fd, F_GETFL);
+    if (fcntl(n->ctx->fd, F_SETFD, FD_CLOEXEC) != 0 || fl < 0 ||
+        fcntl(n->ctx->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        int rc = -errno;
+        snprintf(why, why_size, "connect: fcntl: %s", strerror(-rc));
+        kvp_l2r_node_drop(n);
+        return rc;
+    }
+    n->ctx->flags &= ~REDIS_BLOCK;
+    n->budget.orig = n->ctx->reader->fn;
+    n->ctx->reader->fn = &budget_fns;
+    n->ctx->reader->privdata = &n->budget;
+    int rc = node_handshake(c, i, why, why_size);
     if (rc) {
         kvp_l2r_node_drop(n);
         return rc;

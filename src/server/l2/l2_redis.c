@@ -26,6 +26,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,12 +42,12 @@
 /* ---- commands ---- */
 
 /* Sends ASKING on ctx and checks its answer (before a command redirected by -ASK). */
-static int asking(struct node *n, char *why, size_t why_size)
+static int asking(struct kvp_l2_conn *c, uint32_t node, char *why, size_t why_size)
 {
     const char *argv[1] = {"ASKING"};
     size_t lens[1] = {6};
     redisReply *r = NULL;
-    int rc = kvp_l2r_node_cmd(n, 1, argv, lens, &r, why, why_size);
+    int rc = kvp_l2r_node_cmd(c, node, 1, argv, lens, &r, why, why_size);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR)
@@ -70,9 +71,9 @@ static int run_key(struct kvp_l2_conn *c, const char *key, int argc, const char 
         redisReply *r = NULL;
         rc = kvp_l2r_node_ctx(c, node, &ctx, why, why_size);
         if (rc == 0 && ask)
-            rc = asking(&c->nodes[node], why, why_size);
+            rc = asking(c, node, why, why_size);
         if (rc == 0)
-            rc = kvp_l2r_node_cmd(&c->nodes[node], argc, argv, lens, &r, why, why_size);
+            rc = kvp_l2r_node_cmd(c, node, argc, argv, lens, &r, why, why_size);
         if (rc)
             return rc;
         /* After KVP_REDIRECTS hops the redirection itself is the answer: a cluster that keeps
@@ -89,7 +90,7 @@ static int run_key(struct kvp_l2_conn *c, const char *key, int argc, const char 
     return rc;
 }
 
-static int redis_ping(struct kvp_l2_conn *c, char *why, size_t why_size);
+static int ping_node(struct kvp_l2_conn *c, char *why, size_t why_size);
 
 /* The seeds (or the single server) go into the node table first; a cluster adds the rest from
  * its slot map. The connection is returned only once the target has answered. */
@@ -102,7 +103,9 @@ static int redis_open(const struct kvp_l2_target *target, uint32_t timeout_ms,
         return -ENOMEM;
     }
     c->t = *target;
-    c->tv = (struct timeval){.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+    c->timeout_ms = timeout_ms;
+    /* One operation: connecting, AUTH, SELECT and the first answer share the deadline. */
+    kvp_l2r_op_begin(c);
     c->cluster = target->scheme == KVP_L2_REDIS_CLUSTER;
     for (uint32_t i = 0; i < target->nnodes; i++)
         kvp_l2r_node_find_add(c, target->nodes[i].host, strlen(target->nodes[i].host),
@@ -111,7 +114,7 @@ static int redis_open(const struct kvp_l2_target *target, uint32_t timeout_ms,
         c->nnodes = 1;
     /* A server that accepts connections but does not answer (stopped, overloaded) is not up:
      * a cluster answers CLUSTER SLOTS, a single node PING. */
-    int rc = c->cluster ? kvp_l2r_cluster_refresh(c, why, why_size) : redis_ping(c, why, why_size);
+    int rc = c->cluster ? kvp_l2r_cluster_refresh(c, why, why_size) : ping_node(c, why, why_size);
     if (rc) {
         kvp_l2_redis_backend.close(c);
         return rc;
@@ -131,7 +134,7 @@ static void redis_close(struct kvp_l2_conn *c)
     free(c);
 }
 
-static int redis_ping(struct kvp_l2_conn *c, char *why, size_t why_size)
+static int ping_node(struct kvp_l2_conn *c, char *why, size_t why_size)
 {
     const char *argv[1] = {"PING"};
     size_t lens[1] = {4};
@@ -145,7 +148,7 @@ static int redis_ping(struct kvp_l2_conn *c, char *why, size_t why_size)
     if (rc == 0)
         rc = kvp_l2r_node_ctx(c, node, &ctx, why, why_size);
     if (rc == 0)
-        rc = kvp_l2r_node_cmd(&c->nodes[node], 1, argv, lens, &r, why, why_size);
+        rc = kvp_l2r_node_cmd(c, node, 1, argv, lens, &r, why, why_size);
     if (rc)
         return rc;
     if (r->type == REDIS_REPLY_ERROR)
@@ -154,18 +157,29 @@ static int redis_ping(struct kvp_l2_conn *c, char *why, size_t why_size)
     return 0;
 }
 
-/* Sends every byte of iov on fd, resuming after partial writes. */
-static int send_all(int fd, struct iovec *iov, size_t n, char *why, size_t why_size)
+static int redis_ping(struct kvp_l2_conn *c, char *why, size_t why_size)
+{
+    kvp_l2r_op_begin(c);
+    return ping_node(c, why, why_size);
+}
+
+/* Sends every byte of iov on fd (non-blocking), resuming after partial writes, by the
+ * operation's deadline. */
+static int send_all(struct kvp_l2_conn *c, int fd, struct iovec *iov, size_t n, char *why,
+                    size_t why_size)
 {
     for (size_t i = kvp_iov_advance(iov, n, 0, 0); i < n;) {
         struct msghdr mh = {.msg_iov = iov + i, .msg_iovlen = n - i};
         ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
         if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            int rc = errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
-            snprintf(why, why_size, "SET: %s", rc == -ETIMEDOUT ? "timed out" : strerror(-rc));
-            return rc;
+            int rc = 0;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                rc = kvp_l2r_wait(c, fd, POLLOUT, "SET", why, why_size);
+            else if (errno != EINTR)
+                snprintf(why, why_size, "SET: %s", strerror(-(rc = -errno)));
+            if (rc)
+                return rc;
+            continue;
         }
         i = kvp_iov_advance(iov, n, i, (size_t)w);
     }
@@ -186,7 +200,7 @@ static int set_direct(struct kvp_l2_conn *c, uint32_t node, bool ask, const char
         return -EINVAL;
     int rc = kvp_l2r_node_ctx(c, node, &ctx, why, why_size);
     if (rc == 0 && ask)
-        rc = asking(&c->nodes[node], why, why_size);
+        rc = asking(c, node, why, why_size);
     if (rc)
         return rc;
     for (int i = 0; i < nparts; i++)
@@ -204,19 +218,12 @@ static int set_direct(struct kvp_l2_conn *c, uint32_t node, bool ask, const char
         iov[1 + i] = parts[i];
     iov[1 + nparts] = (struct iovec){tail, (size_t)tl};
     /* Nothing of hiredis may be pending in its output buffer: every call here is synchronous. */
-    rc = send_all(ctx->fd, iov, (size_t)nparts + 2, why, why_size);
+    rc = send_all(c, ctx->fd, iov, (size_t)nparts + 2, why, why_size);
     if (rc) {
         kvp_l2r_node_drop(&c->nodes[node]);
         return rc;
     }
-    redisReply *r = NULL;
-    if (redisGetReply(ctx, (void **)&r) != REDIS_OK || !r) {
-        rc = kvp_l2r_ctx_error(ctx, "SET", why, why_size);
-        kvp_l2r_node_drop(&c->nodes[node]);
-        return rc;
-    }
-    *out = r;
-    return 0;
+    return kvp_l2r_node_reply(c, node, "SET", out, why, why_size);
 }
 
 static int redis_put(struct kvp_l2_conn *c, const char *key, const struct iovec *parts, int nparts,
@@ -224,6 +231,7 @@ static int redis_put(struct kvp_l2_conn *c, const char *key, const struct iovec 
 {
     uint32_t node;
     bool ask = false;
+    kvp_l2r_op_begin(c);
     int rc = kvp_l2r_route(c, key, &node, why, why_size);
     for (int hop = 0; rc == 0; hop++) {
         redisReply *r = NULL;
@@ -248,17 +256,15 @@ static int redis_put(struct kvp_l2_conn *c, const char *key, const struct iovec 
  * out[]. A redirected key gets no reply here (out[i] stays NULL): it is asked again, alone.
  */
 static int pipeline_collect(struct kvp_l2_conn *c, uint32_t node, const uint8_t *where, uint32_t n,
-                            redisReply **out, char *why, size_t why_size)
+                            const char *what, redisReply **out, char *why, size_t why_size)
 {
     for (uint32_t i = 0; i < n; i++) {
         if (where[i] != node)
             continue;
         redisReply *r = NULL;
-        if (redisGetReply(c->nodes[node].ctx, (void **)&r) != REDIS_OK || !r) {
-            int rc = kvp_l2r_ctx_error(c->nodes[node].ctx, "reply", why, why_size);
-            kvp_l2r_node_drop(&c->nodes[node]);
+        int rc = kvp_l2r_node_reply(c, node, what, &r, why, why_size);
+        if (rc)
             return rc;
-        }
         uint32_t to;
         if (kvp_l2r_redirect(c, r, node, &to))
             freeReplyObject(r);
@@ -302,9 +308,13 @@ static int pipeline(struct kvp_l2_conn *c, const char *const *keys, uint32_t n, 
             rc = -ENOMEM;
         used[where[i]] = true;
     }
+    /* Every node gets its commands before any reply is read. */
     for (uint32_t node = 0; node < c->nnodes && rc == 0; node++)
         if (used[node])
-            rc = pipeline_collect(c, node, where, n, out, why, why_size);
+            rc = kvp_l2r_node_flush(c, node, argv[0], why, why_size);
+    for (uint32_t node = 0; node < c->nnodes && rc == 0; node++)
+        if (used[node])
+            rc = pipeline_collect(c, node, where, n, argv[0], out, why, why_size);
     if (rc) {
         /* Replies may be left unread in some pipelines: those contexts are out of step. */
         for (uint32_t node = 0; node < c->nnodes; node++)
@@ -338,6 +348,7 @@ static int redis_exists(struct kvp_l2_conn *c, const char *const *keys, uint32_t
         snprintf(why, why_size, "out of memory");
         return -ENOMEM;
     }
+    kvp_l2r_op_begin(c);
     int rc = pipeline(c, keys, n, 2, argv, lens, r, why, why_size);
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         if (r[i]->type != REDIS_REPLY_INTEGER) {
@@ -358,6 +369,7 @@ static int redis_del(struct kvp_l2_conn *c, const char *key, char *why, size_t w
     const char *argv[2] = {"DEL", key};
     size_t lens[2] = {3, strlen(key)};
     redisReply *r = NULL;
+    kvp_l2r_op_begin(c);
     int rc = run_key(c, key, 2, argv, lens, &r, why, why_size);
     if (rc)
         return rc;

@@ -13,9 +13,13 @@
  * does not parse, or bytes after the last one, mean the stream is out of step: the node is
  * dropped. Redirected values are read again, one at a time, from the node named.
  *
+ * Deadline: a read is one operation of the backend (kvp_l2r_op_begin()): every wait for bytes,
+ * on every node it reads from, ends at the same deadline (l2_node.h).
+ *
  * Threads: the connection's thread only.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,10 +37,31 @@
  * never see the same bytes.
  */
 struct rd {
+    struct kvp_l2_conn *c; /* its deadline bounds every wait */
     int fd;
     size_t pos, len;
     char buf[16384];
 };
+
+/* recv() on the non-blocking socket, waiting for bytes until the operation's deadline. */
+static ssize_t rd_recv(struct rd *r, void *dst, size_t n)
+{
+    char why[128];
+    for (;;) {
+        ssize_t got = recv(r->fd, dst, n, 0);
+        if (got > 0)
+            return got;
+        if (got == 0)
+            return -ECONNRESET;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = kvp_l2r_wait(r->c, r->fd, POLLIN, "GETRANGE", why, sizeof(why));
+            if (rc)
+                return rc;
+        } else if (errno != EINTR) {
+            return -errno;
+        }
+    }
+}
 
 static int rd_fill(struct rd *r)
 {
@@ -47,17 +72,11 @@ static int rd_fill(struct rd *r)
         r->len -= r->pos;
         r->pos = 0;
     }
-    for (;;) {
-        ssize_t n = recv(r->fd, r->buf + r->len, sizeof(r->buf) - r->len, 0);
-        if (n > 0) {
-            r->len += (size_t)n;
-            return 0;
-        }
-        if (n == 0)
-            return -ECONNRESET;
-        if (errno != EINTR)
-            return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
-    }
+    ssize_t n = rd_recv(r, r->buf + r->len, sizeof(r->buf) - r->len);
+    if (n < 0)
+        return (int)n;
+    r->len += (size_t)n;
+    return 0;
 }
 
 /* One reply line without its CRLF, at most size - 1 bytes. */
@@ -108,15 +127,11 @@ static int rd_exact(struct rd *r, void *dst, size_t n)
             n -= have;
             continue;
         }
-        ssize_t got = recv(r->fd, d, n, 0);
-        if (got > 0) {
-            d += got;
-            n -= (size_t)got;
-        } else if (got == 0) {
-            return -ECONNRESET;
-        } else if (errno != EINTR) {
-            return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
-        }
+        ssize_t got = rd_recv(r, d, n);
+        if (got < 0)
+            return (int)got;
+        d += got;
+        n -= (size_t)got;
     }
     return 0;
 }
@@ -179,7 +194,7 @@ static int read_round(struct kvp_l2_conn *c, uint32_t node, bool ask, const uint
                       bool *redo_ask, uint32_t *nredo, char *why, size_t why_size)
 {
     redisContext *ctx;
-    int rc = kvp_l2r_node_ctx(c, node, &ctx, why, why_size), done = 0;
+    int rc = kvp_l2r_node_ctx(c, node, &ctx, why, why_size);
     if (rc)
         return rc;
     for (uint32_t j = 0; j < k; j++) {
@@ -192,12 +207,8 @@ static int read_round(struct kvp_l2_conn *c, uint32_t node, bool ask, const uint
             return -ENOMEM;
         }
     }
-    while (!done)
-        if (redisBufferWrite(ctx, &done) != REDIS_OK) {
-            rc = kvp_l2r_ctx_error(ctx, "GETRANGE", why, why_size);
-            kvp_l2r_node_drop(&c->nodes[node]);
-            return rc;
-        }
+    if ((rc = kvp_l2r_node_flush(c, node, "GETRANGE", why, why_size)) != 0)
+        return rc;
     /* hiredis has read nothing it did not hand out: every earlier reply was consumed. */
     if (ctx->reader->pos != ctx->reader->len) {
         kvp_l2r_node_drop(&c->nodes[node]);
@@ -210,6 +221,7 @@ static int read_round(struct kvp_l2_conn *c, uint32_t node, bool ask, const uint
         snprintf(why, why_size, "out of memory");
         return -ENOMEM;
     }
+    r->c = c;
     r->fd = ctx->fd;
     r->pos = r->len = 0;
     int status = 0;
@@ -239,9 +251,11 @@ static int read_round(struct kvp_l2_conn *c, uint32_t node, bool ask, const uint
     if (rc < 0) {
         if (rc == -EPROTO)
             snprintf(why, why_size, "malformed reply to GETRANGE");
-        else if (rc == -ETIMEDOUT || rc == -ECONNRESET)
-            snprintf(why, why_size, "GETRANGE: %s",
-                     rc == -ETIMEDOUT ? "timed out" : "connection lost");
+        else if (rc == -ETIMEDOUT)
+            snprintf(why, why_size, "GETRANGE: timed out (--l2-timeout %u ms)",
+                     (unsigned)c->timeout_ms);
+        else if (rc == -ECONNRESET)
+            snprintf(why, why_size, "GETRANGE: connection lost");
         else
             snprintf(why, why_size, "GETRANGE: %s", strerror(-rc));
         kvp_l2r_node_drop(&c->nodes[node]);
@@ -273,6 +287,7 @@ int kvp_l2r_read(struct kvp_l2_conn *c, const char *const *keys, uint32_t n, uin
         return -ENOMEM;
     }
     uint32_t *redo = idx + n, *rnode = redo + n, *where = rnode + n, nredo = 0;
+    kvp_l2r_op_begin(c);
     snprintf(q.end, sizeof(q.end), "%zu", hdr_len + data_len);
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         len[i] = 0;

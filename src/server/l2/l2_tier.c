@@ -20,11 +20,18 @@
  * its own thread; one that needs a key another thread is loading waits for it, bounded.
  * Background threads take loads before copies: a worker may be waiting for them.
  *
- * Faults. The state is unknown until the first operation, then up or down. Any failure to
- * reach L2 makes it down (one WARN line), the foreground path then skips L2 at once, and the
- * background threads reconnect with exponential backoff (0.1 s to 5 s); the first success makes
- * it up again (one INFO line) and the queued copies flow again. Every network operation is
- * bounded by --l2-timeout.
+ * Faults. The state is unknown until the first operation, then up, down or auth_failed. Any
+ * failure to reach L2 makes it down (one WARN line), the foreground path then skips L2 at once,
+ * and the background threads reconnect with exponential backoff (0.1 s to 5 s); the first
+ * success makes it up again (one INFO line) and the queued copies flow again. Credentials the
+ * server refuses make it auth_failed instead (one ERROR line), with a backoff from 1 s to 60 s:
+ * they do not fix themselves, and every attempt is a failed login in the server's log.
+ * While there is nothing to send, each background thread pings its connection once a second,
+ * so that a server that went away while idle is reported down within about a second plus
+ * --l2-timeout. Every operation of the backend, as a whole, ends within --l2-timeout (a server that
+ * answers slowly fails it, which makes the tier down like a dead one); a fetch starts no round
+ * after its own deadline. The latest error is kept, in words, for the reports
+ * (kvp_l2_get_gauges()).
  *
  * Threads and locks. l2->lock guards the ring, the load table, the foreground connection slots
  * and the state. It is never held across network I/O or a store call: the store lock and this
@@ -46,6 +53,7 @@
 
 #include "base/log.h"
 #include "core/daemon.h"
+#include "core/seg_guard.h"
 #include "core/stats.h"
 #include "l2/l2_backend.h"
 
@@ -55,15 +63,17 @@
 #define KVP_L2_FG_WAIT_MS 100      /* wait for a free foreground connection */
 #define KVP_L2_LOAD_BATCH 16       /* loads read in one pipelined round, at most... */
 #define KVP_L2_LOAD_BATCH_BYTES (1u << 20) /* ...and about this many bytes (see batch_of()) */
+#define KVP_L2_PROBE_MS 1000               /* an idle background connection is pinged this often */
 #define KVP_L2_BACKOFF_MIN_MS 100
 #define KVP_L2_BACKOFF_MAX_MS 5000
-
-enum l2_state { L2_UNKNOWN, L2_UP, L2_DOWN };
+#define KVP_L2_AUTH_BACKOFF_MIN_MS 1000  /* refused credentials: the first retry after 1 s, */
+#define KVP_L2_AUTH_BACKOFF_MAX_MS 60000 /* then doubling up to a minute */
 enum load_state { LOAD_FREE, LOAD_QUEUED, LOAD_RUNNING };
 
 struct put_item {
     uint8_t key[KVP_KEY_SIZE];
     struct kvp_l2_layout lay;
+    uint32_t epoch; /* kvp_seg_guard_epoch() when queued */
 };
 
 struct load_item {
@@ -85,15 +95,17 @@ struct kvp_l2 {
     char name[KVP_L2_MAX_URL + 64]; /* the masked URL: what logs show */
     struct kvp_store *store;
     uint8_t *base;
-    uint32_t ttl_s, timeout_ms, nthreads;
+    _Atomic uint32_t ttl_s, timeout_ms; /* SIGHUP changes them (kvp_l2_set_limits) */
+    uint32_t nthreads;
     uint64_t queue_bytes;
 
     pthread_mutex_t lock;
     pthread_cond_t work_cv; /* background threads: work, a state change, stop */
     pthread_cond_t done_cv; /* a load ended, a foreground slot was released */
     bool stopping;
-    enum l2_state state;
-    atomic_int state_hint; /* state, readable without the lock (a hint for fast paths) */
+    enum kvp_l2_state state;
+    atomic_int state_hint;          /* state, readable without the lock (for fast paths) */
+    char reason[KVP_L2_REASON_MAX]; /* why the state is not up; "" when it is */
 
     struct put_item *ring; /* write-behind ring */
     uint32_t ring_cap, ring_head, ring_count;
@@ -109,6 +121,18 @@ struct kvp_l2 {
     uint32_t nstarted;
 };
 
+const char *kvp_l2_state_name(enum kvp_l2_state st)
+{
+    switch (st) {
+    case KVP_L2_STATE_UP:
+        return "up";
+    case KVP_L2_STATE_AUTH_FAILED:
+        return "auth_failed";
+    default:
+        return "down";
+    }
+}
+
 /* A failure that leaves the connection unusable (l2_backend.h). */
 static bool broken(int rc)
 {
@@ -118,6 +142,25 @@ static bool broken(int rc)
 static uint64_t mono_ms(void)
 {
     return kvp_mono_ms();
+}
+
+/* --l2-ttl and --l2-timeout as they are now: SIGHUP changes them, for what begins after it. */
+static uint32_t ttl_of(const struct kvp_l2 *l2)
+{
+    return atomic_load_explicit(&l2->ttl_s, memory_order_relaxed);
+}
+
+static uint32_t timeout_of(const struct kvp_l2 *l2)
+{
+    return atomic_load_explicit(&l2->timeout_ms, memory_order_relaxed);
+}
+
+void kvp_l2_set_limits(struct kvp_l2 *l2, uint32_t ttl_s, uint32_t timeout_ms)
+{
+    if (!l2)
+        return;
+    atomic_store_explicit(&l2->ttl_s, ttl_s, memory_order_relaxed);
+    atomic_store_explicit(&l2->timeout_ms, timeout_ms, memory_order_relaxed);
 }
 
 /* pthread_cond_timedwait() until the monotonic deadline, on a CLOCK_MONOTONIC condition. */
@@ -142,19 +185,31 @@ static uint32_t batch_of(const struct kvp_l2_layout *lay)
 
 /* ---- state ---- */
 
-/* Records the outcome of an operation; logs a change once. Caller holds the lock. */
-static void do_set_state(struct kvp_l2 *l2, enum l2_state st, const char *why)
+/*
+ * Records the outcome of an operation (why: what went wrong, for a state other than up); logs a
+ * change of state once, and keeps the latest reason for the reports. Caller holds the lock.
+ */
+static void do_set_state(struct kvp_l2 *l2, enum kvp_l2_state st, const char *why)
 {
+    if (st != KVP_L2_STATE_UP)
+        snprintf(l2->reason, sizeof(l2->reason), "%s", why && why[0] ? why : "unknown error");
+    else
+        l2->reason[0] = '\0';
     if (l2->state == st)
         return;
-    enum l2_state old = l2->state;
+    enum kvp_l2_state old = l2->state;
     l2->state = st;
     atomic_store_explicit(&l2->state_hint, st, memory_order_relaxed);
-    if (st == L2_DOWN) {
+    if (st != KVP_L2_STATE_UP && (old == KVP_L2_STATE_UP || old == KVP_L2_STATE_UNKNOWN))
         KVP_COUNT(l2_outages, 1);
+    if (st == KVP_L2_STATE_AUTH_FAILED) {
+        log_error("L2 %s: authentication failed (%s): serving from L1 only; trying again with "
+                  "backoff, up to every %d s (check the password: --l2, --l2-password-file)",
+                  l2->name, why, KVP_L2_AUTH_BACKOFF_MAX_MS / 1000);
+    } else if (st == KVP_L2_STATE_DOWN) {
         log_warn("L2 %s unreachable (%s): serving from L1 only; reconnecting in the background",
                  l2->name, why);
-    } else if (old == L2_DOWN) {
+    } else if (old != KVP_L2_STATE_UNKNOWN) {
         log_info("L2 %s reachable again: write-behind and loads resume", l2->name);
     } else {
         log_info("L2 %s connected", l2->name);
@@ -163,9 +218,16 @@ static void do_set_state(struct kvp_l2 *l2, enum l2_state st, const char *why)
     pthread_cond_broadcast(&l2->work_cv);
 }
 
+/* The state after a failed operation: refused credentials are told apart. */
+static enum kvp_l2_state failed_state(int rc)
+{
+    return rc == -EACCES ? KVP_L2_STATE_AUTH_FAILED : KVP_L2_STATE_DOWN;
+}
+
 static bool known_down(struct kvp_l2 *l2)
 {
-    return atomic_load_explicit(&l2->state_hint, memory_order_relaxed) == L2_DOWN;
+    int st = atomic_load_explicit(&l2->state_hint, memory_order_relaxed);
+    return st == KVP_L2_STATE_DOWN || st == KVP_L2_STATE_AUTH_FAILED;
 }
 
 /* ---- write-behind ring ---- */
@@ -191,6 +253,7 @@ static void do_push_put(struct kvp_l2 *l2, const uint8_t *key, const struct kvp_
     struct put_item *it = &l2->ring[(l2->ring_head + l2->ring_count) % l2->ring_cap];
     memcpy(it->key, key, KVP_KEY_SIZE);
     it->lay = *lay;
+    it->epoch = kvp_seg_guard_epoch();
     l2->ring_count++;
     l2->backlog_bytes += lay->bytes;
 }
@@ -302,9 +365,17 @@ static int put_one(struct kvp_l2 *l2, struct kvp_l2_conn *conn, const struct put
         return 0;
     }
     kvp_l2_header_encode(hdr, it->key, &it->lay, data);
+    /* A chunk committed before the segment shrank under the daemon (seg_guard.h) has lost its
+     * bytes: its checksum, just computed, may be of zeros. Checked after the checksum, so that
+     * a trip during the send leaves a value whose checksum fails, never a valid one. */
+    if (it->epoch != kvp_seg_guard_epoch()) {
+        kvp_store_unpin(l2->store, &obj, 1);
+        KVP_COUNT(l2_write_dropped, 1);
+        return 0;
+    }
     kvp_l2_key_name(it->key, name);
     struct iovec parts[2] = {{hdr, sizeof(hdr)}, {(void *)data, it->lay.bytes}};
-    int rc = l2->be->put(conn, name, parts, 2, l2->ttl_s, why, why_size);
+    int rc = l2->be->put(conn, name, parts, 2, ttl_of(l2), why, why_size);
     kvp_store_unpin(l2->store, &obj, 1);
     if (rc == 0) {
         KVP_COUNT(l2_written_chunks, 1);
@@ -399,31 +470,41 @@ static void *bg_main(void *arg)
     uint32_t backoff = KVP_L2_BACKOFF_MIN_MS;
     uint8_t keys[KVP_L2_LOAD_BATCH * KVP_KEY_SIZE];
     char why[256];
+    uint64_t last_io = mono_ms(); /* the end of this thread's latest operation */
 
     pthread_mutex_lock(&l2->lock);
     while (!l2->stopping) {
+        /* An idle connection is checked now and then: a server that died while nothing was
+         * sent must not be reported up (it is, before the first chunk is stored). */
+        bool idle = l2->ring_count == 0 && l2->queue.next == &l2->queue;
+        bool probe = conn && idle && mono_ms() >= last_io + KVP_L2_PROBE_MS;
         /* (Re)connect, or check the connection when somebody found L2 down. */
-        if (!conn || l2->state == L2_DOWN) {
+        if (!conn || probe || (l2->state != KVP_L2_STATE_UP && l2->state != KVP_L2_STATE_UNKNOWN)) {
             pthread_mutex_unlock(&l2->lock);
             int rc = conn ? l2->be->ping(conn, why, sizeof(why))
-                          : l2->be->open(&l2->target, l2->timeout_ms, &conn, why, sizeof(why));
+                          : l2->be->open(&l2->target, timeout_of(l2), &conn, why, sizeof(why));
             if (rc && conn) {
                 l2->be->close(conn);
                 conn = NULL;
             }
+            last_io = mono_ms();
             pthread_mutex_lock(&l2->lock);
             if (rc) {
                 KVP_COUNT(l2_errors, 1);
-                do_set_state(l2, L2_DOWN, why);
+                do_set_state(l2, failed_state(rc), why);
+                if (rc == -EACCES && backoff < KVP_L2_AUTH_BACKOFF_MIN_MS)
+                    backoff = KVP_L2_AUTH_BACKOFF_MIN_MS;
                 /* The whole backoff, even when stores wake us: a worker's store must not
                  * become a connection attempt while L2 is down. */
                 uint64_t retry_at = mono_ms() + backoff;
                 while (!l2->stopping && mono_ms() < retry_at)
                     wait_until(&l2->work_cv, &l2->lock, retry_at);
-                backoff = backoff * 2 > KVP_L2_BACKOFF_MAX_MS ? KVP_L2_BACKOFF_MAX_MS : backoff * 2;
+                /* Credentials do not fix themselves: those attempts back off further. */
+                uint32_t cap = rc == -EACCES ? KVP_L2_AUTH_BACKOFF_MAX_MS : KVP_L2_BACKOFF_MAX_MS;
+                backoff = backoff * 2 > cap ? cap : backoff * 2;
                 continue;
             }
-            do_set_state(l2, L2_UP, NULL);
+            do_set_state(l2, KVP_L2_STATE_UP, NULL);
             backoff = KVP_L2_BACKOFF_MIN_MS;
         }
         /* Loads first, several of one layout in one round: a worker may be waiting for them. */
@@ -434,7 +515,7 @@ static void *bg_main(void *arg)
                (nld == 0 || memcmp(&l2->queue.next->lay, &ld[0]->lay, sizeof(ld[0]->lay)) == 0))
             ld[nld++] = do_pop_load(l2);
         if (!nld && !do_pop_put(l2, &put)) {
-            pthread_cond_wait(&l2->work_cv, &l2->lock);
+            wait_until(&l2->work_cv, &l2->lock, last_io + KVP_L2_PROBE_MS);
             continue;
         }
         pthread_mutex_unlock(&l2->lock);
@@ -447,6 +528,7 @@ static void *bg_main(void *arg)
         } else {
             rc = put_one(l2, conn, &put, why, sizeof(why));
         }
+        last_io = mono_ms();
         pthread_mutex_lock(&l2->lock);
         for (uint32_t i = 0; i < nld; i++)
             do_load_done(l2, ld[i]);
@@ -455,7 +537,7 @@ static void *bg_main(void *arg)
             l2->be->close(conn);
             conn = NULL;
             pthread_mutex_lock(&l2->lock);
-            do_set_state(l2, L2_DOWN, why);
+            do_set_state(l2, failed_state(rc), why);
         }
     }
     pthread_mutex_unlock(&l2->lock);
@@ -486,12 +568,12 @@ static struct fg_slot *fg_acquire(struct kvp_l2 *l2)
     pthread_mutex_unlock(&l2->lock);
     if (!slot || slot->conn)
         return slot;
-    int rc = l2->be->open(&l2->target, l2->timeout_ms, &slot->conn, why, sizeof(why));
+    int rc = l2->be->open(&l2->target, timeout_of(l2), &slot->conn, why, sizeof(why));
     if (rc == 0)
         return slot;
     KVP_COUNT(l2_errors, 1);
     pthread_mutex_lock(&l2->lock);
-    do_set_state(l2, L2_DOWN, why);
+    do_set_state(l2, failed_state(rc), why);
     slot->busy = false;
     pthread_cond_broadcast(&l2->done_cv);
     pthread_mutex_unlock(&l2->lock);
@@ -508,7 +590,7 @@ static void fg_release(struct kvp_l2 *l2, struct fg_slot *slot, int rc, const ch
     }
     pthread_mutex_lock(&l2->lock);
     if (broken(rc))
-        do_set_state(l2, L2_DOWN, why);
+        do_set_state(l2, failed_state(rc), why);
     slot->busy = false;
     pthread_cond_broadcast(&l2->done_cv);
     pthread_mutex_unlock(&l2->lock);
@@ -646,7 +728,7 @@ uint32_t kvp_l2_fetch(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
         free(mine);
         return 0;
     }
-    uint64_t deadline = mono_ms() + l2->timeout_ms;
+    uint64_t deadline = mono_ms() + timeout_of(l2);
     claim_all(l2, keys, n, lay, claim, mine);
     /* Our keys, in pipelined rounds of consecutive ones, until a round leaves a hole: the
      * chunks after a missing one cannot be part of the leading run. */
@@ -659,6 +741,9 @@ uint32_t kvp_l2_fetch(struct kvp_l2 *l2, const uint8_t *keys, uint32_t n,
         while (j < n && claim[j] == CLAIM_OURS && j - i < batch_of(lay))
             j++;
         const uint8_t *k = keys + (size_t)i * KVP_KEY_SIZE;
+        /* Each round ends within --l2-timeout; none starts after the fetch's own deadline. */
+        if (i > 0 && mono_ms() >= deadline)
+            break;
         if (!slot && !(slot = fg_acquire(l2)))
             break;
         rc = load_batch(l2, slot->conn, k, j - i, lay, why, sizeof(why));
@@ -686,7 +771,12 @@ void kvp_l2_get_gauges(struct kvp_l2 *l2, struct kvp_l2_gauges *g)
     if (!l2)
         return;
     pthread_mutex_lock(&l2->lock);
-    g->up = l2->state == L2_UP;
+    g->up = l2->state == KVP_L2_STATE_UP;
+    g->state = l2->state;
+    if (l2->state == KVP_L2_STATE_UNKNOWN)
+        snprintf(g->reason, sizeof(g->reason), "not connected yet");
+    else
+        memcpy(g->reason, l2->reason, sizeof(g->reason));
     g->backlog_chunks = l2->ring_count;
     g->backlog_bytes = l2->backlog_bytes;
     pthread_mutex_unlock(&l2->lock);
@@ -794,7 +884,7 @@ int kvp_l2_start(const struct kvp_config *cfg, struct kvp_store *store, uint8_t 
     }
     log_info("L2 tier %s: %" PRIu32 " connections, write-behind queue %" PRIu64
              " bytes, ttl %" PRIu32 " s, timeout %" PRIu32 " ms",
-             l2->name, l2->nthreads, l2->queue_bytes, l2->ttl_s, l2->timeout_ms);
+             l2->name, l2->nthreads, l2->queue_bytes, ttl_of(l2), timeout_of(l2));
     *out = l2;
     return 0;
 }

@@ -13,8 +13,15 @@
  * request at most that long. The stored buckets are not cumulative (one increment per request),
  * and _count is their sum, so the +Inf bucket always equals _count.
  *
- * Labels carry only fixed values (transport, cause, op, version): no worker-supplied string
- * ever becomes a label, so the series count is bounded and nothing needs escaping.
+ * Labels carry only the daemon's own values (transport, cause, op, version, front_end): no
+ * worker-supplied string ever becomes a label, so the series count is bounded. The instances and
+ * the clients are counted by front end (owner.h: "kvpool", "lmcache") from the snapshot's groups,
+ * which come from the registry and the owner list, whichever front end made them:
+ * kvpool_instances{front_end,transport} and kvpool_clients{front_end}. The daemon's own protocol
+ * is always served, so its series are always there (0 when it has none), as they were before
+ * other front ends existed; another front end's appear with its first instance or client. A
+ * transport is named by kvp_reg_transport_name(), so a new one is a new label value, not a
+ * miscount. Front-end names are escaped as label values all the same (they never need it).
  *
  * Threads: any thread, once the server has started; no lock is held while formatting.
  */
@@ -53,6 +60,71 @@ static void write_map(FILE *f, const struct kvp_stat_desc *desc, const uint64_t 
         else
             fprintf(f, "kvpool_%s%s %" PRIu64 "\n", d->family, suffix, v[i]);
     }
+}
+
+/* A label value as the text format wants it: backslash, double quote and line feed escaped. */
+static void write_label_value(FILE *f, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            fprintf(f, "\\%c", *v);
+        else if (*v == '\n')
+            fputs("\\n", f);
+        else
+            fputc(*v, f);
+    }
+}
+
+/* The front end that is always there: kvpool's own protocol (kvp/). */
+#define OWN_FRONTEND "kvpool"
+
+/* One sample of kvpool_instances. */
+static void write_instances_sample(FILE *f, const char *frontend, uint8_t transport, uint64_t n)
+{
+    fputs("kvpool_instances{front_end=\"", f);
+    write_label_value(f, frontend);
+    fprintf(f, "\",transport=\"%s\"} %" PRIu64 "\n", kvp_reg_transport_name(transport), n);
+}
+
+/* kvpool_instances{front_end,transport}: kvpool's shm and inline always, then every group of
+ * the snapshot (groups are sorted; kvpool's two are written where they fall). */
+static void write_instances(FILE *f, const struct kvp_snapshot *snap)
+{
+    static const uint8_t own[] = {KVP_REG_SHM, KVP_REG_INLINE};
+    bool have[2] = {false, false};
+
+    fprintf(f, "# HELP kvpool_instances registered instances, by the front end that registered "
+               "them and the transport they use\n"
+               "# TYPE kvpool_instances gauge\n");
+    for (uint32_t i = 0; i < snap->ninstance_groups; i++) {
+        const struct kvp_instance_group *g = &snap->instance_groups[i];
+        for (int k = 0; k < 2; k++)
+            have[k] |= strcmp(g->frontend, OWN_FRONTEND) == 0 && g->transport == own[k];
+        write_instances_sample(f, g->frontend, g->transport, g->count);
+    }
+    for (int k = 0; k < 2; k++)
+        if (!have[k])
+            write_instances_sample(f, OWN_FRONTEND, own[k], 0);
+}
+
+/* kvpool_clients{front_end}: the owners of each front end (a kvpool connection, an LMCache
+ * worker), kvpool's always. */
+static void write_clients(FILE *f, const struct kvp_snapshot *snap)
+{
+    bool own = false;
+
+    fprintf(f, "# HELP kvpool_clients clients the daemon serves, by front end (a kvpool "
+               "connection, an LMCache worker)\n"
+               "# TYPE kvpool_clients gauge\n");
+    for (uint32_t i = 0; i < snap->nclient_groups; i++) {
+        const struct kvp_owner_group *g = &snap->client_groups[i];
+        own |= strcmp(g->frontend, OWN_FRONTEND) == 0;
+        fputs("kvpool_clients{front_end=\"", f);
+        write_label_value(f, g->frontend);
+        fprintf(f, "\"} %" PRIu32 "\n", g->count);
+    }
+    if (!own)
+        fputs("kvpool_clients{front_end=\"" OWN_FRONTEND "\"} 0\n", f);
 }
 
 static void write_latency(FILE *f, const struct kvp_snapshot *snap)
@@ -106,11 +178,19 @@ static void write_lock_hold(FILE *f, const struct kvp_hold_copy *h)
 char *kvp_metrics_text(struct kvp_server *s, size_t *len)
 {
     struct kvp_snapshot snap;
-    char *text = NULL;
-    size_t size = 0;
 
     if (kvp_snapshot_take(s, 0, &snap))
         return NULL;
+    char *text = kvp_metrics_render(&snap, len);
+    kvp_snapshot_free(&snap);
+    return text;
+}
+
+char *kvp_metrics_render(const struct kvp_snapshot *snap, size_t *len)
+{
+    char *text = NULL;
+    size_t size = 0;
+
     FILE *f = open_memstream(&text, &size);
     if (!f)
         return NULL;
@@ -119,10 +199,12 @@ char *kvp_metrics_text(struct kvp_server *s, size_t *len)
             "# TYPE kvpool_build_info gauge\n"
             "kvpool_build_info{version=\"%s\"} 1\n",
             KVP_DAEMON_VERSION);
-    write_map(f, kvp_gauge_desc, snap.gauges, KVP_NGAUGES, false);
-    write_map(f, kvp_counter_desc, snap.counters, KVP_NCOUNTERS, true);
-    write_latency(f, &snap);
-    write_lock_hold(f, &snap.lock_hold);
+    write_map(f, kvp_gauge_desc, snap->gauges, KVP_NGAUGES, false);
+    write_instances(f, snap);
+    write_clients(f, snap);
+    write_map(f, kvp_counter_desc, snap->counters, KVP_NCOUNTERS, true);
+    write_latency(f, snap);
+    write_lock_hold(f, &snap->lock_hold);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) {
         free(text);

@@ -1,5 +1,5 @@
 /*
- * status.c - the status JSON document (GET /api/status), built with jansson from a snapshot.
+ * status_json.c - the status JSON document (GET /api/status), built with jansson from a snapshot.
  *
  * Design. Everything comes from one snapshot (snapshot.c), taken before any text is made, and
  * from what start-up fixed and never changes afterwards (configuration, the segment, the SHM
@@ -10,6 +10,10 @@
  * lists each one. Fields are added, never renamed. Byte counts and counters are JSON integers;
  * times are RFC 3339 strings in UTC; a value that does not apply is null rather than absent, so
  * that a reader can tell "none" from "this daemon does not report it".
+ *
+ * Every instance and every client is reported with the front end that registered or serves it
+ * ("front_end": "kvpool", "lmcache"; owner.h), and every transport by its own name
+ * (kvp_reg_transport_name(): "shm", "inline", "pickle", ...), never folded into another.
  *
  * Strings that come from workers (instance ids, model names, reasons) are not guaranteed to be
  * UTF-8, which JSON requires: such a string is reported with every non-ASCII byte replaced by
@@ -123,14 +127,21 @@ static json_t *shm_object(struct doc *d, const struct kvp_server *s)
     return o;
 }
 
-/* "l2": the L2 tier (l2.h), null with --l2 off. Its URL is the masked one (no password). */
+/*
+ * "l2": the L2 tier (l2.h), null with --l2 off. Its URL is the masked one (no password). up,
+ * state and reason come from one reading of the tier, so that they agree.
+ */
 static json_t *l2_object(struct doc *d, const struct kvp_server *s, const struct kvp_snapshot *snap)
 {
+    struct kvp_l2_gauges g;
     if (!s->l2)
         return json_null();
+    kvp_l2_get_gauges(s->l2, &g);
     json_t *o = json_object();
     put(d, o, "url", jstr(kvp_l2_name(s->l2)));
-    put(d, o, "up", json_boolean(snap->gauges[KVP_GAUGE_l2_up] != 0));
+    put(d, o, "up", json_boolean(g.up));
+    put(d, o, "state", json_string(kvp_l2_state_name(g.state)));
+    put(d, o, "reason", jstr_or_null(g.up ? "" : g.reason));
     put(d, o, "backlog_chunks", jint(snap->gauges[KVP_GAUGE_l2_backlog_chunks]));
     put(d, o, "backlog_bytes", jint(snap->gauges[KVP_GAUGE_l2_backlog_bytes]));
     put(d, o, "queue_bytes", jint(s->cfg.l2_queue_bytes));
@@ -173,8 +184,9 @@ static json_t *instance_object(struct doc *d, const struct kvp_instance_view *iv
     put(d, o, "use_mla", json_boolean(r->spec.use_mla));
     put(d, o, "chunk_shape", shape);
     put(d, o, "chunk_bytes", jint(r->layout.bytes));
-    put(d, o, "transport", json_string(shm ? "shm" : "inline"));
+    put(d, o, "transport", json_string(kvp_reg_transport_name(r->transport)));
     put(d, o, "fallback_reason", jstr_or_null(shm ? "" : r->reason));
+    put(d, o, "front_end", jstr_or_null(r->frontend));
     put(d, o, "pid", r->owner_pid > 0 ? json_integer(r->owner_pid) : json_null());
     put(d, o, "client_id", jint(r->owner));
     put(d, o, "connected_since", jtime(r->connected_since_ms));
@@ -197,6 +209,7 @@ static json_t *clients_object(struct doc *d, const struct kvp_server *s,
         for (uint32_t k = 0; k < snap->ninstances; k++)
             ninst += snap->instances[k].reg.owner == c->id;
         put(d, e, "id", jint(c->id));
+        put(d, e, "front_end", jstr_or_null(c->frontend));
         put(d, e, "pid", c->pid > 0 ? json_integer(c->pid) : json_null());
         put(d, e, "uid", jint(c->uid));
         put(d, e, "connected_since", jtime(c->connected_since_ms));
@@ -252,10 +265,32 @@ static char *starting_json(struct kvp_server *s)
     return text;
 }
 
+char *kvp_status_health_degraded(struct kvp_server *s)
+{
+    struct kvp_l2_gauges g;
+    char reason[KVP_L2_REASON_MAX + 32];
+    struct doc d = {.bad = false};
+
+    if (!s->l2)
+        return NULL;
+    kvp_l2_get_gauges(s->l2, &g);
+    if (g.up)
+        return NULL;
+    snprintf(reason, sizeof(reason), "l2 %s: %s", kvp_l2_state_name(g.state), g.reason);
+    json_t *root = json_object();
+    json_t *reasons = json_array();
+    append(&d, reasons, jstr(reason));
+    put(&d, root, "status", json_string("healthy"));
+    put(&d, root, "degraded", json_true());
+    put(&d, root, "reasons", reasons);
+    char *text = d.bad ? NULL : json_dumps(root, JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return text;
+}
+
 char *kvp_status_json(struct kvp_server *s)
 {
     struct kvp_snapshot snap;
-    struct doc d = {.bad = false};
 
     /* Acquire: pairs with the release in kvp_server_start(), after which the store, the
      * registry and the segment may be read. */
@@ -263,27 +298,34 @@ char *kvp_status_json(struct kvp_server *s)
         return starting_json(s);
     if (kvp_snapshot_take(s, KVP_SNAP_LISTS, &snap))
         return NULL;
+    char *text = kvp_status_json_render(s, &snap);
+    kvp_snapshot_free(&snap);
+    return text;
+}
+
+char *kvp_status_json_render(struct kvp_server *s, const struct kvp_snapshot *snap)
+{
+    struct doc d = {.bad = false};
     json_t *root = json_object();
     json_t *instances = json_array();
-    for (uint32_t i = 0; i < snap.ninstances; i++)
-        append(&d, instances, instance_object(&d, &snap.instances[i]));
+    for (uint32_t i = 0; i < snap->ninstances; i++)
+        append(&d, instances, instance_object(&d, &snap->instances[i]));
 
     put(&d, root, "version", json_string(KVP_DAEMON_VERSION));
     put(&d, root, "state", json_string(atomic_load(&s->stopping) ? "stopping" : "serving"));
     put(&d, root, "pid", json_integer((json_int_t)getpid()));
-    put(&d, root, "started_at", jtime(snap.started_ms));
-    put(&d, root, "uptime_s", jint(snap.gauges[KVP_GAUGE_uptime_seconds]));
+    put(&d, root, "started_at", jtime(snap->started_ms));
+    put(&d, root, "uptime_s", jint(snap->gauges[KVP_GAUGE_uptime_seconds]));
     put(&d, root, "chunk_tokens", jint(s->cfg.chunk_tokens));
     put(&d, root, "socket", jstr(s->cfg.socket_path));
-    put(&d, root, "pool", pool_object(&d, &snap));
+    put(&d, root, "pool", pool_object(&d, snap));
     put(&d, root, "shm", shm_object(&d, s));
-    put(&d, root, "l2", l2_object(&d, s, &snap));
+    put(&d, root, "l2", l2_object(&d, s, snap));
     put(&d, root, "instances", instances);
-    put(&d, root, "clients", clients_object(&d, s, &snap));
-    put(&d, root, "counters", map_object(&d, kvp_counter_desc, snap.counters, KVP_NCOUNTERS));
-    put(&d, root, "gauges", map_object(&d, kvp_gauge_desc, snap.gauges, KVP_NGAUGES));
-    put(&d, root, "requests", requests_object(&d, &snap));
-    kvp_snapshot_free(&snap);
+    put(&d, root, "clients", clients_object(&d, s, snap));
+    put(&d, root, "counters", map_object(&d, kvp_counter_desc, snap->counters, KVP_NCOUNTERS));
+    put(&d, root, "gauges", map_object(&d, kvp_gauge_desc, snap->gauges, KVP_NGAUGES));
+    put(&d, root, "requests", requests_object(&d, snap));
 
     char *text = d.bad ? NULL
                        : json_dumps(root,

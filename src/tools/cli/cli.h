@@ -111,8 +111,14 @@ void print_pool(json_t *pool);
 bool l2_line(json_t *doc, char *buf, size_t size);
 /* The summary of `kvpool status`. */
 void print_status(const struct cli *x, json_t *doc);
-/* Counts the instances of a list by transport. */
-void count_transports(json_t *list, size_t *shm, size_t *inl);
+/* Bytes of the texts transport_counts() and client_counts() make. */
+#define COUNTS 512
+/* "1 shm, 1 inline, 2 pickle": the instances of a list by transport (shm and inline always, then
+ * every other transport the daemon names, as it names it). Returns buf. */
+const char *transport_counts(json_t *list, char *buf, size_t size);
+/* "3 connected (max 256); lmcache 2" (with_max) or "3; lmcache 2": kvpool's connections, then
+ * the clients of every other front end. Returns buf. */
+const char *client_counts(json_t *doc, bool with_max, char *buf, size_t size);
 
 int cmd_status(struct cli *x, const struct cmd_opts *o);
 int cmd_instances(struct cli *x, const struct cmd_opts *o);

@@ -5,8 +5,13 @@
  * Design. A headline (version, socket, state, pid, uptime), then one line per concern (pool,
  * chunk size, SHM, the L2 tier, clients, totals) and a table of the instances whose columns are as
  * wide as their widest cell. `status --json` prints the document as it came, for jq and scripts.
- * Every string the daemon supplies goes through term.c before it is printed. The headline and the
- * pool line are shared with `watch` (watch.c).
+ * Every string the daemon supplies goes through term.c before it is printed. The headline, the
+ * pool line and the counts of instances and clients are shared with `watch` (watch.c).
+ *
+ * The daemon may serve several front ends (kvpool's own protocol, LMCache's): each instance and
+ * client names its own ("front_end"), shown in a column and in the counts of clients. Transports
+ * and front ends are shown by the name the daemon gives them, so one this program has never seen
+ * ("pickle", or a later one) is counted and shown as itself, never folded into another.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -84,11 +89,23 @@ bool l2_line(json_t *doc, char *buf, size_t size)
 }
 
 /* Columns of the instance tables. */
-enum col { C_ID, C_MODEL, C_RANK, C_DTYPE, C_CHUNK, C_PID, C_STORED, C_RETRIEVED, C_TRANSPORT };
-static const char *const col_title[] = {"ID",  "MODEL",  "RANK",      "DTYPE",    "CHUNK",
-                                        "PID", "STORED", "RETRIEVED", "TRANSPORT"};
+enum col {
+    C_ID,
+    C_MODEL,
+    C_RANK,
+    C_DTYPE,
+    C_CHUNK,
+    C_PID,
+    C_STORED,
+    C_RETRIEVED,
+    C_FRONT_END,
+    C_TRANSPORT
+};
+static const char *const col_title[] = {"ID",  "MODEL",  "RANK",      "DTYPE",     "CHUNK",
+                                        "PID", "STORED", "RETRIEVED", "FRONT END", "TRANSPORT"};
 
-/* The text of one cell. The transport comes with the fallback reason when it is inline. */
+/* The text of one cell. The transport comes with the fallback reason when there is one (an
+ * instance not on shm); an older daemon names no front end ("-"). */
 static void cell(json_t *inst, enum col col, char *buf, size_t size)
 {
     char tmp[REASON], word[WORD];
@@ -122,6 +139,9 @@ static void cell(json_t *inst, enum col col, char *buf, size_t size)
         break;
     case C_RETRIEVED:
         human_bytes((double)jnum(inst, "retrieved_bytes"), buf, size);
+        break;
+    case C_FRONT_END:
+        term_safe(buf, size, jstr(inst, "front_end", "-"));
         break;
     case C_TRANSPORT:
         term_safe(word, sizeof(word), jstr(inst, "transport", "-"));
@@ -174,20 +194,92 @@ static void print_instance_table(json_t *list, const enum col *cols, size_t ncol
     }
 }
 
-/* Counts the instances of a list by transport. */
-void count_transports(json_t *list, size_t *shm, size_t *inl)
-{
-    size_t i;
-    json_t *inst;
+/*
+ * Counts of the values of one string member over the objects of a list, in order of first
+ * appearance after the values given up front (shown even at 0). Bounded: values beyond
+ * TALLY_MAX (a daemon gives a handful) are counted under "other".
+ */
+#define TALLY_MAX 8
+struct tally {
+    size_t n;
+    struct {
+        const char *name; /* points into the document or at a literal */
+        size_t count;
+    } v[TALLY_MAX + 1];
+};
 
-    *shm = *inl = 0;
+static void tally_add(struct tally *t, const char *name)
+{
+    size_t i = 0;
+    while (i < t->n && strcmp(t->v[i].name, name) != 0)
+        i++;
+    if (i == t->n) {
+        if (t->n >= TALLY_MAX)
+            name = "other";
+        for (i = 0; i < t->n && strcmp(t->v[i].name, name) != 0;)
+            i++;
+        if (i == t->n) {
+            t->v[i].name = name;
+            t->v[i].count = 0;
+            t->n++;
+        }
+    }
+    t->v[i].count++;
+}
+
+/* "1 shm, 1 inline, 2 pickle": the instances of a list by transport, shm and inline always. */
+const char *transport_counts(json_t *list, char *buf, size_t size)
+{
+    struct tally t = {.n = 2, .v = {{"shm", 0}, {"inline", 0}}};
+    size_t i, len = 0;
+    json_t *inst;
+    char word[WORD];
+
     json_array_foreach(list, i, inst)
     {
-        if (strcmp(jstr(inst, "transport", ""), "shm") == 0)
-            (*shm)++;
-        else
-            (*inl)++;
+        tally_add(&t, jstr(inst, "transport", "-"));
     }
+    buf[0] = '\0';
+    for (i = 0; i < t.n && len < size; i++) {
+        int n = snprintf(buf + len, size - len, "%s%zu %s", i ? ", " : "", t.v[i].count,
+                         term_safe(word, sizeof(word), t.v[i].name));
+        len += n > 0 ? (size_t)n : 0;
+    }
+    return buf;
+}
+
+/* "3 connected (max 256)" (with_max) or "3", then "; lmcache 2" for every other front end with
+ * clients: the kvpool connections the daemon counts ("clients.connected", what --max-clients
+ * bounds), and the clients of other front ends from "clients.list". */
+const char *client_counts(json_t *doc, bool with_max, char *buf, size_t size)
+{
+    json_t *clients = jobj(doc, "clients"), *gauges = jobj(doc, "gauges"), *c;
+    struct tally t = {.n = 0};
+    char word[WORD];
+    size_t i, len;
+    int n;
+
+    n = snprintf(buf, size, "%" PRIu64,
+                 clients  ? jnum(clients, "connected")
+                 : gauges ? jnum(gauges, "connections")
+                          : 0);
+    len = n > 0 ? (size_t)n : 0;
+    if (with_max && clients && len < size) {
+        n = snprintf(buf + len, size - len, " connected (max %" PRIu64 ")", jnum(clients, "max"));
+        len += n > 0 ? (size_t)n : 0;
+    }
+    json_array_foreach(json_object_get(clients, "list"), i, c)
+    {
+        const char *fe = jstr(c, "front_end", "kvpool");
+        if (strcmp(fe, "kvpool") != 0)
+            tally_add(&t, fe);
+    }
+    for (i = 0; i < t.n && len < size; i++) {
+        n = snprintf(buf + len, size - len, "; %s %zu", term_safe(word, sizeof(word), t.v[i].name),
+                     t.v[i].count);
+        len += n > 0 ? (size_t)n : 0;
+    }
+    return buf;
 }
 
 /* The readable summary of `kvpool status`. */
@@ -196,7 +288,7 @@ void print_status(const struct cli *x, json_t *doc)
     json_t *pool = jobj(doc, "pool"), *shm = jobj(doc, "shm"), *clients = jobj(doc, "clients");
     json_t *counters = jobj(doc, "counters");
     json_t *list = json_object_get(doc, "instances");
-    char a[32], b[32], c[32], reason[CELL], word[WORD], line[L2_LINE];
+    char a[32], b[32], c[32], reason[CELL], word[WORD], line[L2_LINE], counts[COUNTS];
 
     print_headline(x, doc);
     if (!pool) {
@@ -226,8 +318,7 @@ void print_status(const struct cli *x, json_t *doc)
     if (l2_line(doc, line, sizeof(line)))
         printf("L2:         %s\n", line);
     if (clients)
-        printf("Clients:    %" PRIu64 " connected (max %" PRIu64 ")\n", jnum(clients, "connected"),
-               jnum(clients, "max"));
+        printf("Clients:    %s\n", client_counts(doc, true, counts, sizeof(counts)));
     if (counters) {
         uint64_t stored = jnum(counters, "store_bytes_shm") + jnum(counters, "store_bytes_inline");
         uint64_t got = jnum(counters, "retrieve_bytes_shm") +
@@ -240,11 +331,10 @@ void print_status(const struct cli *x, json_t *doc)
     }
     if (!json_is_array(list))
         return;
-    size_t nshm, ninl;
-    count_transports(list, &nshm, &ninl);
-    printf("Instances:  %zu (%zu shm, %zu inline)\n", json_array_size(list), nshm, ninl);
+    printf("Instances:  %zu (%s)\n", json_array_size(list),
+           transport_counts(list, counts, sizeof(counts)));
     if (json_array_size(list) > 0) {
-        static const enum col cols[] = {C_ID, C_MODEL, C_RANK, C_PID, C_TRANSPORT};
+        static const enum col cols[] = {C_ID, C_MODEL, C_RANK, C_PID, C_FRONT_END, C_TRANSPORT};
         print_instance_table(list, cols, sizeof(cols) / sizeof(cols[0]), "  ");
     }
 }
@@ -277,8 +367,8 @@ int cmd_status(struct cli *x, const struct cmd_opts *o)
 
 int cmd_instances(struct cli *x, const struct cmd_opts *o)
 {
-    static const enum col cols[] = {C_ID,  C_MODEL,  C_RANK,      C_DTYPE,    C_CHUNK,
-                                    C_PID, C_STORED, C_RETRIEVED, C_TRANSPORT};
+    static const enum col cols[] = {C_ID,  C_MODEL,  C_RANK,      C_DTYPE,     C_CHUNK,
+                                    C_PID, C_STORED, C_RETRIEVED, C_FRONT_END, C_TRANSPORT};
     int code = cli_connect(x);
 
     (void)o;

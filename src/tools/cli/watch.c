@@ -117,7 +117,7 @@ static void print_frame(const struct cli *x, json_t *doc, const struct sample *p
                         const struct sample *cur)
 {
     char a[32], b[32], c[32], d[48], l2[L2_LINE];
-    json_t *pool = jobj(doc, "pool"), *gauges = jobj(doc, "gauges");
+    json_t *pool = jobj(doc, "pool");
     time_t now = time(NULL);
     struct tm tm;
 
@@ -161,10 +161,10 @@ static void print_frame(const struct cli *x, json_t *doc, const struct sample *p
     if (l2_line(doc, l2, sizeof(l2)))
         printf("L2          %s\n", l2);
     json_t *list = json_object_get(doc, "instances");
-    size_t nshm = 0, ninl = 0;
-    count_transports(list, &nshm, &ninl);
-    printf("Instances   %zu (%zu shm, %zu inline); clients connected: %" PRIu64 "\n",
-           json_array_size(list), nshm, ninl, gauges ? jnum(gauges, "connections") : 0);
+    char counts[COUNTS], clients[COUNTS];
+    printf("Instances   %zu (%s); clients connected: %s\n", json_array_size(list),
+           transport_counts(list, counts, sizeof(counts)),
+           client_counts(doc, false, clients, sizeof(clients)));
 }
 
 /* Sleeps for seconds, through signals that do not end the program. */

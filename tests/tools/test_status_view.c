@@ -1,0 +1,173 @@
+/*
+ * test_status_view.c - what `kvpool status`, `kvpool instances` and `kvpool watch` make of the
+ * instances and clients of several front ends (src/tools/cli/status.c): the FRONT END column,
+ * the counts by transport with a transport this program has no case for ("pickle", and one no
+ * daemon has yet) shown as itself rather than folded into "inline", the clients of another front
+ * end beside kvpool's connections, names with terminal controls escaped, and a document of an
+ * older daemon (no "front_end") still shown.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cli.h"
+
+/* A status document with one instance per (id, front end, transport, reason) and the clients
+ * of the list, as the daemon renders them. */
+static const char doc_text[] =
+    "{\"version\": \"1.0.0\", \"state\": \"serving\", \"pid\": 7, \"uptime_s\": 5,"
+    " \"chunk_tokens\": 16, \"pool\": {\"capacity_bytes\": 1024, \"used_bytes\": 0},"
+    " \"shm\": {\"enabled\": false, \"disabled_reason\": \"off\"},"
+    " \"clients\": {\"connected\": 1, \"max\": 256, \"list\": ["
+    "   {\"id\": 4, \"front_end\": \"lmcache\", \"pid\": null, \"instances\": 1},"
+    "   {\"id\": 3, \"front_end\": \"lmcache\", \"pid\": null, \"instances\": 1},"
+    "   {\"id\": 2, \"front_end\": \"x\\u001b[2Jfe\", \"pid\": null, \"instances\": 0},"
+    "   {\"id\": 1, \"front_end\": \"kvpool\", \"pid\": 99, \"instances\": 2}]},"
+    " \"instances\": ["
+    "   {\"instance_id\": \"native-shm\", \"model_name\": \"m\", \"world_size\": 1,"
+    "    \"worker_rank\": 0, \"transport\": \"shm\", \"fallback_reason\": null,"
+    "    \"front_end\": \"kvpool\", \"pid\": 99},"
+    "   {\"instance_id\": \"native-inline\", \"model_name\": \"m\", \"world_size\": 1,"
+    "    \"worker_rank\": 0, \"transport\": \"inline\", \"fallback_reason\": \"requested\","
+    "    \"front_end\": \"kvpool\", \"pid\": 99},"
+    "   {\"instance_id\": \"lmcache-1\", \"model_name\": \"m\", \"world_size\": 2,"
+    "    \"worker_rank\": 1, \"transport\": \"pickle\", \"fallback_reason\": \"no segment\","
+    "    \"front_end\": \"lmcache\", \"pid\": null},"
+    "   {\"instance_id\": \"lmcache-2\", \"model_name\": \"m\", \"world_size\": 2,"
+    "    \"worker_rank\": 0, \"transport\": \"rdma\\u001b[31m\", \"fallback_reason\": null,"
+    "    \"front_end\": \"lmcache\", \"pid\": null}]}";
+
+static json_t *doc_of(const char *text)
+{
+    json_error_t err;
+    json_t *doc = json_loads(text, 0, &err);
+    if (!doc)
+        fail_msg("bad test JSON: %s", err.text);
+    return doc;
+}
+
+/* Runs print_status() on doc with stdout sent to a file; returns what it printed (static). */
+static const char *status_text(json_t *doc)
+{
+    static char out[8192];
+    struct cli x = {.socket_opt = NULL};
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    snprintf(x.path, sizeof(x.path), "/tmp/test.sock");
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    assert_true(saved >= 0);
+    assert_true(dup2(fileno(f), STDOUT_FILENO) >= 0);
+    print_status(&x, doc);
+    fflush(stdout);
+    assert_true(dup2(saved, STDOUT_FILENO) >= 0);
+    close(saved);
+    rewind(f);
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    return out;
+}
+
+/* The line of text that contains s, copied into line; fails if there is none. */
+static void line_with(const char *text, const char *s, char *line, size_t size)
+{
+    const char *p = strstr(text, s);
+    if (!p)
+        fail_msg("no line with '%s' in:\n%s", s, text);
+    const char *a = p;
+    while (a > text && a[-1] != '\n')
+        a--;
+    const char *b = strchr(p, '\n');
+    snprintf(line, size, "%.*s", (int)(b ? b - a : (long)strlen(a)), a);
+}
+
+static void test_counts(void **state)
+{
+    (void)state;
+    char buf[COUNTS];
+    json_t *doc = doc_of(doc_text);
+
+    /* shm and inline always, then each other transport as the daemon names it (escaped). */
+    assert_string_equal(transport_counts(json_object_get(doc, "instances"), buf, sizeof(buf)),
+                        "1 shm, 1 inline, 1 pickle, 1 rdma\\x1b[31m");
+    /* kvpool's connections, then every other front end's clients. */
+    assert_string_equal(client_counts(doc, true, buf, sizeof(buf)),
+                        "1 connected (max 256); lmcache 2; x\\x1b[2Jfe 1");
+    assert_string_equal(client_counts(doc, false, buf, sizeof(buf)), "1; lmcache 2; x\\x1b[2Jfe 1");
+    /* A small buffer is cut, never overrun. */
+    char small[12];
+    client_counts(doc, true, small, sizeof(small));
+    assert_int_equal(strlen(small), sizeof(small) - 1);
+    json_decref(doc);
+
+    /* No instance at all: the two transports every daemon has, at 0. */
+    doc = doc_of("{\"instances\": [], \"clients\": {\"connected\": 0, \"list\": []}}");
+    assert_string_equal(transport_counts(json_object_get(doc, "instances"), buf, sizeof(buf)),
+                        "0 shm, 0 inline");
+    assert_string_equal(client_counts(doc, false, buf, sizeof(buf)), "0");
+    json_decref(doc);
+
+    /* More transports than the tally keeps: the rest are "other", every instance counted. */
+    char text[4096];
+    size_t len = (size_t)snprintf(text, sizeof(text), "{\"instances\": [");
+    for (int i = 0; i < 12; i++)
+        len += (size_t)snprintf(text + len, sizeof(text) - len, "%s{\"transport\": \"t%d\"}",
+                                i ? ", " : "", i);
+    snprintf(text + len, sizeof(text) - len, "]}");
+    doc = doc_of(text);
+    transport_counts(json_object_get(doc, "instances"), buf, sizeof(buf));
+    assert_non_null(strstr(buf, "0 shm, 0 inline, 1 t0, "));
+    assert_non_null(strstr(buf, ", 6 other"));
+    json_decref(doc);
+}
+
+static void test_status_table(void **state)
+{
+    (void)state;
+    char line[512];
+    json_t *doc = doc_of(doc_text);
+    const char *out = status_text(doc);
+
+    line_with(out, "Clients:", line, sizeof(line));
+    assert_string_equal(line, "Clients:    1 connected (max 256); lmcache 2; x\\x1b[2Jfe 1");
+    line_with(out, "Instances:", line, sizeof(line));
+    assert_string_equal(line, "Instances:  4 (1 shm, 1 inline, 1 pickle, 1 rdma\\x1b[31m)");
+    line_with(out, "TRANSPORT", line, sizeof(line));
+    assert_non_null(strstr(line, "FRONT END  TRANSPORT"));
+    line_with(out, "native-shm", line, sizeof(line));
+    assert_non_null(strstr(line, " kvpool "));
+    assert_true(strcmp(line + strlen(line) - 4, " shm") == 0);
+    line_with(out, "lmcache-1", line, sizeof(line));
+    assert_non_null(strstr(line, " lmcache "));
+    assert_non_null(strstr(line, " pickle (no segment)"));
+    line_with(out, "lmcache-2", line, sizeof(line));
+    assert_non_null(strstr(line, " rdma\\x1b[31m"));
+    assert_null(strchr(out, '\x1b'));
+    json_decref(doc);
+
+    /* An older daemon names no front end: "-", and its clients are kvpool's. */
+    doc = doc_of("{\"pool\": {}, \"clients\": {\"connected\": 2, \"max\": 8, \"list\": [{\"id\": "
+                 "1}]}, \"instances\": [{\"instance_id\": \"old\", \"transport\": \"inline\"}]}");
+    out = status_text(doc);
+    line_with(out, "Clients:", line, sizeof(line));
+    assert_string_equal(line, "Clients:    2 connected (max 8)");
+    line_with(out, "  old  ", line, sizeof(line));
+    assert_non_null(strstr(line, "-          inline")); /* FRONT END, as wide as its title */
+    json_decref(doc);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_counts),
+        cmocka_unit_test(test_status_table),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
