@@ -15,6 +15,9 @@
  *                a probe's lookups; the hit ratio against a byte-LRU model
  *   memory.c     the daemon's RSS beyond the pool with 64 connected clients
  *   python.c     the Python binding (bench/python_path.py) against the C path, same bytes
+ *   lmcache.c    the real LMCache worker (bench/lmcache_worker.py) against `lmcache server`
+ *                and kvpoold's LMCache front end, SHM and pickle transports
+ *   script.c     a helper script as a child process, one answer line per command
  *   stats.c      medians, percentiles, growable sample arrays
  *   report.c     the table on stdout with the target check; the rows' shared helpers
  *   report_files.c the same rows as CSV, JSON and a gnuplot chart
@@ -42,15 +45,18 @@
 
 /* Transports as they appear in the output ("transport" column). */
 enum kvpb_transport {
-    KVPB_T_SHM,    /* kvpool, shared-memory transport */
-    KVPB_T_INLINE, /* kvpool, bytes over the Unix socket */
-    KVPB_T_KVPOOL, /* kvpool control requests (ping, lookup): transport-independent */
-    KVPB_T_REDIS,  /* redis-server over a private Unix socket, hiredis client */
-    KVPB_T_MEMCPY, /* the physical limit: one memcpy of the same bytes */
-    KVPB_T_UDS,    /* a raw Unix stream socket with a minimal 32-byte framing */
-    KVPB_T_PAGED,  /* kvp_paged_gather / kvp_paged_scatter */
-    KVPB_T_MEMSET, /* first touch of fresh anonymous memory: the limit of reserving a pool */
-    KVPB_T_PYSHM,  /* the Python binding on numpy arrays, shm transport (python_path.py) */
+    KVPB_T_SHM,        /* kvpool, shared-memory transport */
+    KVPB_T_INLINE,     /* kvpool, bytes over the Unix socket */
+    KVPB_T_KVPOOL,     /* kvpool control requests (ping, lookup): transport-independent */
+    KVPB_T_REDIS,      /* redis-server over a private Unix socket, hiredis client */
+    KVPB_T_MEMCPY,     /* the physical limit: one memcpy of the same bytes */
+    KVPB_T_UDS,        /* a raw Unix stream socket with a minimal 32-byte framing */
+    KVPB_T_PAGED,      /* kvp_paged_gather / kvp_paged_scatter */
+    KVPB_T_MEMSET,     /* first touch of fresh anonymous memory: the limit of reserving a pool */
+    KVPB_T_PYSHM,      /* the Python binding on numpy arrays, shm transport (python_path.py) */
+    KVPB_T_LMC_SERVER, /* lmcache: `lmcache server`, LMCache's own multiprocess server */
+    KVPB_T_LMC_KVPOOL, /* lmcache: kvpoold's LMCache front end (--lmcache) */
+    KVPB_T_LMC_WORKER, /* lmcache: the worker's own copies of the same bytes, no server */
     KVPB_T_COUNT_
 };
 
@@ -83,6 +89,8 @@ enum kvpb_op {
     KVPB_OP_FRAG_PROBE,    /* fragmentation: the same lookups during them */
     KVPB_OP_FRAG_CONTROL,  /* fragmentation: the same lookups during the small stores alone */
     KVPB_OP_HIT_RATIO,     /* fragmentation: lookups and stores of a mixed-size trace */
+    KVPB_OP_CHUNK_SIZE,    /* lmcache: get_chunk_size, the worker's first request */
+    KVPB_OP_TORCH_COPY,    /* lmcache: torch copy_ between contiguous chunk tensors */
     KVPB_OP_COUNT_
 };
 
@@ -147,6 +155,8 @@ struct kvpb_config {
     bool do_l2; /* the L2 tier's rows (l2.c); they need the Redis comparator */
     bool do_startup, do_many, do_memory, do_python; /* issue 12's sections (their own files) */
     bool do_frag;                                   /* the fragmentation section (frag.c) */
+    bool do_lmcache;                                /* the LMCache section (lmcache.c) */
+    const char *lmcache_venv; /* its virtual environment (scripts/lmcache-env.sh) */
     bool lean; /* workers without a raw socket peer (the many section's 16 workers) */
     bool do_shm, do_inline, do_uds; /* sweep transports (memcpy always runs) */
     bool quick;
@@ -227,15 +237,21 @@ struct kvpb_row {
     double lock_over_1ms;  /* holds of the store lock over 1 ms during the large stores */
     double model_hit_rate; /* hit-ratio: a byte-LRU model's hit ratio on the same trace */
     double ratio_to_model; /* hit-ratio: hit_rate / model_hit_rate */
+    /* Added for the LMCache section; NAN elsewhere. */
+    double ratio_to_limit; /* GB/s / the worker's own copy of the same bytes, paired */
+    double vs_lmcache;     /* kvpoold's front end against `lmcache server`, paired: GB/s ratio,
+                            * or lmcache server's p50 / this p50 for round trips (> 1: better) */
     bool invalid;          /* the measurement did not complete: printed as such, values NAN */
 };
 
 /* The detail of the rows of issue 12's sections, which the report groups by. */
-#define KVPB_D_STARTUP "memfd pool" /* startup.c */
-#define KVPB_D_MANY "many"          /* many.c: the store/retrieve/memcpy cells of 16 workers */
-#define KVPB_D_CPATH "C path"       /* python.c: kvp_store()/kvp_retrieve() from C */
-#define KVPB_D_NUMPY "numpy"        /* python.c: ctx.store()/ctx.retrieve() on numpy arrays */
-#define KVPB_D_FRAG "fragmentation" /* frag.c */
+#define KVPB_D_STARTUP "memfd pool"  /* startup.c */
+#define KVPB_D_MANY "many"           /* many.c: the store/retrieve/memcpy cells of 16 workers */
+#define KVPB_D_CPATH "C path"        /* python.c: kvp_store()/kvp_retrieve() from C */
+#define KVPB_D_NUMPY "numpy"         /* python.c: ctx.store()/ctx.retrieve() on numpy arrays */
+#define KVPB_D_FRAG "fragmentation"  /* frag.c */
+#define KVPB_D_LMC_SHM "lmcache shm" /* lmcache.c: LMCache's SHM transport */
+#define KVPB_D_LMC_PICKLE "lmcache pickle" /* lmcache.c: LMCache's pickle transport */
 
 /* A growable list of rows, for the sections that build their rows themselves. */
 struct kvpb_rows {
@@ -445,5 +461,49 @@ void kvpb_memory_phase(const struct kvpb_config *cfg, const char *socket, pid_t 
 void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, const char *socket,
                        const char *dir, uint64_t pool_size, uint32_t run_id, uint64_t *next_seq,
                        struct kvpb_rows *rows);
+
+/* lmcache.c: `lmcache server` from cfg->lmcache_venv and kvpoold --lmcache (kvpoold is its
+ * binary), one after the other with shared memory and without, driven by LMCache's own worker
+ * classes (bench/lmcache_worker.py). Skipped with a note when the venv is absent, the kvpoold
+ * rows when the binary has no --lmcache. Exits the program on a failed operation. */
+void kvpb_lmcache_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
+                        uint32_t run_id, struct kvpb_rows *rows);
+
+/* ------------------------------------------------------------------------------------------ */
+/* script.c                                                                                   */
+
+#define KVPB_SCRIPT_TIMEOUT_MS 300000 /* per answer: a command moves at most a few hundred MiB */
+
+/* A helper script as a child process: its stdin, its stdout, and the child record for its log. */
+struct kvpb_script {
+    struct kvpb_child ch;
+    int in, out;
+    char *line;  /* the last answer, NUL-terminated, without its newline */
+    size_t have; /* bytes buffered in line (the answer and what followed it) */
+    size_t next; /* where what followed the answer starts */
+};
+
+/* Starts argv[0] with argv, the "NAME=VALUE" strings of env (NULL-terminated, may be NULL) added
+ * to the environment, stdin and stdout piped to the bench, stderr appended to log. Returns 0 or
+ * a negative errno. */
+int kvpb_script_start(struct kvpb_script *s, const char *name, char *const argv[],
+                      char *const env[], const char *log);
+
+/* Reads the next line of the script's output into s->line. Returns 0 or a negative error
+ * (-ETIMEDOUT after KVPB_SCRIPT_TIMEOUT_MS, -EPIPE when the script has exited). */
+int kvpb_script_read(struct kvpb_script *s);
+
+/* Sends cmd (one line, with its newline) and reads the answer; returns what follows its "ok".
+ * An answer that is not "ok ..." ends the run with the script's log. */
+char *kvpb_script_cmd(struct kvpb_script *s, const char *cmd);
+
+/* kvpb_script_cmd() for a timed command answered "ok NS BYTES LAT_US...": *ns receives NS,
+ * lat[0..nops) the latencies. An answer with another byte count or fewer latencies ends the
+ * run. */
+void kvpb_script_timed(struct kvpb_script *s, const char *cmd, uint32_t nops, uint64_t want_bytes,
+                       double *ns, double *lat);
+
+/* Closes its stdin, waits up to 5 s for it to exit, then stops it; says so if it failed. */
+void kvpb_script_stop(struct kvpb_script *s);
 
 #endif /* KVPB_BENCH_H */

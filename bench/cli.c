@@ -26,6 +26,9 @@
 #ifndef KVPB_KVPOOLD
 #define KVPB_KVPOOLD "kvpoold"
 #endif
+#ifndef KVPB_LMCACHE_VENV
+#define KVPB_LMCACHE_VENV "build/venv-lmcache-0.5.6"
+#endif
 
 static void set_defaults(struct kvpb_config *cfg)
 {
@@ -54,6 +57,8 @@ static void set_defaults(struct kvpb_config *cfg)
         .do_frag = true,
         .do_memory = true,
         .do_python = true,
+        .do_lmcache = true,
+        .lmcache_venv = KVPB_LMCACHE_VENV,
         .do_redis = true,
         .do_shm = true,
         .do_inline = true,
@@ -106,6 +111,7 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
     snprintf(buf, sizeof(buf), "%s", list);
     cfg->do_sweep = cfg->do_rtt = cfg->do_paged = cfg->do_pressure = cfg->do_l2 = false;
     cfg->do_startup = cfg->do_many = cfg->do_memory = cfg->do_python = cfg->do_frag = false;
+    cfg->do_lmcache = false;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (strcmp(t, "sweep") == 0)
             cfg->do_sweep = true;
@@ -127,6 +133,8 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
             cfg->do_memory = true;
         else if (strcmp(t, "python") == 0)
             cfg->do_python = true;
+        else if (strcmp(t, "lmcache") == 0)
+            cfg->do_lmcache = true;
         else
             return -EINVAL;
     }
@@ -261,12 +269,16 @@ static const struct cli_opt opts[] = {
      CFG(pressure_chunk), 0},
     {"only", "LIST",
      "sections to run: sweep,rtt,paged,pressure,l2,startup,many,memory,\n"
-     "python,fragmentation (default all)",
+     "python,fragmentation,lmcache (default all)",
      set_later, offsetof(struct cli, only), 0},
     {"transports", "LIST",
      "sweep transports: shm,inline,uds,redis (default all; memcpy, the\n"
      "baseline, always runs)",
      set_later, offsetof(struct cli, transports), 0},
+    {"lmcache-venv", "DIR",
+     "LMCache virtual environment of the lmcache section (default: the\n"
+     "build tree's venv-lmcache-0.5.6, made by scripts/lmcache-env.sh)",
+     set_string, CFG(lmcache_venv), 0},
     {"no-redis", NULL, "skip the Redis comparator", set_no_redis, 0, 0},
     {"redis-server", "PATH", "redis-server binary (default: from PATH)", set_string,
      CFG(redis_server), 0},
@@ -351,7 +363,7 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
     if (cli.only && parse_only(cli.only, cfg) < 0) {
         fprintf(stderr,
                 "kvpool-bench: bad --only '%s' "
-                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python,fragmentation)\n",
+                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python,fragmentation,lmcache)\n",
                 cli.only);
         exit(2);
     }

@@ -29,7 +29,8 @@
  * the Python binding against the C path (python.c, on the worker pool, after the pressure
  * rows), 16 workers at once with a ping meanwhile (many.c, once the run's workers have
  * stopped) and the daemon's memory with 64 clients (memory.c, last). The round-trip section
- * also looks up a cached 128-chunk prefix ("lookup-128").
+ * also looks up a cached 128-chunk prefix ("lookup-128"). The LMCache section (lmcache.c)
+ * starts its own servers, after the fragmentation section and before the main daemon.
  *
  * Cells accumulate into struct acc (per-repetition rates in run order, every latency sample),
  * which become report rows at the end. Any failed operation aborts the run with the worker's
@@ -644,6 +645,16 @@ int main(int argc, char **argv)
             return 1;
         }
         kvpb_frag_phase(&x.cfg, exe, g_run.dir, &x.extra);
+    }
+    /* The LMCache section starts servers of its own (two 1 GiB pools at a time): also before
+     * the main daemon. */
+    if (x.cfg.do_lmcache) {
+        if (!kvpb_find_exe(x.cfg.kvpoold, exe, sizeof(exe))) {
+            fprintf(stderr, "kvpool-bench: cannot find kvpoold (%s); use --kvpoold PATH\n",
+                    x.cfg.kvpoold);
+            return 1;
+        }
+        kvpb_lmcache_phase(&x.cfg, exe, g_run.dir, x.run_id, &x.extra);
     }
 
     /* The daemon. */

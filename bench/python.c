@@ -26,12 +26,10 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,17 +40,6 @@
 #endif
 
 #define PYTHON "/usr/bin/python3"
-#define PY_TIMEOUT_MS 300000 /* per answer: a command moves at most a few hundred MiB */
-#define PY_LINE_MAX (1 << 20)
-
-/* The script as a child process: its stdin, its stdout, and the child record for its log. */
-struct py {
-    struct kvpb_child ch;
-    int in, out;
-    char *line;  /* the last answer, NUL-terminated, without its newline */
-    size_t have; /* bytes buffered in line (the answer and what followed it) */
-    size_t next; /* where what followed the answer starts */
-};
 
 /* Runs /usr/bin/python3 -c "import numpy" quietly. Returns 0, or a note on why not. */
 static const char *numpy_missing(void)
@@ -86,171 +73,42 @@ static const char *library_path(void)
     return NULL;
 }
 
-static int py_start(struct py *p, const char *socket, const char *dir, uint64_t footprint,
+static int py_start(struct kvpb_script *p, const char *socket, const char *dir, uint64_t footprint,
                     uint32_t run_id)
 {
-    int in[2], out[2];
-    char script[512], pypath[1024], foot[32], run[16];
+    char script[512], foot[32], run[16], log[256], env_path[1100], env_lib[600];
     const char *lib = library_path();
 
     snprintf(script, sizeof(script), "%s/bench/python_path.py", KVPB_SOURCE_DIR);
-    snprintf(pypath, sizeof(pypath), "%s/python", KVPB_SOURCE_DIR);
+    snprintf(env_path, sizeof(env_path), "PYTHONPATH=%s/python", KVPB_SOURCE_DIR);
+    snprintf(env_lib, sizeof(env_lib), "KVPOOL_LIB=%s", lib ? lib : "");
     snprintf(foot, sizeof(foot), "%" PRIu64, footprint);
     snprintf(run, sizeof(run), "%u", run_id);
-    snprintf(p->ch.name, sizeof(p->ch.name), "python_path.py");
-    snprintf(p->ch.log, sizeof(p->ch.log), "%s/python_path.log", dir);
+    snprintf(log, sizeof(log), "%s/python_path.log", dir);
     if (access(script, R_OK) != 0) {
         printf("python section skipped: %s not found\n", script);
         return -ENOENT;
     }
-    if (pipe2(in, O_CLOEXEC) < 0) {
-        printf("python section skipped: pipe: %s\n", strerror(errno));
-        return -errno;
-    }
-    if (pipe2(out, O_CLOEXEC) < 0) {
-        printf("python section skipped: pipe: %s\n", strerror(errno));
-        goto out_close_in;
-    }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        printf("python section skipped: fork: %s\n", strerror(errno));
-        close(out[0]);
-        close(out[1]);
-        goto out_close_in;
-    }
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        int log = open(p->ch.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-        if (log < 0 || dup2(in[0], STDIN_FILENO) < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
-            dup2(log, STDERR_FILENO) < 0)
-            _exit(126);
-        setenv("PYTHONPATH", pypath, 1);
-        if (lib)
-            setenv("KVPOOL_LIB", lib, 1);
-        execl(PYTHON, "python3", script, "--serve", "--socket", socket, "--footprint", foot,
-              "--run-id", run, (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    p->ch.pid = pid;
-    p->in = in[1];
-    p->out = out[0];
-    p->line = malloc(PY_LINE_MAX);
-    p->have = p->next = 0;
-    if (!p->line) {
-        fprintf(stderr, "kvpool-bench: out of memory\n");
-        exit(1);
-    }
-    p->line[0] = '\0';
-    return 0;
-
-out_close_in:
-    close(in[0]);
-    close(in[1]);
-    return -EIO;
-}
-
-/* Reads the next line of the script's output into p->line. Returns 0 or a negative error. */
-static int py_read(struct py *p)
-{
-    /* Drop the previous line, keep what followed it. */
-    memmove(p->line, p->line + p->next, p->have - p->next);
-    p->have -= p->next;
-    p->next = 0;
-    p->line[p->have] = '\0';
-    for (;;) {
-        char *nl = memchr(p->line, '\n', p->have);
-        if (nl) {
-            *nl = '\0';
-            p->next = (size_t)(nl - p->line) + 1;
-            return 0;
-        }
-        if (p->have + 1 >= PY_LINE_MAX)
-            return -E2BIG;
-        struct pollfd pfd = {.fd = p->out, .events = POLLIN};
-        int r = poll(&pfd, 1, PY_TIMEOUT_MS);
-        if (r == 0)
-            return -ETIMEDOUT;
-        if (r < 0 && errno == EINTR)
-            continue;
-        ssize_t n = read(p->out, p->line + p->have, PY_LINE_MAX - 1 - p->have);
-        if (n == 0)
-            return -EPIPE;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        p->have += (size_t)n;
-        p->line[p->have] = '\0';
-    }
-}
-
-/* Sends one command and reads its answer; an answer that is not "ok ..." ends the run. */
-static char *py_cmd(struct py *p, const char *fmt_cmd)
-{
-    size_t len = strlen(fmt_cmd);
-    int rc = write(p->in, fmt_cmd, len) == (ssize_t)len ? py_read(p) : -EPIPE;
-    if (rc < 0 || strncmp(p->line, "ok", 2) != 0) {
-        fprintf(stderr, "kvpool-bench: python: %.*s -> %s\n", (int)(len - 1), fmt_cmd,
-                rc < 0 ? strerror(-rc) : p->line);
-        kvpb_child_print_log(&p->ch, 20);
-        exit(1);
-    }
-    return p->line + 2;
-}
-
-static void py_stop(struct py *p)
-{
-    if (p->in >= 0)
-        close(p->in); /* EOF on stdin: the script exits */
-    if (p->out >= 0)
-        close(p->out);
-    /* EOF on its stdin ends the script: give it 5 s before a signal. */
-    int st = -1;
-    for (int waited = 0; p->ch.pid > 0 && waited < 5000; waited += 10) {
-        if (waitpid(p->ch.pid, &st, WNOHANG) == p->ch.pid) {
-            p->ch.pid = 0;
-            break;
-        }
-        kvpb_sleep_ms(10);
-    }
-    if (p->ch.pid > 0)
-        st = kvpb_child_stop(&p->ch, 5000);
-    else
-        st = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (st != 0) {
-        fprintf(stderr, "kvpool-bench: python_path.py exited with status %d\n", st);
-        kvpb_child_print_log(&p->ch, 20);
-    }
-    free(p->line);
+    char *const argv[] = {PYTHON,        script, "--serve",  "--socket", (char *)socket,
+                          "--footprint", foot,   "--run-id", run,        NULL};
+    char *const env[] = {env_path, lib ? env_lib : NULL, NULL};
+    int rc = kvpb_script_start(p, "python_path.py", argv, env, log);
+    if (rc < 0)
+        printf("python section skipped: cannot start %s: %s\n", script, strerror(-rc));
+    return rc;
 }
 
 /* One cell: per-repetition GB/s and ops/s, every latency sample. */
 /* The Python side of a repetition: "store CHUNK NOPS SEQ VERIFY". */
-static void py_run(struct py *p, const char *op, uint64_t chunk, uint32_t nops, uint64_t seq,
-                   bool verify, struct kvpb_cell *c, double *lat)
+static void py_run(struct kvpb_script *p, const char *op, uint64_t chunk, uint32_t nops,
+                   uint64_t seq, bool verify, struct kvpb_cell *c, double *lat)
 {
     char cmd[160];
+    double ns;
     snprintf(cmd, sizeof(cmd), "%s %" PRIu64 " %u %" PRIu64 " %d\n", op, chunk, nops, seq, verify);
-    char *a = py_cmd(p, cmd), *end;
-    double ns = strtod(a, &end);
-    uint64_t bytes = strtoull(end, &end, 10);
-    uint32_t k = 0;
-    for (char *e = end; k < nops; k++, end = e) {
-        lat[k] = strtod(end, &e);
-        if (e == end)
-            break;
-    }
-    if (!(ns > 0) || bytes != (uint64_t)nops * chunk || k != nops) {
-        fprintf(stderr, "kvpool-bench: python: %s answered '%.80s' for %u operations\n", op, a,
-                nops);
-        exit(1);
-    }
+    kvpb_script_timed(p, cmd, nops, (uint64_t)nops * chunk, &ns, lat);
     if (c)
-        kvpb_cell_add(c, ns, bytes, nops, lat);
+        kvpb_cell_add(c, ns, (uint64_t)nops * chunk, nops, lat);
 }
 
 /* The C side: worker 0, kvp_store()/kvp_retrieve() on shm. */
@@ -296,7 +154,7 @@ void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, co
     static const uint64_t quick[] = {256 * KVPB_KiB};
     const uint64_t *s = cfg->quick ? quick : sizes;
     size_t nsizes = cfg->quick ? 1 : 2;
-    struct py p = {.in = -1, .out = -1};
+    struct kvpb_script p;
     const char *why = numpy_missing();
     char sz[32], cmd[64];
 
@@ -307,10 +165,10 @@ void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, co
     uint64_t t0 = kvpb_now_ns();
     if (py_start(&p, socket, dir, cfg->footprint, run_id) < 0)
         return;
-    if (py_read(&p) < 0 || strncmp(p.line, "ready ", 6) != 0) {
+    if (kvpb_script_read(&p) < 0 || strncmp(p.line, "ready ", 6) != 0) {
         printf("python section skipped: python_path.py did not start: %s\n", p.line);
         kvpb_child_print_log(&p.ch, 20);
-        py_stop(&p);
+        kvpb_script_stop(&p);
         return;
     }
     char pyv[32] = "?", npv[32] = "?", lib[512] = "?";
@@ -343,7 +201,7 @@ void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, co
             continue;
         }
         snprintf(cmd, sizeof(cmd), "setup %" PRIu64 "\n", c);
-        char *t = py_cmd(&p, cmd);
+        char *t = kvpb_script_cmd(&p, cmd);
         if (strcmp(t, " shm") != 0) {
             printf("python: %s skipped: the Python instance is on%s, not shm\n",
                    kvpb_fmt_size(c, sz, sizeof(sz)), t);
@@ -376,6 +234,6 @@ void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, co
         push(rows, KVPB_T_SHM, KVPB_OP_RETRIEVE, KVPB_D_CPATH, c, &cr, NULL);
     }
     free(lat);
-    py_stop(&p);
+    kvpb_script_stop(&p);
     printf("python: %.1f s\n", (double)(kvpb_now_ns() - t0) / 1e9);
 }

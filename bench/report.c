@@ -28,9 +28,18 @@
 #include "bench.h"
 
 static const char *const transport_names[KVPB_T_COUNT_] = {
-    [KVPB_T_SHM] = "shm",     [KVPB_T_INLINE] = "inline", [KVPB_T_KVPOOL] = "kvpool",
-    [KVPB_T_REDIS] = "redis", [KVPB_T_MEMCPY] = "memcpy", [KVPB_T_UDS] = "uds",
-    [KVPB_T_PAGED] = "paged", [KVPB_T_MEMSET] = "memset", [KVPB_T_PYSHM] = "python-shm",
+    [KVPB_T_SHM] = "shm",
+    [KVPB_T_INLINE] = "inline",
+    [KVPB_T_KVPOOL] = "kvpool",
+    [KVPB_T_REDIS] = "redis",
+    [KVPB_T_MEMCPY] = "memcpy",
+    [KVPB_T_UDS] = "uds",
+    [KVPB_T_PAGED] = "paged",
+    [KVPB_T_MEMSET] = "memset",
+    [KVPB_T_PYSHM] = "python-shm",
+    [KVPB_T_LMC_SERVER] = "lmcache-server",
+    [KVPB_T_LMC_KVPOOL] = "kvpoold-lmcache",
+    [KVPB_T_LMC_WORKER] = "lmcache-worker",
 };
 
 static const char *const op_names[KVPB_OP_COUNT_] = {
@@ -61,6 +70,8 @@ static const char *const op_names[KVPB_OP_COUNT_] = {
     [KVPB_OP_FRAG_PROBE] = "frag-probe-lookup",
     [KVPB_OP_FRAG_CONTROL] = "frag-probe-control",
     [KVPB_OP_HIT_RATIO] = "hit-ratio",
+    [KVPB_OP_CHUNK_SIZE] = "get-chunk-size",
+    [KVPB_OP_TORCH_COPY] = "torch-copy",
 };
 
 const char *kvpb_transport_name(int t)
@@ -110,6 +121,8 @@ struct kvpb_row kvpb_row_blank(int transport, int op, const char *detail)
         .lock_over_1ms = NAN,
         .model_hit_rate = NAN,
         .ratio_to_model = NAN,
+        .ratio_to_limit = NAN,
+        .vs_lmcache = NAN,
     };
 }
 
@@ -180,10 +193,14 @@ enum section {
     SEC_PYTHON,
     SEC_MEMORY,
     SEC_FRAG,
+    SEC_LMCACHE,
 };
 
 static int row_group(const struct kvpb_row *r)
 {
+    if (r->transport == KVPB_T_LMC_SERVER || r->transport == KVPB_T_LMC_KVPOOL ||
+        r->transport == KVPB_T_LMC_WORKER)
+        return SEC_LMCACHE;
     if (strcmp(r->detail, KVPB_D_FRAG) == 0)
         return SEC_FRAG;
     if (r->pool_bytes)
@@ -220,9 +237,10 @@ static int row_group(const struct kvpb_row *r)
 static int transport_rank(int t)
 {
     static const int rank[KVPB_T_COUNT_] = {
-        [KVPB_T_MEMCPY] = 0, [KVPB_T_SHM] = 1,    [KVPB_T_INLINE] = 2,
-        [KVPB_T_UDS] = 3,    [KVPB_T_KVPOOL] = 4, [KVPB_T_REDIS] = 5,
-        [KVPB_T_PAGED] = 6,  [KVPB_T_MEMSET] = 7, [KVPB_T_PYSHM] = 8,
+        [KVPB_T_MEMCPY] = 0,     [KVPB_T_SHM] = 1,         [KVPB_T_INLINE] = 2,
+        [KVPB_T_UDS] = 3,        [KVPB_T_KVPOOL] = 4,      [KVPB_T_REDIS] = 5,
+        [KVPB_T_PAGED] = 6,      [KVPB_T_MEMSET] = 7,      [KVPB_T_PYSHM] = 8,
+        [KVPB_T_LMC_WORKER] = 9, [KVPB_T_LMC_SERVER] = 10, [KVPB_T_LMC_KVPOOL] = 11,
     };
     return t >= 0 && t < KVPB_T_COUNT_ ? rank[t] : KVPB_T_COUNT_;
 }
@@ -233,6 +251,13 @@ static int cmp_rows(const void *pa, const void *pb)
     int d = row_group(a) - row_group(b);
     if (d)
         return d;
+    /* LMCache: the SHM transport's rows, then the pickle transport's; first-store rows first. */
+    if (row_group(a) == SEC_LMCACHE) {
+        if ((d = -strcmp(a->detail, b->detail)) != 0)
+            return d;
+        if ((a->op == KVPB_OP_COLD) != (b->op == KVPB_OP_COLD))
+            return a->op == KVPB_OP_COLD ? -1 : 1;
+    }
     if (a->pool_bytes != b->pool_bytes)
         return a->pool_bytes < b->pool_bytes ? -1 : 1;
     if (a->chunk_bytes != b->chunk_bytes)
@@ -302,7 +327,7 @@ static bool is_rtt(const struct kvpb_row *r)
 
 static bool is_paged(const struct kvpb_row *r)
 {
-    return r->op == KVPB_OP_GATHER || r->op == KVPB_OP_SCATTER;
+    return (r->op == KVPB_OP_GATHER || r->op == KVPB_OP_SCATTER) && row_group(r) == SEC_PAGED;
 }
 
 /* The label of the op column: Redis' commands are named as Redis names them. */
@@ -608,6 +633,45 @@ static void print_memory(const struct kvpb_row *rows, size_t n)
     }
 }
 
+static void print_lmcache(const struct kvpb_row *rows, size_t n)
+{
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], sz[32];
+    bool any = false;
+    const char *last = NULL;
+
+    for (size_t i = 0; i < n; i++) {
+        const struct kvpb_row *r = &rows[i];
+        if (row_group(r) != SEC_LMCACHE)
+            continue;
+        if (!any)
+            printf("\nLMCache front end: LMCache's own worker (EngineDrivenTransferContext, one "
+                   "process, bfloat16 paged KV)\nagainst `lmcache server` and kvpoold --lmcache, "
+                   "same worker, same bytes, repetitions interleaved;\nx limit = paired median "
+                   "of GB/s / the worker's own copy of the same bytes (shm: gather for a\nstore, "
+                   "scatter for a retrieve; pickle: gather + pickle.dumps, pickle.loads + "
+                   "scatter);\nx lmcache = kvpoold / lmcache server, paired (round trips: lmcache "
+                   "server's p50 / kvpoold's)\n\n%-15s %-14s %-14s %8s %24s %9s %9s %9s %8s "
+                   "%9s\n",
+                   "transport", "transfer", "op", "chunk", "GB/s median [min-max]", "ops/s",
+                   "p50 us", "p99 us", "x limit", "x lmcache");
+        any = true;
+        if (last && strcmp(last, r->detail) != 0)
+            printf("\n");
+        last = r->detail;
+        char gb[128];
+        if (isnan(r->gb_per_s))
+            snprintf(gb, sizeof(gb), "-");
+        else
+            snprintf(gb, sizeof(gb), "%s [%s-%s]", num(a, 32, r->gb_per_s, 2),
+                     num(b, 32, r->gb_min, 2), num(c, 32, r->gb_max, 2));
+        printf("%-15s %-14s %-14s %8s %24s %9s %9s %9s %8s %9s\n",
+               kvpb_transport_name(r->transport), r->detail + strlen("lmcache "), op_label(r),
+               r->chunk_bytes ? kvpb_fmt_size(r->chunk_bytes, sz, sizeof(sz)) : "-", gb,
+               num(d, 32, r->ops_per_s, 0), num(e, 32, r->p50_us, 1), num(f, 32, r->p99_us, 1),
+               ratio(g, 32, r->ratio_to_limit), ratio(h, 32, r->vs_lmcache));
+    }
+}
+
 /* Worst value of a target over the rows it covers. */
 struct target {
     double worst;
@@ -775,7 +839,8 @@ static void print_reported(const char *what, const struct kvpb_row *rows, size_t
 static void print_targets(const struct kvpb_row *rows, size_t n)
 {
     struct target shm = {0}, inl = {0}, rtt = {0}, redis = {0}, py = {0}, load = {0};
-    struct target probe = {0}, hit = {0};
+    struct target probe = {0}, hit = {0}, lmc_lim = {0}, lmc_vs = {0}, lmc_rtt = {0};
+    struct target lmc_pickle = {0};
 
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
@@ -797,6 +862,17 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
             consider(&probe, r->ratio_to_idle, r, false);
         if (r->op == KVPB_OP_HIT_RATIO)
             consider(&hit, r->ratio_to_model, r, true);
+        if (r->transport == KVPB_T_LMC_KVPOOL) {
+            bool lshm = strcmp(r->detail, KVPB_D_LMC_SHM) == 0;
+            if (xfer && lshm && r->chunk_bytes >= 4 * KVPB_MiB)
+                consider(&lmc_lim, r->ratio_to_limit, r, true);
+            if (xfer && lshm)
+                consider(&lmc_vs, r->vs_lmcache, r, true);
+            if (xfer && !lshm && r->chunk_bytes >= 4 * KVPB_MiB)
+                consider(&lmc_pickle, r->vs_lmcache, r, true);
+            if (r->op == KVPB_OP_PING || r->op == KVPB_OP_CHUNK_SIZE)
+                consider(&lmc_rtt, r->vs_lmcache, r, true);
+        }
     }
     printf("\nTargets (docs/PERFORMANCE.md), evaluated on this run\n");
     print_target("shm store/retrieve >= 0.80x memcpy (>= 4 MiB)", &shm, 0.80, true);
@@ -831,6 +907,11 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
     print_target_worst("probe lookup max during large stores < 5 ms", rows, n, covers_frag_probe,
                        max_ms, "ms", 5.0);
     print_target("hit ratio >= 0.95x a byte-LRU model (mixed sizes)", &hit, 0.95, true);
+    /* The LMCache front end's rows (kvpoold-lmcache) against the limit and lmcache server. */
+    print_target("LMCache shm >= 0.90x worker's copy (>= 4 MiB)", &lmc_lim, 0.90, true);
+    print_target("LMCache shm >= 1x lmcache server (every size)", &lmc_vs, 1.0, true);
+    print_target("LMCache round trips >= 10x faster than lmcache", &lmc_rtt, 10.0, true);
+    print_target("LMCache pickle >= 2x lmcache server (>= 4 MiB)", &lmc_pickle, 2.0, true);
 }
 
 void kvpb_report_table(const struct kvpb_config *cfg, const struct kvpb_run_info *info,
@@ -859,6 +940,7 @@ void kvpb_report_table(const struct kvpb_config *cfg, const struct kvpb_run_info
     print_python(rows, n);
     print_memory(rows, n);
     print_frag(rows, n);
+    print_lmcache(rows, n);
     print_targets(rows, n);
     fflush(stdout);
 }
