@@ -15,10 +15,10 @@
 #include <unistd.h>
 
 #include "base/config.h"
+#include "base/listen_addr.h"
 #include "common/kvp_assert.h"
 #include "common/shm_name.h"
 #include "config_fixture.h"
-#include "base/listen_addr.h"
 
 /* ---- kvp_parse_size ---- */
 
@@ -564,10 +564,10 @@ static void test_lmcache(void **state)
     run_free(&r);
     unsetenv("KVPOOL_LMCACHE");
 
-    static const char *const bad[] = {"5555",         "tcp://:5555",    "tcp://host",
-                                      "tcp://h:0",    "tcp://h:65536",  "tcp://h:55x",
-                                      "tcp://[::1:5", "tcp://a b:1",    "ipc://relative",
-                                      "ipc:///",      "grpc://h:1",     "tcp://[zz]:1"};
+    static const char *const bad[] = {"5555",         "tcp://:5555",   "tcp://host",
+                                      "tcp://h:0",    "tcp://h:65536", "tcp://h:55x",
+                                      "tcp://[::1:5", "tcp://a b:1",   "ipc://relative",
+                                      "ipc:///",      "grpc://h:1",    "tcp://[zz]:1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         parse(&r, "--lmcache", bad[i], NULL);
         expect_einval(&r, "lmcache", NULL);

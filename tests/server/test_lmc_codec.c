@@ -104,12 +104,12 @@ static void test_int_widths(void **state)
 static void test_int_roundtrip(void **state)
 {
     (void)state;
-    static const int64_t vals[] = {0,          1,           31,         32,        127,
-                                   128,        255,         256,        65535,     65536,
-                                   UINT32_MAX, 1LL << 32,   INT64_MAX,  -1,        -32,
-                                   -33,        -128,        -129,       -32768,    -32769,
-                                   INT32_MIN,  INT32_MIN - 1LL, INT64_MIN};
-    static const size_t sizes[] = {1, 1, 1, 1, 1, 2, 2, 3, 3, 5, 5, 9, 9, 1, 1, 2, 2, 3, 3, 5, 5, 9, 9};
+    static const int64_t vals[] = {
+        0,         1,         31, 32,  127, 128,  255,  256,    65535,  65536,     UINT32_MAX,
+        1LL << 32, INT64_MAX, -1, -32, -33, -128, -129, -32768, -32769, INT32_MIN, INT32_MIN - 1LL,
+        INT64_MIN};
+    static const size_t sizes[] = {1, 1, 1, 1, 1, 2, 2, 3, 3, 5, 5, 9,
+                                   9, 1, 1, 2, 2, 3, 3, 5, 5, 9, 9};
     struct lmc_mp_writer w;
     lmc_mp_writer_init(&w);
     for (size_t i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
@@ -167,7 +167,12 @@ static void test_skip(void **state)
     (void)state;
     /* [{"a": [1, ext8(1, 2 bytes), nil]}, 1.5] and nothing after it. */
     uint8_t v[64];
-    size_t n = unhex("9281a16193" "01" "c702014142" "c0" "cb3ff8000000000000", v, sizeof(v));
+    size_t n = unhex("9281a16193"
+                     "01"
+                     "c702014142"
+                     "c0"
+                     "cb3ff8000000000000",
+                     v, sizeof(v));
     assert_rc(lmc_mp_check_one(v, n), 0);
     assert_rc(lmc_mp_check_one(v, n - 1), -EPROTO);
     uint8_t two[] = {0x01, 0x02};
@@ -253,14 +258,16 @@ static void test_key(void **state)
     /* A minimal key of an older client: no cache_salt, request_configs, num_kv_readers, in
      * another key order, plus an unknown field; worker_id nil. */
     n = unhex("88"
-              "a3656e6410"                     /* end 16 */
-              "a57374617274" "00"              /* start 0 */
-              "aa726571756573745f6964a178"     /* request_id "x" */
-              "a9776f726b65725f6964c0"         /* worker_id nil */
+              "a3656e6410" /* end 16 */
+              "a57374617274"
+              "00"                                     /* start 0 */
+              "aa726571756573745f6964a178"             /* request_id "x" */
+              "a9776f726b65725f6964c0"                 /* worker_id nil */
               "a9746f6b656e5f69647392cd0100ce00010000" /* token_ids [256, 65536] */
-              "aa776f726c645f73697a6502"       /* world_size 2 */
-              "a57a7a7a7a7a" "93010203"        /* zzzzz: [1, 2, 3] (unknown) */
-              "aa6d6f64656c5f6e616d65a16d",    /* model_name "m" */
+              "aa776f726c645f73697a6502"               /* world_size 2 */
+              "a57a7a7a7a7a"
+              "93010203"                    /* zzzzz: [1, 2, 3] (unknown) */
+              "aa6d6f64656c5f6e616d65a16d", /* model_name "m" */
               b, sizeof(b));
     assert_rc(lmc_decode_key(b, n, &k, tokens, why, sizeof(why)), 0);
     assert_false(k.has_worker_id);
@@ -269,7 +276,9 @@ static void test_key(void **state)
     assert_int_equal(tokens[4 + 2], 1); /* 65536 little-endian */
     assert_int_equal(k.num_kv_readers, 0);
     /* Missing required field: the same without model_name. */
-    n = unhex("82a3656e6410a57374617274" "00", b, sizeof(b));
+    n = unhex("82a3656e6410a57374617274"
+              "00",
+              b, sizeof(b));
     assert_rc(lmc_decode_key(b, n, &k, tokens, why, sizeof(why)), -EINVAL);
     /* A forbidden salt, a negative token, worker_id beyond world_size. */
     n = unhex("87aa6d6f64656c5f6e616d65a16daa776f726c645f73697a6501a9776f726b65725f696400"
@@ -334,21 +343,19 @@ static void test_replies(void **state)
     lmc_mp_writer_init(&w);
 
     lmc_encode_prepare_store_reply(&w, slots, idx, 2, &sh, false);
-    assert_bytes(&w,
-                 "81a7636f6e7465787482a5736c6f74739284a66f666673657400a66c656e677468cd4000a573"
-                 "6861706594020210cc80a56474797065a7666c6f6174313684a66f6666736574cd4000a66c65"
-                 "6e677468cd4000a5736861706594020210cc80a56474797065a7666c6f61743136ad6368756e"
-                 "6b5f696e6469636573920001");
+    assert_bytes(&w, "81a7636f6e7465787482a5736c6f74739284a66f666673657400a66c656e677468cd4000a573"
+                     "6861706594020210cc80a56474797065a7666c6f6174313684a66f6666736574cd4000a66c65"
+                     "6e677468cd4000a5736861706594020210cc80a56474797065a7666c6f61743136ad6368756e"
+                     "6b5f696e6469636573920001");
     lmc_mp_writer_reset(&w);
     lmc_encode_prepare_store_reply(&w, NULL, NULL, 0, &sh, false);
     assert_bytes(&w, "81a7636f6e7465787482a5736c6f747390ad6368756e6b5f696e646963657390");
     lmc_mp_writer_reset(&w);
     lmc_encode_prepare_retrieve_reply(&w, true, slots, 2, &sh);
-    assert_bytes(&w,
-                 "83a773756363657373c3a464617461c400a7636f6e7465787481a5736c6f74739284a66f6666"
-                 "73657400a66c656e677468cd4000a5736861706594020210cc80a56474797065a7666c6f6174"
-                 "313684a66f6666736574cd4000a66c656e677468cd4000a5736861706594020210cc80a56474"
-                 "797065a7666c6f61743136");
+    assert_bytes(&w, "83a773756363657373c3a464617461c400a7636f6e7465787481a5736c6f74739284a66f6666"
+                     "73657400a66c656e677468cd4000a5736861706594020210cc80a56474797065a7666c6f6174"
+                     "313684a66f6666736574cd4000a66c656e677468cd4000a5736861706594020210cc80a56474"
+                     "797065a7666c6f61743136");
     lmc_mp_writer_reset(&w);
     lmc_encode_prepare_retrieve_reply(&w, false, NULL, 0, NULL);
     assert_bytes(&w, "83a773756363657373c2a464617461c400a7636f6e7465787480");
@@ -374,10 +381,14 @@ static void test_replies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_int_widths),  cmocka_unit_test(test_int_roundtrip),
-        cmocka_unit_test(test_strings_and_bounds), cmocka_unit_test(test_skip),
-        cmocka_unit_test(test_ops),          cmocka_unit_test(test_key),
-        cmocka_unit_test(test_register),     cmocka_unit_test(test_replies),
+        cmocka_unit_test(test_int_widths),
+        cmocka_unit_test(test_int_roundtrip),
+        cmocka_unit_test(test_strings_and_bounds),
+        cmocka_unit_test(test_skip),
+        cmocka_unit_test(test_ops),
+        cmocka_unit_test(test_key),
+        cmocka_unit_test(test_register),
+        cmocka_unit_test(test_replies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

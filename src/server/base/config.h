@@ -47,9 +47,9 @@ struct kvp_config {
     uint32_t l2_connections;     /* background threads, and foreground connections */
     uint64_t l2_queue_bytes;     /* bound of the write-behind backlog */
     uint32_t l2_timeout_ms;      /* bound of every L2 network operation and wait */
-    char lmcache[256];            /* --lmcache: tcp://HOST:PORT or ipc:///PATH, "" when off */
-    uint32_t lmcache_reap_s;      /* silence that ends a pinged LMCache instance, 0: never */
-    uint32_t lmcache_grace_s;     /* the same for an instance that never pinged */
+    char lmcache[256];           /* --lmcache: tcp://HOST:PORT or ipc:///PATH, "" when off */
+    uint32_t lmcache_reap_s;     /* silence that ends a pinged LMCache instance, 0: never */
+    uint32_t lmcache_grace_s;    /* the same for an instance that never pinged */
 };
 
 /* Fills the defaults (socket path per kvp_default_socket_path rule, shm name with our pid). */

@@ -49,8 +49,8 @@ struct kvp_server {
     /* Set (release) once start-up is complete: from then on, until kvp_server_destroy(), the
      * store, registry and segment may be read by the reporting threads (acquire). */
     atomic_bool serving;
-    struct kvp_http *http; /* the HTTP endpoint (http.c), NULL with --http off */
-    struct kvp_l2 *l2;     /* the L2 tier (l2.h), NULL with --l2 off */
+    struct kvp_http *http;    /* the HTTP endpoint (http.c), NULL with --http off */
+    struct kvp_l2 *l2;        /* the L2 tier (l2.h), NULL with --l2 off */
     struct lmc_listener *lmc; /* the LMCache front end (lmc/listener.h), NULL without --lmcache */
 
     int lock_fd; /* <socket>.lock, flocked for our lifetime */

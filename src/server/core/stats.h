@@ -31,92 +31,92 @@
 
 #include "common/wire.h"
 
-#define KVP_COUNTER_MAP(XX)                                                                    \
-    XX(connections_accepted, "connections_accepted", "", "", "connections accepted")           \
-    XX(connections_rejected, "connections_rejected", "", "",                                   \
-       "connections refused (--max-clients, --allow-uid, no thread or memory for them)")       \
-    XX(requests, "requests", "", "", "requests answered")                                      \
-    XX(request_errors, "request_errors", "", "", "requests answered with an error")            \
-    XX(protocol_errors, "protocol_errors", "", "", "connections closed for a malformed frame") \
-    XX(registrations, NULL, "", "", "instances registered")                                    \
-    XX(registrations_shm, "registrations", "transport", "shm",                                 \
-       "instances registered, by the transport they use")                                      \
-    XX(registrations_inline, "registrations", "transport", "inline",                           \
-       "instances registered on the inline transport")                                         \
-    XX(lookups, "lookups", "", "", "lookup requests")                                          \
-    XX(lookup_chunks, "lookup_chunks", "", "", "full chunks asked about by lookups")           \
-    XX(lookup_hit_chunks, "lookup_hit_chunks", "", "", "chunks found cached by lookups")       \
-    XX(store_chunks_reserved, "store_chunks_reserved", "", "",                                 \
-       "chunk slots reserved by prepare-store")                                                \
-    XX(store_chunks_committed, NULL, "", "", "chunks published by commit")                     \
-    XX(store_chunks_shm, "store_chunks", "transport", "shm",                                   \
-       "chunks stored (published by commit), by the transport that carried them")              \
-    XX(store_chunks_inline, "store_chunks", "transport", "inline",                             \
-       "chunks stored through the socket (STORE_INLINE)")                                      \
-    XX(store_bytes_shm, "store_bytes", "transport", "shm",                                     \
-       "chunk bytes stored (published by commit), by the transport that carried them")         \
-    XX(store_bytes_inline, "store_bytes", "transport", "inline",                               \
-       "chunk bytes stored through the socket")                                                \
-    XX(store_chunks_cached, "store_chunks_cached", "", "",                                     \
-       "chunks skipped by prepare-store because cached")                                       \
-    XX(store_chunks_busy, "store_chunks_busy", "", "",                                         \
-       "chunks skipped because another store was in progress")                                 \
-    XX(store_chunks_no_space, "allocation_failures", "", "",                                   \
-       "chunks not stored for lack of evictable space in the pool")                            \
-    XX(store_chunks_aborted, NULL, "", "",                                                     \
-       "reserved chunks dropped (abort, unregister, disconnect)")                              \
-    XX(store_chunks_aborted_abort, "reserved_chunks_dropped", "cause", "abort",                \
-       "reserved chunks dropped without being published, by cause")                            \
-    XX(store_chunks_aborted_unregister, "reserved_chunks_dropped", "cause", "unregister",      \
-       "reserved chunks dropped because their instance was unregistered")                      \
-    XX(store_chunks_aborted_disconnect, "reserved_chunks_dropped", "cause", "disconnect",      \
-       "reserved chunks dropped because their connection closed")                              \
-    XX(reservations_expired, "reserved_chunks_dropped", "cause", "timeout",                    \
-       "reserved chunks cancelled by --reserve-timeout")                                       \
-    XX(retrieve_chunks, NULL, "", "", "chunks pinned or sent by retrieves")                    \
-    XX(retrieve_chunks_shm, "retrieve_chunks", "transport", "shm",                             \
-       "chunks retrieved (pinned for a copy out of the mapping, or sent), by transport")       \
-    XX(retrieve_chunks_inline, "retrieve_chunks", "transport", "inline",                       \
-       "chunks sent through the socket (RETRIEVE_INLINE)")                                     \
-    XX(retrieve_bytes_shm, "retrieve_bytes", "transport", "shm",                               \
-       "chunk bytes retrieved, by transport")                                                  \
-    XX(retrieve_bytes_inline, "retrieve_bytes", "transport", "inline",                         \
-       "chunk bytes sent through the socket")                                                  \
-    XX(evictions, "evictions", "", "", "committed chunks evicted to make room")                \
-    XX(l2_write_queued, "l2_write_queued", "", "", "chunks queued for a copy to L2")           \
-    XX(l2_written_chunks, "l2_written_chunks", "", "", "chunks copied to L2 (write-behind)")   \
-    XX(l2_written_bytes, "l2_written_bytes", "", "", "bytes written to L2, headers included")  \
-    XX(l2_write_dropped, "l2_write_dropped", "", "",                                           \
-       "queued copies dropped, oldest first, because the queue was full (--l2-queue)")         \
-    XX(l2_write_evicted, "l2_write_evicted", "", "",                                           \
-       "queued copies skipped: the chunk left L1 before it could be sent")                     \
-    XX(l2_write_failed, "l2_write_failed", "", "", "copies to L2 that failed")                 \
-    XX(l2_lookup_hit_chunks, "l2_lookup_hit_chunks", "", "",                                   \
-       "chunks that lookups found in L2 after the chunks found in L1")                         \
-    XX(l2_hits, "l2_hits", "", "", "chunks loaded from L2 into L1")                            \
-    XX(l2_misses, "l2_misses", "", "", "loads that found no value in L2")                      \
-    XX(l2_read_bytes, "l2_read_bytes", "", "", "bytes read from L2, headers included")         \
-    XX(l2_corrupt, "l2_corrupt_values", "", "",                                                \
-       "values in L2 that failed a check (discarded, never served)")                           \
-    XX(l2_errors, "l2_errors", "", "", "failed L2 operations (timeouts, error replies)")       \
-    XX(l2_outages, "l2_outages", "", "", "times the L2 tier became unreachable")               \
-    XX(l2_redirects, "l2_redirects", "", "", "Redis Cluster MOVED and ASK redirections")       \
-    XX(inline_bytes_in, "inline_received_bytes", "", "",                                       \
-       "payload bytes received inline (committed or not)")                                     \
-    XX(inline_bytes_out, "inline_sent_bytes", "", "", "payload bytes sent inline")             \
-    XX(http_requests, "http_requests", "", "", "HTTP requests answered (http.c)")              \
-    XX(http_errors, "http_errors", "", "", "HTTP requests answered with a 4xx or 5xx status")  \
-    XX(lmcache_requests, "lmcache_requests", "", "",                                           \
-       "requests answered by the LMCache front end (--lmcache)")                               \
-    XX(lmcache_malformed, "lmcache_malformed_requests", "", "",                                \
-       "LMCache requests that did not decode (answered with their negative reply)")            \
-    XX(lmcache_unsupported, "lmcache_unsupported_requests", "", "",                            \
+#define KVP_COUNTER_MAP(XX)                                                                       \
+    XX(connections_accepted, "connections_accepted", "", "", "connections accepted")              \
+    XX(connections_rejected, "connections_rejected", "", "",                                      \
+       "connections refused (--max-clients, --allow-uid, no thread or memory for them)")          \
+    XX(requests, "requests", "", "", "requests answered")                                         \
+    XX(request_errors, "request_errors", "", "", "requests answered with an error")               \
+    XX(protocol_errors, "protocol_errors", "", "", "connections closed for a malformed frame")    \
+    XX(registrations, NULL, "", "", "instances registered")                                       \
+    XX(registrations_shm, "registrations", "transport", "shm",                                    \
+       "instances registered, by the transport they use")                                         \
+    XX(registrations_inline, "registrations", "transport", "inline",                              \
+       "instances registered on the inline transport")                                            \
+    XX(lookups, "lookups", "", "", "lookup requests")                                             \
+    XX(lookup_chunks, "lookup_chunks", "", "", "full chunks asked about by lookups")              \
+    XX(lookup_hit_chunks, "lookup_hit_chunks", "", "", "chunks found cached by lookups")          \
+    XX(store_chunks_reserved, "store_chunks_reserved", "", "",                                    \
+       "chunk slots reserved by prepare-store")                                                   \
+    XX(store_chunks_committed, NULL, "", "", "chunks published by commit")                        \
+    XX(store_chunks_shm, "store_chunks", "transport", "shm",                                      \
+       "chunks stored (published by commit), by the transport that carried them")                 \
+    XX(store_chunks_inline, "store_chunks", "transport", "inline",                                \
+       "chunks stored through the socket (STORE_INLINE)")                                         \
+    XX(store_bytes_shm, "store_bytes", "transport", "shm",                                        \
+       "chunk bytes stored (published by commit), by the transport that carried them")            \
+    XX(store_bytes_inline, "store_bytes", "transport", "inline",                                  \
+       "chunk bytes stored through the socket")                                                   \
+    XX(store_chunks_cached, "store_chunks_cached", "", "",                                        \
+       "chunks skipped by prepare-store because cached")                                          \
+    XX(store_chunks_busy, "store_chunks_busy", "", "",                                            \
+       "chunks skipped because another store was in progress")                                    \
+    XX(store_chunks_no_space, "allocation_failures", "", "",                                      \
+       "chunks not stored for lack of evictable space in the pool")                               \
+    XX(store_chunks_aborted, NULL, "", "",                                                        \
+       "reserved chunks dropped (abort, unregister, disconnect)")                                 \
+    XX(store_chunks_aborted_abort, "reserved_chunks_dropped", "cause", "abort",                   \
+       "reserved chunks dropped without being published, by cause")                               \
+    XX(store_chunks_aborted_unregister, "reserved_chunks_dropped", "cause", "unregister",         \
+       "reserved chunks dropped because their instance was unregistered")                         \
+    XX(store_chunks_aborted_disconnect, "reserved_chunks_dropped", "cause", "disconnect",         \
+       "reserved chunks dropped because their connection closed")                                 \
+    XX(reservations_expired, "reserved_chunks_dropped", "cause", "timeout",                       \
+       "reserved chunks cancelled by --reserve-timeout")                                          \
+    XX(retrieve_chunks, NULL, "", "", "chunks pinned or sent by retrieves")                       \
+    XX(retrieve_chunks_shm, "retrieve_chunks", "transport", "shm",                                \
+       "chunks retrieved (pinned for a copy out of the mapping, or sent), by transport")          \
+    XX(retrieve_chunks_inline, "retrieve_chunks", "transport", "inline",                          \
+       "chunks sent through the socket (RETRIEVE_INLINE)")                                        \
+    XX(retrieve_bytes_shm, "retrieve_bytes", "transport", "shm",                                  \
+       "chunk bytes retrieved, by transport")                                                     \
+    XX(retrieve_bytes_inline, "retrieve_bytes", "transport", "inline",                            \
+       "chunk bytes sent through the socket")                                                     \
+    XX(evictions, "evictions", "", "", "committed chunks evicted to make room")                   \
+    XX(l2_write_queued, "l2_write_queued", "", "", "chunks queued for a copy to L2")              \
+    XX(l2_written_chunks, "l2_written_chunks", "", "", "chunks copied to L2 (write-behind)")      \
+    XX(l2_written_bytes, "l2_written_bytes", "", "", "bytes written to L2, headers included")     \
+    XX(l2_write_dropped, "l2_write_dropped", "", "",                                              \
+       "queued copies dropped, oldest first, because the queue was full (--l2-queue)")            \
+    XX(l2_write_evicted, "l2_write_evicted", "", "",                                              \
+       "queued copies skipped: the chunk left L1 before it could be sent")                        \
+    XX(l2_write_failed, "l2_write_failed", "", "", "copies to L2 that failed")                    \
+    XX(l2_lookup_hit_chunks, "l2_lookup_hit_chunks", "", "",                                      \
+       "chunks that lookups found in L2 after the chunks found in L1")                            \
+    XX(l2_hits, "l2_hits", "", "", "chunks loaded from L2 into L1")                               \
+    XX(l2_misses, "l2_misses", "", "", "loads that found no value in L2")                         \
+    XX(l2_read_bytes, "l2_read_bytes", "", "", "bytes read from L2, headers included")            \
+    XX(l2_corrupt, "l2_corrupt_values", "", "",                                                   \
+       "values in L2 that failed a check (discarded, never served)")                              \
+    XX(l2_errors, "l2_errors", "", "", "failed L2 operations (timeouts, error replies)")          \
+    XX(l2_outages, "l2_outages", "", "", "times the L2 tier became unreachable")                  \
+    XX(l2_redirects, "l2_redirects", "", "", "Redis Cluster MOVED and ASK redirections")          \
+    XX(inline_bytes_in, "inline_received_bytes", "", "",                                          \
+       "payload bytes received inline (committed or not)")                                        \
+    XX(inline_bytes_out, "inline_sent_bytes", "", "", "payload bytes sent inline")                \
+    XX(http_requests, "http_requests", "", "", "HTTP requests answered (http.c)")                 \
+    XX(http_errors, "http_errors", "", "", "HTTP requests answered with a 4xx or 5xx status")     \
+    XX(lmcache_requests, "lmcache_requests", "", "",                                              \
+       "requests answered by the LMCache front end (--lmcache)")                                  \
+    XX(lmcache_malformed, "lmcache_malformed_requests", "", "",                                   \
+       "LMCache requests that did not decode (answered with their negative reply)")               \
+    XX(lmcache_unsupported, "lmcache_unsupported_requests", "", "",                               \
        "LMCache requests of an operation kvpoold does not serve (GPU, CacheBlend, P2P, unknown)") \
-    XX(lmcache_dropped, "lmcache_dropped_messages", "", "",                                    \
-       "LMCache messages that could not be answered (fewer than 3 frames, stream control)")    \
-    XX(lmcache_replies_lost, "lmcache_replies_lost", "", "",                                   \
-       "LMCache replies not delivered (the client had gone or stopped reading)")               \
-    XX(lmcache_reaped, "lmcache_reaped_instances", "", "",                                     \
+    XX(lmcache_dropped, "lmcache_dropped_messages", "", "",                                       \
+       "LMCache messages that could not be answered (fewer than 3 frames, stream control)")       \
+    XX(lmcache_replies_lost, "lmcache_replies_lost", "", "",                                      \
+       "LMCache replies not delivered (the client had gone or stopped reading)")                  \
+    XX(lmcache_reaped, "lmcache_reaped_instances", "", "",                                        \
        "LMCache instances unregistered because they fell silent (--lmcache-reap-timeout)")
 
 #define KVP_GAUGE_MAP(XX)                                                                     \

@@ -20,10 +20,10 @@
 /* One decoded header: what the next value is and where its payload starts. */
 struct head {
     enum lmc_mp_type type;
-    size_t hlen;     /* bytes of the type byte and the header */
-    uint64_t n;      /* str/bin/ext payload bytes, array/map count, bool value, uint magnitude */
-    bool neg;        /* LMC_MP_INT: n is the magnitude of a negative value */
-    double f;        /* LMC_MP_FLOAT */
+    size_t hlen; /* bytes of the type byte and the header */
+    uint64_t n;  /* str/bin/ext payload bytes, array/map count, bool value, uint magnitude */
+    bool neg;    /* LMC_MP_INT: n is the magnitude of a negative value */
+    double f;    /* LMC_MP_FLOAT */
 };
 
 static uint64_t be(const uint8_t *p, unsigned n)
@@ -66,16 +66,38 @@ static int head(const struct lmc_mp_reader *r, struct head *h)
         set_int(h, (int8_t)b);
     } else {
         static const uint8_t hdr_len[32] = {
-            /* c0 nil, c1 never, c2 false, c3 true */ 0, 0, 0, 0,
-            /* c4-c6 bin8/16/32 */ 1, 2, 4,
-            /* c7-c9 ext8/16/32 (+1 type byte) */ 2, 3, 5,
-            /* ca float32, cb float64 */ 4, 8,
-            /* cc-cf uint8-64 */ 1, 2, 4, 8,
-            /* d0-d3 int8-64 */ 1, 2, 4, 8,
-            /* d4-d8 fixext 1/2/4/8/16 (type byte) */ 1, 1, 1, 1, 1,
-            /* d9-db str8/16/32 */ 1, 2, 4,
-            /* dc-dd array16/32 */ 2, 4,
-            /* de-df map16/32 */ 2, 4,
+            /* c0 nil, c1 never, c2 false, c3 true */ 0,
+            0,
+            0,
+            0,
+            /* c4-c6 bin8/16/32 */ 1,
+            2,
+            4,
+            /* c7-c9 ext8/16/32 (+1 type byte) */ 2,
+            3,
+            5,
+            /* ca float32, cb float64 */ 4,
+            8,
+            /* cc-cf uint8-64 */ 1,
+            2,
+            4,
+            8,
+            /* d0-d3 int8-64 */ 1,
+            2,
+            4,
+            8,
+            /* d4-d8 fixext 1/2/4/8/16 (type byte) */ 1,
+            1,
+            1,
+            1,
+            1,
+            /* d9-db str8/16/32 */ 1,
+            2,
+            4,
+            /* dc-dd array16/32 */ 2,
+            4,
+            /* de-df map16/32 */ 2,
+            4,
         };
         if (b == 0xc1)
             return -EPROTO;
@@ -84,10 +106,26 @@ static int head(const struct lmc_mp_reader *r, struct head *h)
             return -EPROTO;
         const uint8_t *q = p + 1;
         switch (b) {
-        case 0xc0: h->type = LMC_MP_NIL; break;
-        case 0xc2: case 0xc3: h->type = LMC_MP_BOOL; h->n = b == 0xc3; break;
-        case 0xc4: case 0xc5: case 0xc6: h->type = LMC_MP_BIN; h->n = be(q, extra); break;
-        case 0xc7: case 0xc8: case 0xc9: h->type = LMC_MP_EXT; h->n = be(q, extra - 1); break;
+        case 0xc0:
+            h->type = LMC_MP_NIL;
+            break;
+        case 0xc2:
+        case 0xc3:
+            h->type = LMC_MP_BOOL;
+            h->n = b == 0xc3;
+            break;
+        case 0xc4:
+        case 0xc5:
+        case 0xc6:
+            h->type = LMC_MP_BIN;
+            h->n = be(q, extra);
+            break;
+        case 0xc7:
+        case 0xc8:
+        case 0xc9:
+            h->type = LMC_MP_EXT;
+            h->n = be(q, extra - 1);
+            break;
         case 0xca: {
             uint32_t u = (uint32_t)be(q, 4);
             float f;
@@ -102,21 +140,48 @@ static int head(const struct lmc_mp_reader *r, struct head *h)
             h->type = LMC_MP_FLOAT;
             break;
         }
-        case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        case 0xcc:
+        case 0xcd:
+        case 0xce:
+        case 0xcf:
             h->type = LMC_MP_INT;
             h->n = be(q, extra);
             break;
-        case 0xd0: set_int(h, (int8_t)q[0]); break;
-        case 0xd1: set_int(h, (int16_t)be(q, 2)); break;
-        case 0xd2: set_int(h, (int32_t)be(q, 4)); break;
-        case 0xd3: set_int(h, (int64_t)be(q, 8)); break;
-        case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8:
+        case 0xd0:
+            set_int(h, (int8_t)q[0]);
+            break;
+        case 0xd1:
+            set_int(h, (int16_t)be(q, 2));
+            break;
+        case 0xd2:
+            set_int(h, (int32_t)be(q, 4));
+            break;
+        case 0xd3:
+            set_int(h, (int64_t)be(q, 8));
+            break;
+        case 0xd4:
+        case 0xd5:
+        case 0xd6:
+        case 0xd7:
+        case 0xd8:
             h->type = LMC_MP_EXT;
             h->n = 1u << (b - 0xd4);
             break;
-        case 0xd9: case 0xda: case 0xdb: h->type = LMC_MP_STR; h->n = be(q, extra); break;
-        case 0xdc: case 0xdd: h->type = LMC_MP_ARRAY; h->n = be(q, extra); break;
-        default: /* 0xde, 0xdf */ h->type = LMC_MP_MAP; h->n = be(q, extra); break;
+        case 0xd9:
+        case 0xda:
+        case 0xdb:
+            h->type = LMC_MP_STR;
+            h->n = be(q, extra);
+            break;
+        case 0xdc:
+        case 0xdd:
+            h->type = LMC_MP_ARRAY;
+            h->n = be(q, extra);
+            break;
+        default: /* 0xde, 0xdf */
+            h->type = LMC_MP_MAP;
+            h->n = be(q, extra);
+            break;
         }
     }
     h->hlen = 1 + (size_t)extra;
@@ -305,8 +370,7 @@ int lmc_mp_read_bin(struct lmc_mp_reader *r, uint64_t max, const uint8_t **b, ui
     return 0;
 }
 
-static int read_container(struct lmc_mp_reader *r, enum lmc_mp_type want, uint32_t max,
-                          uint32_t *n)
+static int read_container(struct lmc_mp_reader *r, enum lmc_mp_type want, uint32_t max, uint32_t *n)
 {
     struct head h;
     int rc = head(r, &h);

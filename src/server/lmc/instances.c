@@ -58,9 +58,9 @@
 #define JOB_BUCKETS 1024u
 
 struct pending {
-    uint64_t hold;     /* the core's reservation or pin-set id */
+    uint64_t hold;      /* the core's reservation or pin-set id */
     uint8_t digest[16]; /* the key's identity */
-    bool read;         /* a prepare_retrieve's pins, else a prepare_store's reservation */
+    bool read;          /* a prepare_retrieve's pins, else a prepare_store's reservation */
 };
 
 struct inst {
@@ -98,7 +98,7 @@ struct job {
     uint64_t created_ms;
     uint32_t npins;
     struct job_pin *pins;
-    struct job *hnext;        /* bucket chain */
+    struct job *hnext;         /* bucket chain */
     struct job *older, *newer; /* age list (sentinel: lmc_state.jobs) */
 };
 
@@ -204,8 +204,7 @@ static const char *refusal(struct lmc_front *f, const struct lmc_register *m, ch
         return buf;
     }
     if (!kvp_dtype_find(dtype)) {
-        snprintf(buf, size, "dtype '%s' is not one kvpool knows (%s)", m->dtype,
-                 kvp_dtype_names());
+        snprintf(buf, size, "dtype '%s' is not one kvpool knows (%s)", m->dtype, kvp_dtype_names());
         return buf;
     }
     if (m->num_physical_slots && m->num_physical_slots != C) {
@@ -268,8 +267,10 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
         bool shm = s->seg.shared && !s->seg.memfd;
         snprintf(a->shm_name, sizeof(a->shm_name), "%s", shm ? s->seg.name : "");
         a->pool_size = shm ? s->seg.size : 0;
-        snprintf(a->error, sizeof(a->error), "kvpoold refused the registration: %u LMCache "
-                 "instances are registered already", LMC_MAX_INSTANCES);
+        snprintf(a->error, sizeof(a->error),
+                 "kvpoold refused the registration: %u LMCache "
+                 "instances are registered already",
+                 LMC_MAX_INSTANCES);
         log_warn_rl("LMCache instance %" PRIu64 " refused: %s", m->instance_id, a->error);
         return;
     }
@@ -344,9 +345,9 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
         log_warn("Instance %" PRIu64 " non-GPU context using pickle transport (%s): kvpoold "
                  "does not serve pickle commits yet, so this worker runs uncached",
                  m->instance_id,
-                 f->srv->seg.memfd      ? "--shm-backend memfd: workers cannot open it by name"
+                 f->srv->seg.memfd     ? "--shm-backend memfd: workers cannot open it by name"
                  : !f->srv->seg.shared ? f->srv->shm_reason
-                                        : in->reg.reason);
+                                       : in->reg.reason);
     }
 }
 
@@ -391,8 +392,8 @@ bool lmc_inst_ping(struct lmc_front *f, bool has, uint64_t iid)
 static void digest(const struct lmc_front *f, const struct lmc_key *k, uint8_t out[16])
 {
     XXH3_state_t *s = XXH3_createState();
-    uint32_t v[5] = {k->world_size, k->has_worker_id ? k->worker_id : UINT32_MAX, k->start,
-                     k->end, k->ntokens};
+    uint32_t v[5] = {k->world_size, k->has_worker_id ? k->worker_id : UINT32_MAX, k->start, k->end,
+                     k->ntokens};
     XXH128_hash_t h;
     if (!s) {
         memset(out, 0, 16);
@@ -761,8 +762,10 @@ void lmc_lookup(struct lmc_front *f, const struct lmc_key *k)
             hits = 0;
             break;
         }
-        j->pins[j->npins++] = (struct job_pin){.iid = in->iid, .handle = in->handle,
-                                               .hold = res.id, .rank = r,
+        j->pins[j->npins++] = (struct job_pin){.iid = in->iid,
+                                               .handle = in->handle,
+                                               .hold = res.id,
+                                               .rank = r,
                                                .readers_left = readers};
         if (res.cached < hits)
             hits = res.cached;

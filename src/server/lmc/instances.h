@@ -49,7 +49,7 @@ bool lmc_inst_ping(struct lmc_front *f, bool has, uint64_t iid);
 /* Slots of a prepare. */
 struct lmc_slots {
     uint32_t n;
-    struct lmc_slot *slots;   /* LMC state scratch: valid until the next request */
+    struct lmc_slot *slots; /* LMC state scratch: valid until the next request */
     uint32_t *chunk_indices;
     struct lmc_slot_shape shape;
     bool no_buffers; /* prepare_store: answer {} (a pickle-mode instance) */
@@ -57,7 +57,8 @@ struct lmc_slots {
 
 void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                        struct lmc_slots *out);
-bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k, uint64_t data_len);
+bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
+                      uint64_t data_len);
 bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                           struct lmc_slots *out);
 bool lmc_commit_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k);

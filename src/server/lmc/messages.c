@@ -89,10 +89,14 @@ __attribute__((format(printf, 4, 5))) static int bad(int rc, char *why, size_t w
 static const char *rc_word(int rc)
 {
     switch (rc) {
-    case -EPROTO: return "is not valid msgpack";
-    case -ERANGE: return "is out of range";
-    case -E2BIG: return "is too long";
-    default: return "has the wrong type";
+    case -EPROTO:
+        return "is not valid msgpack";
+    case -ERANGE:
+        return "is out of range";
+    case -E2BIG:
+        return "is too long";
+    default:
+        return "has the wrong type";
     }
 }
 
@@ -379,9 +383,8 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
         return bad(-EPROTO, why, why_size, "registration: %zu bytes after the map",
                    lmc_mp_left(&r));
     if ((seen & R_REQUIRED) != R_REQUIRED) {
-        static const char *names[] = {"instance_id",     "model_name", "world_size",
-                                      "block_size",      "num_layers", "hidden_dim_size",
-                                      "dtype_str",       "use_mla"};
+        static const char *names[] = {"instance_id", "model_name",      "world_size", "block_size",
+                                      "num_layers",  "hidden_dim_size", "dtype_str",  "use_mla"};
         for (unsigned b = 0; b < 8; b++)
             if (!(seen & (1u << b)))
                 return bad(-EINVAL, why, why_size, "registration: no %s", names[b]);
@@ -390,12 +393,12 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
 }
 
 /* Reads one value with fn and checks that nothing follows it. */
-#define WHOLE(call)                                                                              \
-    do {                                                                                         \
-        int rc_ = (call);                                                                        \
-        if (rc_)                                                                                 \
-            return rc_;                                                                          \
-        return lmc_mp_left(&r) ? -EPROTO : 0;                                                    \
+#define WHOLE(call)                           \
+    do {                                      \
+        int rc_ = (call);                     \
+        if (rc_)                              \
+            return rc_;                       \
+        return lmc_mp_left(&r) ? -EPROTO : 0; \
     } while (0)
 
 int lmc_decode_instance_id(const void *frame, size_t n, uint64_t *iid)
@@ -444,8 +447,7 @@ int lmc_decode_float(const void *frame, size_t n, double *v)
     WHOLE(lmc_mp_read_float(&r, v));
 }
 
-int lmc_decode_bin(const void *frame, size_t n, uint64_t max, const uint8_t **data,
-                   uint64_t *len)
+int lmc_decode_bin(const void *frame, size_t n, uint64_t max, const uint8_t **data, uint64_t *len)
 {
     struct lmc_mp_reader r;
     lmc_mp_reader_init(&r, frame, n);

@@ -31,43 +31,43 @@
 
 /* The operations, by their frozen integer ids (LMCache's LEGACY_OPERATION_IDS). Operations
  * outside the table travel as their name and get ids from 100 on here. */
-#define LMC_OPS(X)                                                                               \
-    X(REGISTER_KV_CACHE, 1, "register_kv_cache")                                                 \
-    X(UNREGISTER_KV_CACHE, 2, "unregister_kv_cache")                                             \
-    X(REGISTER_Q_CACHE, 3, "register_q_cache")                                                   \
-    X(UNREGISTER_Q_CACHE, 4, "unregister_q_cache")                                               \
-    X(STORE_Q, 5, "store_q")                                                                     \
-    X(STORE, 6, "store")                                                                         \
-    X(RETRIEVE, 7, "retrieve")                                                                   \
-    X(LOOKUP, 8, "lookup")                                                                       \
-    X(QUERY_PREFETCH_STATUS, 9, "query_prefetch_status")                                         \
-    X(WAIT_PREFETCH_STATUS, 10, "wait_prefetch_status")                                          \
-    X(QUERY_PREFETCH_LOOKUP_HITS, 11, "query_prefetch_lookup_hits")                              \
-    X(FREE_LOOKUP_LOCKS, 12, "free_lookup_locks")                                                \
-    X(END_SESSION, 13, "end_session")                                                            \
-    X(REGISTER_ENGINE_DRIVEN, 14, "register_kv_cache_engine_driven_context")                     \
-    X(UNREGISTER_ENGINE_DRIVEN, 15, "unregister_kv_cache_engine_driven_context")                 \
-    X(PREPARE_STORE, 16, "prepare_store")                                                        \
-    X(COMMIT_STORE, 17, "commit_store")                                                          \
-    X(PREPARE_RETRIEVE, 18, "prepare_retrieve")                                                  \
-    X(COMMIT_RETRIEVE, 19, "commit_retrieve")                                                    \
-    X(CLEAR, 20, "clear")                                                                        \
-    X(GET_CHUNK_SIZE, 21, "get_chunk_size")                                                      \
-    X(PING, 22, "ping")                                                                          \
-    X(REPORT_BLOCK_ALLOCATION, 23, "report_block_allocation")                                    \
-    X(NOOP, 24, "noop")                                                                          \
-    X(CB_REGISTER_ROPE, 25, "cb_register_rope")                                                  \
-    X(CB_UNREGISTER_ROPE, 26, "cb_unregister_rope")                                              \
-    X(CB_RETRIEVE_PRE_COMPUTED, 27, "cb_retrieve_pre_computed")                                  \
-    X(CB_UNIFIED_LOOKUP, 28, "cb_unified_lookup")                                                \
-    X(P2P_LOOKUP_AND_LOCK, 29, "p2p_lookup_and_lock")                                            \
-    X(P2P_QUERY_LOOKUP_RESULTS, 30, "p2p_query_lookup_results")                                  \
-    X(P2P_UNLOCK_OBJECTS, 31, "p2p_unlock_objects")                                              \
-    X(GET_EXPERIMENTAL, 32, "get_experimental")                                                  \
-    X(CB_PROTOCOL_HANDSHAKE, 33, "cb_protocol_handshake")                                        \
-    X(CB_REORDER_PLAN, 100, "cb_reorder_plan")                                                   \
-    X(SUBSCRIBE_KV_EVENTS, 101, "subscribe_kv_events")                                           \
-    X(SERVER_MODULE_CALL, 102, "server_module_call")                                             \
+#define LMC_OPS(X)                                                               \
+    X(REGISTER_KV_CACHE, 1, "register_kv_cache")                                 \
+    X(UNREGISTER_KV_CACHE, 2, "unregister_kv_cache")                             \
+    X(REGISTER_Q_CACHE, 3, "register_q_cache")                                   \
+    X(UNREGISTER_Q_CACHE, 4, "unregister_q_cache")                               \
+    X(STORE_Q, 5, "store_q")                                                     \
+    X(STORE, 6, "store")                                                         \
+    X(RETRIEVE, 7, "retrieve")                                                   \
+    X(LOOKUP, 8, "lookup")                                                       \
+    X(QUERY_PREFETCH_STATUS, 9, "query_prefetch_status")                         \
+    X(WAIT_PREFETCH_STATUS, 10, "wait_prefetch_status")                          \
+    X(QUERY_PREFETCH_LOOKUP_HITS, 11, "query_prefetch_lookup_hits")              \
+    X(FREE_LOOKUP_LOCKS, 12, "free_lookup_locks")                                \
+    X(END_SESSION, 13, "end_session")                                            \
+    X(REGISTER_ENGINE_DRIVEN, 14, "register_kv_cache_engine_driven_context")     \
+    X(UNREGISTER_ENGINE_DRIVEN, 15, "unregister_kv_cache_engine_driven_context") \
+    X(PREPARE_STORE, 16, "prepare_store")                                        \
+    X(COMMIT_STORE, 17, "commit_store")                                          \
+    X(PREPARE_RETRIEVE, 18, "prepare_retrieve")                                  \
+    X(COMMIT_RETRIEVE, 19, "commit_retrieve")                                    \
+    X(CLEAR, 20, "clear")                                                        \
+    X(GET_CHUNK_SIZE, 21, "get_chunk_size")                                      \
+    X(PING, 22, "ping")                                                          \
+    X(REPORT_BLOCK_ALLOCATION, 23, "report_block_allocation")                    \
+    X(NOOP, 24, "noop")                                                          \
+    X(CB_REGISTER_ROPE, 25, "cb_register_rope")                                  \
+    X(CB_UNREGISTER_ROPE, 26, "cb_unregister_rope")                              \
+    X(CB_RETRIEVE_PRE_COMPUTED, 27, "cb_retrieve_pre_computed")                  \
+    X(CB_UNIFIED_LOOKUP, 28, "cb_unified_lookup")                                \
+    X(P2P_LOOKUP_AND_LOCK, 29, "p2p_lookup_and_lock")                            \
+    X(P2P_QUERY_LOOKUP_RESULTS, 30, "p2p_query_lookup_results")                  \
+    X(P2P_UNLOCK_OBJECTS, 31, "p2p_unlock_objects")                              \
+    X(GET_EXPERIMENTAL, 32, "get_experimental")                                  \
+    X(CB_PROTOCOL_HANDSHAKE, 33, "cb_protocol_handshake")                        \
+    X(CB_REORDER_PLAN, 100, "cb_reorder_plan")                                   \
+    X(SUBSCRIBE_KV_EVENTS, 101, "subscribe_kv_events")                           \
+    X(SERVER_MODULE_CALL, 102, "server_module_call")                             \
     X(POLL_KV_EVENTS, 103, "poll_kv_events")
 
 enum lmc_op {
@@ -91,7 +91,7 @@ struct lmc_key {
     uint32_t world_size;
     bool has_worker_id; /* false: nil, a scheduler's key */
     uint32_t worker_id;
-    uint32_t ntokens;  /* token ids, written little-endian into the caller's buffer */
+    uint32_t ntokens; /* token ids, written little-endian into the caller's buffer */
     uint32_t start, end;
     char request_id[LMC_MAX_REQUEST_ID + 1];
     char salt[LMC_MAX_SALT_BYTES + 1];
@@ -133,8 +133,7 @@ int lmc_decode_bool(const void *frame, size_t n, bool *v);
 int lmc_decode_int(const void *frame, size_t n, int64_t min, int64_t max, int64_t *v);
 int lmc_decode_float(const void *frame, size_t n, double *v);
 /* The bin of commit_store: *data points into the frame. */
-int lmc_decode_bin(const void *frame, size_t n, uint64_t max, const uint8_t **data,
-                   uint64_t *len);
+int lmc_decode_bin(const void *frame, size_t n, uint64_t max, const uint8_t **data, uint64_t *len);
 /* Any one well-formed value (a payload that is accepted and ignored). */
 int lmc_decode_any(const void *frame, size_t n);
 
