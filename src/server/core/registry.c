@@ -112,7 +112,7 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
          * nothing to decide, the segment is never the worker's. */
         inst->transport = KVP_REG_PICKLE;
         snprintf(inst->reason, sizeof(inst->reason), "%s",
-                 req->reason[0]           ? req->reason
+                 req->reason[0]          ? req->reason
                  : !r->offer.shm_enabled ? r->offer.shm_reason
                                          : "the worker does not map the segment");
         return 0;

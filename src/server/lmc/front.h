@@ -44,10 +44,10 @@ struct lmc_front {
     uint8_t *(*value_alloc)(struct lmc_front *f, size_t size);
     void *value_ctx;
     bool value_external;
-    uint8_t *tokens;          /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
-    uint64_t now_ms;          /* monotonic time of the request being served */
-    struct lmc_state *st;     /* instances.c */
-    uint64_t warned_ops;      /* bit per unsupported operation id already logged at WARN */
+    uint8_t *tokens;      /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
+    uint64_t now_ms;      /* monotonic time of the request being served */
+    struct lmc_state *st; /* instances.c */
+    uint64_t warned_ops;  /* bit per unsupported operation id already logged at WARN */
     bool warned_unknown;
 };
 

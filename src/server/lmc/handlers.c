@@ -137,8 +137,7 @@ static bool h_prepare_store(struct lmc_front *f, const struct lmc_req *r)
     if (!worker_args(f, r, &k, &iid, why, sizeof(why)))
         return malformed(f, r, why);
     lmc_prepare_store(f, iid, &k, &s);
-    lmc_encode_prepare_store_reply(&f->out, s.slots, s.chunk_indices, s.n, &s.shape,
-                                   s.no_buffers);
+    lmc_encode_prepare_store_reply(&f->out, s.slots, s.chunk_indices, s.n, &s.shape, s.no_buffers);
     return true;
 }
 
@@ -391,8 +390,8 @@ bool lmc_dispatch(struct lmc_front *f, const struct lmc_req *r)
             if (h->min == h->max)
                 snprintf(why, sizeof(why), "%u payloads, expected %u", r->npayloads, h->min);
             else
-                snprintf(why, sizeof(why), "%u payloads, expected %u to %u", r->npayloads,
-                         h->min, h->max);
+                snprintf(why, sizeof(why), "%u payloads, expected %u to %u", r->npayloads, h->min,
+                         h->max);
             if (r->op == LMC_OP_REGISTER_ENGINE_DRIVEN)
                 return register_malformed(f, why);
             if (h->max == 0) {

@@ -58,9 +58,9 @@
 #define JOB_BUCKETS 1024u
 
 struct pending {
-    uint64_t hold;     /* the core's reservation or pin-set id */
+    uint64_t hold;      /* the core's reservation or pin-set id */
     uint8_t digest[16]; /* the key's identity */
-    bool read;         /* a prepare_retrieve's pins, else a prepare_store's reservation */
+    bool read;          /* a prepare_retrieve's pins, else a prepare_store's reservation */
 };
 
 struct inst {
@@ -78,7 +78,7 @@ struct inst {
     uint32_t max_chunks;       /* chunks one pickle commit may carry (what the pool holds) */
     struct kvp_tpickle_expect exp;
     struct kvp_tpickle_template tpl;
-    int32_t rank;              /* the worker_id of its requests, -1 before the first */
+    int32_t rank; /* the worker_id of its requests, -1 before the first */
     uint64_t last_seen_ms;
     bool pinged;
     struct pending pend[LMC_MAX_PENDING];
@@ -102,7 +102,7 @@ struct job {
     uint64_t created_ms;
     uint32_t npins;
     struct job_pin *pins;
-    struct job *hnext;        /* bucket chain */
+    struct job *hnext;         /* bucket chain */
     struct job *older, *newer; /* age list (sentinel: lmc_state.jobs) */
 };
 
@@ -212,8 +212,7 @@ static const char *refusal(struct lmc_front *f, const struct lmc_register *m, ch
         return buf;
     }
     if (!kvp_dtype_find(dtype)) {
-        snprintf(buf, size, "dtype '%s' is not one kvpool knows (%s)", m->dtype,
-                 kvp_dtype_names());
+        snprintf(buf, size, "dtype '%s' is not one kvpool knows (%s)", m->dtype, kvp_dtype_names());
         return buf;
     }
     if (m->num_physical_slots && m->num_physical_slots != C) {
@@ -303,8 +302,10 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
         bool shm = s->seg.shared && !s->seg.memfd;
         snprintf(a->shm_name, sizeof(a->shm_name), "%s", shm ? s->seg.name : "");
         a->pool_size = shm ? s->seg.size : 0;
-        snprintf(a->error, sizeof(a->error), "kvpoold refused the registration: %u LMCache "
-                 "instances are registered already", LMC_MAX_INSTANCES);
+        snprintf(a->error, sizeof(a->error),
+                 "kvpoold refused the registration: %u LMCache "
+                 "instances are registered already",
+                 LMC_MAX_INSTANCES);
         log_warn_rl("LMCache instance %" PRIu64 " refused: %s", m->instance_id, a->error);
         return;
     }
@@ -419,8 +420,8 @@ bool lmc_inst_ping(struct lmc_front *f, bool has, uint64_t iid)
 static void digest(const struct lmc_front *f, const struct lmc_key *k, uint8_t out[16])
 {
     XXH3_state_t *s = XXH3_createState();
-    uint32_t v[5] = {k->world_size, k->has_worker_id ? k->worker_id : UINT32_MAX, k->start,
-                     k->end, k->ntokens};
+    uint32_t v[5] = {k->world_size, k->has_worker_id ? k->worker_id : UINT32_MAX, k->start, k->end,
+                     k->ntokens};
     XXH128_hash_t h;
     if (!s) {
         memset(out, 0, 16);
@@ -575,7 +576,8 @@ static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc
 
     if (!in->tpl_ok) {
         log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit refused (its dtype has no "
-                    "pickle form)", in->iid);
+                    "pickle form)",
+                    in->iid);
         return false;
     }
     key_src(f, k, k->worker_id, false, &src);
@@ -657,8 +659,7 @@ bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k
             log_warn("LMCache instance %" PRIu64 " fell back to the pickle transport (could not "
                      "map %s: check its uid, --shm-mode and a shared /dev/shm)",
                      iid, f->srv->seg.name);
-            kvp_op_leave_shm(&in->owner, in->handle, KVP_REG_PICKLE, why, st->msg,
-                             sizeof(st->msg));
+            kvp_op_leave_shm(&in->owner, in->handle, KVP_REG_PICKLE, why, st->msg, sizeof(st->msg));
             in->pickle = true;
         }
         return pickle_commit(f, in, k, data, data_len);
@@ -912,8 +913,10 @@ void lmc_lookup(struct lmc_front *f, const struct lmc_key *k)
             hits = 0;
             break;
         }
-        j->pins[j->npins++] = (struct job_pin){.iid = in->iid, .handle = in->handle,
-                                               .hold = res.id, .rank = r,
+        j->pins[j->npins++] = (struct job_pin){.iid = in->iid,
+                                               .handle = in->handle,
+                                               .hold = res.id,
+                                               .rank = r,
                                                .readers_left = readers};
         if (res.cached < hits)
             hits = res.cached;

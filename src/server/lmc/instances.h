@@ -50,7 +50,7 @@ bool lmc_inst_ping(struct lmc_front *f, bool has, uint64_t iid);
 /* Slots of a prepare. */
 struct lmc_slots {
     uint32_t n;
-    struct lmc_slot *slots;   /* LMC state scratch: valid until the next request */
+    struct lmc_slot *slots; /* LMC state scratch: valid until the next request */
     uint32_t *chunk_indices;
     struct lmc_slot_shape shape;
     bool no_buffers; /* prepare_store: answer {} (a pickle-mode instance) */

@@ -114,8 +114,8 @@ static int check_ipc_path(const char *path)
         *slash = '\0';
     int rc = kvp_socket_dir_check(dir, geteuid(), why, sizeof(why));
     if (rc) {
-        log_error("%s: the LMCache socket %s: %s", rc == -EPERM ? "Refusing to start" : "Cannot start",
-                  path, why);
+        log_error("%s: the LMCache socket %s: %s",
+                  rc == -EPERM ? "Refusing to start" : "Cannot start", path, why);
         return rc;
     }
     struct stat st;
@@ -256,8 +256,7 @@ static int recv_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t *nkept)
             if (total == 0 && err == EAGAIN)
                 return 0;
             if (err != ETERM)
-                log_warn_rl("LMCache front end: receiving a message failed: %s",
-                            zmq_strerror(err));
+                log_warn_rl("LMCache front end: receiving a message failed: %s", zmq_strerror(err));
             return -1;
         }
         total++;
