@@ -5,8 +5,10 @@ the worker is the installed lmcache, 0.5.6 or 0.5.5):
     python tests/lmcache/test_worker.py KVPOOLD GROUP
 GROUP is "transfer" (round trips of every dtype and an MLA layout, two ranks
 of one model, two workers sharing a prefix, two models that must not see each
-other's chunks) or "liveness" (a worker killed in the middle of a store, calls
-of an unregistered and of a reaped instance).
+other's chunks), "liveness" (a worker killed in the middle of a store, calls
+of an unregistered and of a reaped instance) or "pickle" (the same round trips
+through LMCache's pickle transport, with no segment name and with the memfd
+backend; a worker that falls back to it; hostile pickles through the wire).
 
 Every request is made by LMCache's own classes (lmc_worker.py): its
 RequestClient and EngineDrivenTransferContext, through shared memory, as
@@ -52,9 +54,12 @@ class Daemon:
         self.shm = f"lmct{os.getpid()}_{self.port}"
         self.log_path = os.path.join(self.dir, "kvpoold.log")
         self.log = open(self.log_path, "wb")
+        # A test's own --shm-name or --shm-backend replaces the default segment name.
+        own = "--shm-name" in extra or "--shm-backend" in extra
         args = [
             KVPOOLD, "--socket", os.path.join(self.dir, "kvpool.sock"), "--l1-size", "64MiB",
-            "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0", "--shm-name", self.shm,
+            "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0",
+        ] + ([] if own else ["--shm-name", self.shm]) + [
             "--lmcache", self.url, "--log-level", "debug",
         ] + list(extra)
         env = dict(os.environ)
@@ -336,13 +341,181 @@ class Liveness(Base):
         self.assertEqual(self.d.gauge("objects_committed"), 2)
 
 
+class PickleNoName(Base):
+    """No shared memory to offer (--shm-name ""): the worker moves its chunks pickled."""
+
+    transport_reason = "SHM disabled by configuration"
+
+    def daemon_args(self):
+        return ("--shm-name", "")
+
+    def roundtrip(self, dtype, layout="NHD"):
+        w = self.worker(dtype=dtype, layout=layout, seed=11)
+        s = self.scheduler()
+        self.assertEqual(w.register(), "EngineDrivenContextPickle")
+        toks = tokens(3)
+        n = 3 * CHUNK
+        self.assertTrue(w.store(toks, "r1", end=n))
+        self.assertEqual(self.d.gauge("objects_committed"), 3)
+        # Stored again: the worker still sends every chunk; all are cached: true, nothing new.
+        self.assertTrue(w.store(toks, "r1", end=n))
+        self.assertEqual(self.d.gauge("objects_committed"), 3)
+        s.lookup(w, toks, "r1")
+        self.assertEqual(s.wait("r1"), 3)
+        out = w.blank()
+        self.assertTrue(w.retrieve(toks, "r1", out, end=n, first_block=8))
+        self.assertTrue(w.blocks_equal(out, 3 * w.bic, 0, 8))
+        self.assertTrue(all(float(t.abs().sum()) == 0 for t in
+                            (v[:8] if layout == "MLA" else v[:, :8] for v in out.values())))
+        s.end_session("r1")
+        self.assertFalse(w.retrieve(tokens(2, base=5000), "r2", w.blank(), end=2 * CHUNK))
+        st = self.d.status()
+        mine = [i for i in st["instances"] if i["instance_id"] == "lmcache-%d" % w.iid]
+        self.assertEqual(len(mine), 1, st["instances"])
+        self.assertEqual(mine[0]["transport"], "pickle")
+        self.assertEqual(mine[0]["dtype"], dtype)
+        w.unregister()
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+        self.assertEqual(self.d.gauge("objects_reserved"), 0)
+        log = self.d.text()
+        self.assertIn("Using pickle non-GPU transfer strategy", log)
+        self.assertRegex(log, r"Instance lmcache-%d non-GPU context using pickle transport "
+                              r"\([^)]*%s" % (w.iid, re.escape(self.transport_reason)))
+
+    def test_float16(self):
+        self.roundtrip("float16")
+
+    def test_bfloat16(self):
+        self.roundtrip("bfloat16")
+
+    def test_float32(self):
+        self.roundtrip("float32")
+
+    def test_mla(self):
+        self.roundtrip("bfloat16", layout="MLA")
+
+    def test_two_ranks(self):
+        r0 = self.worker(model="tp", world_size=2, rank=0, seed=1)
+        r1 = self.worker(model="tp", world_size=2, rank=1, seed=2)
+        s = self.scheduler()
+        self.assertEqual(r0.register(), "EngineDrivenContextPickle")
+        self.assertEqual(r1.register(), "EngineDrivenContextPickle")
+        toks = tokens(2)
+        n = 2 * CHUNK
+        self.assertTrue(r0.store(toks, "a", end=n))
+        s.lookup(r0, toks, "a")
+        self.assertEqual(s.wait("a"), 0)
+        self.assertTrue(r1.store(toks, "a", end=n))
+        s.lookup(r0, toks, "b")
+        self.assertEqual(s.wait("b"), 2)
+        for w in (r0, r1):
+            out = w.blank()
+            self.assertTrue(w.retrieve(toks, "b", out, end=n))
+            self.assertTrue(w.blocks_equal(out, 2 * w.bic))
+        self.assertFalse(r0.blocks_equal(r1.kv, 2 * r0.bic))
+        s.end_session("b")
+        s.end_session("a")
+
+    def test_hostile_pickles(self):
+        import pickle
+        import torch
+
+        w = self.worker(dtype="float16", seed=3)
+        self.assertEqual(w.register(), "EngineDrivenContextPickle")
+        marker = os.path.join(self.d.dir, "marker")
+        toks = tokens(1)
+        key = w.key(toks, "h", end=CHUNK)
+
+        class Boom:
+            def __reduce__(self):
+                return (os.system, ("touch " + marker,))
+
+        shape = (2, 2, CHUNK, 2 * 64)
+        good = pickle.dumps([torch.ones(shape, dtype=torch.float16)])
+        payloads = {
+            "os.system": pickle.dumps([Boom()]),
+            "os.system in a list of tensors": pickle.dumps([torch.ones(shape, dtype=torch.float16),
+                                                            Boom()]),
+            "truncated": good[:-7],
+            "wrong dtype": pickle.dumps([torch.ones(shape, dtype=torch.float32)]),
+            "wrong shape": pickle.dumps([torch.ones((2, 2, CHUNK, 64), dtype=torch.float16)]),
+            "two tensors for one chunk": pickle.dumps([torch.ones(shape, dtype=torch.float16)] * 2),
+        }
+        for name, data in payloads.items():
+            ok = w.req.commit_store(key, w.iid, data).result(timeout=lmc_worker.TIMEOUT)
+            self.assertFalse(ok, name)
+        self.assertFalse(os.path.exists(marker))
+        self.assertEqual(self.d.gauge("objects_committed"), 0)
+        self.assertEqual(self.d.gauge("objects_reserved"), 0)
+        self.assertIsNone(self.d.proc.poll())
+        self.assertIn("pickle commit of", self.d.text())
+        # The daemon serves on: the real payload is stored and read back.
+        self.assertTrue(w.req.commit_store(key, w.iid, good).result(timeout=lmc_worker.TIMEOUT))
+        self.assertEqual(self.d.gauge("objects_committed"), 1)
+        reply = w.req.prepare_retrieve(key, w.iid).result(timeout=lmc_worker.TIMEOUT)
+        self.assertTrue(reply.success)
+        got = pickle.loads(reply.data)
+        self.assertEqual(len(got), 1)
+        self.assertEqual(got[0].dtype, torch.float16)
+        self.assertTrue(torch.equal(got[0], torch.ones(shape, dtype=torch.float16)))
+        w.req.commit_retrieve(key, w.iid).result(timeout=lmc_worker.TIMEOUT)
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+
+
+class PickleMemfd(PickleNoName):
+    """A memfd segment has no name for LMCache workers to open: the pickle transport."""
+
+    transport_reason = "--shm-backend memfd"
+
+    def daemon_args(self):
+        return ("--shm-backend", "memfd")
+
+
+class PickleFallback(Base):
+    """A worker offered the segment whose commit is a pickle nonetheless (it could not map it)."""
+
+    def test_fallback(self):
+        import pickle
+        import torch
+
+        w = self.worker(dtype="float32", seed=5)
+        self.assertEqual(w.register(), "EngineDrivenContextShm")
+        key = w.key(tokens(2), "f", end=2 * CHUNK)
+        chunks = [torch.randn((2, 2, CHUNK, 128), dtype=torch.float32) for _ in range(2)]
+        for _ in range(2):
+            self.assertTrue(w.req.commit_store(key, w.iid, pickle.dumps(chunks))
+                            .result(timeout=lmc_worker.TIMEOUT))
+        self.assertEqual(self.d.gauge("objects_committed"), 2)
+        log = self.d.text()
+        self.assertEqual(log.count("LMCache instance %d fell back to the pickle transport "
+                                   "(could not map kvpool_l1_pool_%s" % (w.iid, self.d.shm)), 1)
+        mine = [i for i in self.d.status()["instances"]
+                if i["instance_id"] == "lmcache-%d" % w.iid]
+        self.assertEqual(mine[0]["transport"], "pickle")
+        # Its retrieves are pickled too from then on.
+        reply = w.req.prepare_retrieve(key, w.iid).result(timeout=lmc_worker.TIMEOUT)
+        self.assertTrue(reply.success)
+        self.assertEqual(reply.context, {})
+        got = pickle.loads(reply.data)
+        self.assertEqual(len(got), 2)
+        for a, b in zip(got, chunks):
+            self.assertTrue(torch.equal(a, b))
+        w.req.commit_retrieve(key, w.iid).result(timeout=lmc_worker.TIMEOUT)
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+
+
 def main():
     global KVPOOLD
     KVPOOLD = sys.argv[1]
     group = sys.argv[2]
     print("lmcache %s, test group %s" % (lmc_worker.lmcache_version(), group), flush=True)
-    suite = unittest.defaultTestLoader.loadTestsFromTestCase(
-        {"transfer": Transfer, "liveness": Liveness}[group]
+    groups = {
+        "transfer": [Transfer],
+        "liveness": [Liveness],
+        "pickle": [PickleNoName, PickleMemfd, PickleFallback],
+    }
+    suite = unittest.TestSuite(
+        unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in groups[group]
     )
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     sys.exit(0 if result.wasSuccessful() else 1)

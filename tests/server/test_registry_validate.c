@@ -150,7 +150,7 @@ static void test_validate_errors_name_the_field(void **state)
     expect_invalid(r, &q, "use_mla");
 
     q = good_req("w0");
-    q.transport = 3;
+    q.transport = 4;
     expect_invalid(r, &q, "transport");
     free_registry(r);
 }
@@ -314,6 +314,55 @@ static void test_transport_auto_is_inline(void **state)
     assert_true(inst.reason[0] != '\0');
 }
 
+/* Pickle (LMCache's transport, asked by its front end) is kept as asked, with its reason, or
+ * the daemon's when it has no segment. */
+static void test_transport_pickle(void **state)
+{
+    (void)state;
+    struct kvp_registration inst;
+    char msg[512];
+
+    assert_rc(choose(&offer_shm, KVP_REG_PICKLE, "--shm-backend memfd", &inst, msg, sizeof(msg)),
+              0);
+    assert_int_equal(inst.transport, KVP_REG_PICKLE);
+    assert_string_equal(inst.reason, "--shm-backend memfd");
+    assert_string_equal(kvp_reg_transport_name(inst.transport), "pickle");
+    assert_rc(choose(&offer_inline, KVP_REG_PICKLE, "", &inst, msg, sizeof(msg)), 0);
+    assert_int_equal(inst.transport, KVP_REG_PICKLE);
+    assert_string_equal(inst.reason, NO_SHM_REASON);
+}
+
+/* An instance on shm whose worker could not map the segment after all moves to pickle, once,
+ * and only at its owner's request. */
+static void test_leave_shm(void **state)
+{
+    (void)state;
+    struct kvp_registry *r = new_registry(&offer_shm);
+    struct kvp_reg_spec q = good_req("w0");
+    struct kvp_registration inst, got;
+    char msg[512];
+    bool existing;
+    uint32_t total, shm;
+
+    q.transport = KVP_REG_SHM;
+    assert_rc(kvp_registry_validate(r, &q, &inst, msg, sizeof(msg)), 0);
+    assert_rc(kvp_registry_choose_transport(r, &inst, NULL, msg, sizeof(msg)), 0);
+    inst.owner = 7;
+    assert_rc(kvp_registry_add(r, &inst, 0, &existing, msg, sizeof(msg)), 0);
+    kvp_registry_count_transports(r, &total, &shm);
+    assert_int_equal(shm, 1);
+    assert_rc(kvp_registry_leave_shm(r, inst.handle, 8, KVP_REG_PICKLE, "x"), -ENOENT);
+    assert_rc(kvp_registry_leave_shm(r, inst.handle, 7, KVP_REG_PICKLE, "could not map"), 1);
+    assert_rc(kvp_registry_leave_shm(r, inst.handle, 7, KVP_REG_PICKLE, "again"), 0);
+    assert_rc(kvp_registry_get(r, inst.handle, &got), 0);
+    assert_int_equal(got.transport, KVP_REG_PICKLE);
+    assert_string_equal(got.reason, "could not map");
+    kvp_registry_count_transports(r, &total, &shm);
+    assert_int_equal(total, 1);
+    assert_int_equal(shm, 0);
+    free_registry(r);
+}
+
 static void test_transport_daemon_without_shm(void **state)
 {
     (void)state;
@@ -348,6 +397,8 @@ int main(void)
         cmocka_unit_test(test_transport_inline_keeps_reason),
         cmocka_unit_test(test_transport_auto_is_inline),
         cmocka_unit_test(test_transport_daemon_without_shm),
+        cmocka_unit_test(test_transport_pickle),
+        cmocka_unit_test(test_leave_shm),
     };
     return cmocka_run_group_tests(tests, quiet_log, NULL);
 }

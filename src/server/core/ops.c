@@ -91,6 +91,17 @@ int kvp_op_unregister(struct kvp_owner *o, uint32_t handle, char *msg, size_t ms
     return 0;
 }
 
+int kvp_op_leave_shm(struct kvp_owner *o, uint32_t handle, uint8_t transport, const char *reason,
+                     char *msg, size_t msg_size)
+{
+    if (transport != KVP_REG_INLINE && transport != KVP_REG_PICKLE)
+        return fail(msg, msg_size, -EINVAL, "an instance leaves shm for inline or pickle only");
+    int rc = kvp_registry_leave_shm(&o->srv->registry, handle, o->id, transport, reason);
+    if (rc < 0)
+        return fail(msg, msg_size, rc, "unknown instance handle 0x%08" PRIx32, handle);
+    return rc;
+}
+
 int kvp_op_instance(struct kvp_owner *o, uint32_t handle, struct kvp_registration *out, char *msg,
                     size_t msg_size)
 {

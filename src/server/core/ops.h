@@ -131,6 +131,15 @@ struct kvp_op_slots {
 int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec, const char *cannot_map,
                     struct kvp_registration *out, bool *existing, char *msg, size_t msg_size);
 
+/*
+ * o's instance handle stops using the shared-memory segment: its worker turned out unable to
+ * map it and moves its chunks through the front end (transport KVP_REG_INLINE or
+ * KVP_REG_PICKLE, with reason for the reports). Returns 1 (moved, logged), 0 (not on shm) or
+ * -ENOENT.
+ */
+int kvp_op_leave_shm(struct kvp_owner *o, uint32_t handle, uint8_t transport, const char *reason,
+                     char *msg, size_t msg_size);
+
 /* Ends o's instance handle: its reservations are aborted and its pins dropped first. Returns 0
  * or -ENOENT (not o's). */
 int kvp_op_unregister(struct kvp_owner *o, uint32_t handle, char *msg, size_t msg_size);

@@ -73,8 +73,8 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spe
         BAD("hidden_dim must be >= 1");
     if (req->use_mla > 1)
         BAD("use_mla must be 0 or 1");
-    if (req->transport > KVP_REG_INLINE)
-        BAD("transport must be 0 (auto), 1 (shm) or 2 (inline)");
+    if (req->transport > KVP_REG_PICKLE)
+        BAD("transport must be 0 (auto), 1 (shm), 2 (inline) or 3 (pickle)");
     const struct kvp_dtype *dt = kvp_dtype_find(req->dtype);
     if (!dt)
         BAD("dtype '%s' is not supported (known: %s)", req->dtype, kvp_dtype_names());
@@ -107,6 +107,16 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
 {
     const struct kvp_reg_spec *req = &inst->spec;
 
+    if (req->transport == KVP_REG_PICKLE) {
+        /* The front end moves the chunks inside its own messages (LMCache's pickle transport):
+         * nothing to decide, the segment is never the worker's. */
+        inst->transport = KVP_REG_PICKLE;
+        snprintf(inst->reason, sizeof(inst->reason), "%s",
+                 req->reason[0]          ? req->reason
+                 : !r->offer.shm_enabled ? r->offer.shm_reason
+                                         : "the worker does not map the segment");
+        return 0;
+    }
     if (req->transport == KVP_REG_SHM) {
         if (!r->offer.shm_enabled) {
             snprintf(msg, msg_size, "shm transport unavailable: %s", r->offer.shm_reason);
@@ -162,8 +172,8 @@ static void log_transport(const struct kvp_registration *inst, const struct kvp_
                  "pool_size=%" PRIu64 ")",
                  inst->spec.instance_id, offer->shm_name, offer->pool_size);
     else
-        log_info("Instance %s non-GPU context using inline transport (%s)", inst->spec.instance_id,
-                 inst->reason);
+        log_info("Instance %s non-GPU context using %s transport (%s)", inst->spec.instance_id,
+                 kvp_reg_transport_name(inst->transport), inst->reason);
 }
 
 /*
@@ -366,6 +376,31 @@ uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint6
     r->count_shm = 0;
     pthread_mutex_unlock(&r->lock);
     return moved;
+}
+
+int kvp_registry_leave_shm(struct kvp_registry *r, uint32_t handle, uint64_t owner,
+                           uint8_t transport, const char *reason)
+{
+    char id[KVP_MAX_NAME + 1];
+    pthread_mutex_lock(&r->lock);
+    int i = do_find_handle(r, handle);
+    if (i < 0 || r->slots[i].inst.owner != owner) {
+        pthread_mutex_unlock(&r->lock);
+        return -ENOENT;
+    }
+    struct kvp_registration *inst = &r->slots[i].inst;
+    if (inst->transport != KVP_REG_SHM) {
+        pthread_mutex_unlock(&r->lock);
+        return 0;
+    }
+    inst->transport = transport;
+    snprintf(inst->reason, sizeof(inst->reason), "%s", reason);
+    r->count_shm--;
+    memcpy(id, inst->spec.instance_id, sizeof(id));
+    pthread_mutex_unlock(&r->lock);
+    log_info("Instance %s non-GPU context now using %s transport (%s)", id,
+             kvp_reg_transport_name(transport), reason);
+    return 1;
 }
 
 const char *kvp_reg_transport_name(uint8_t transport)

@@ -24,9 +24,9 @@
 
 /*
  * How an instance's chunks travel. A registration asks for AUTO, SHM or INLINE; the registry
- * settles on SHM or INLINE (kvp_registry_choose_transport()). PICKLE names LMCache's pickle
- * transport (the chunks travel inside the front end's messages, docs/LMCACHE.md): the reports
- * know its name, no registration asks for it yet. The reports name every value through
+ * settles on SHM or INLINE (kvp_registry_choose_transport()). PICKLE is LMCache's pickle
+ * transport (the chunks travel inside the front end's messages, docs/LMCACHE.md): only a front
+ * end that serves it asks for it, and it is kept as asked. The reports name every value through
  * kvp_reg_transport_name(), so a value added here is shown by its own name everywhere.
  */
 enum kvp_reg_transport {
@@ -68,7 +68,7 @@ struct kvp_registration {
     struct kvp_reg_spec spec;
     struct kvp_chunk_layout layout;
     uint32_t dtype_size;
-    uint8_t transport; /* KVP_REG_SHM or KVP_REG_INLINE */
+    uint8_t transport; /* KVP_REG_SHM, KVP_REG_INLINE or KVP_REG_PICKLE */
     char reason[KVP_MAX_REASON + 1];
     /* The key chain's seed for requests without a salt, computed once at registration
      * (kvp_registration_key_ns() with no salt). */
@@ -180,6 +180,15 @@ void kvp_registration_key_ns(const struct kvp_registration *inst, const void *sa
  */
 uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
                                uint32_t cap, uint32_t *nowners);
+
+/*
+ * Instance handle of owner stops using the segment (its worker could not map it after all): an
+ * instance on the shm transport moves to transport (KVP_REG_INLINE or KVP_REG_PICKLE) with
+ * reason, logged, so that a commit through the segment is refused from now on. Returns 1 when
+ * it moved, 0 when it was not on shm, -ENOENT (unknown, or another owner's).
+ */
+int kvp_registry_leave_shm(struct kvp_registry *r, uint32_t handle, uint64_t owner,
+                           uint8_t transport, const char *reason);
 
 /* Unregisters handle. Returns 0 or -ENOENT. */
 int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why);

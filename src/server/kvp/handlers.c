@@ -157,6 +157,11 @@ static int handle_register(struct kvp_session *c, const struct kvp_header *h)
 
     if (kvp_decode_register_req(c->body, h->body_len, &req))
         return malformed(c, h);
+    /* Pickle is LMCache's transport, served by its front end only. */
+    if (req.transport > KVP_WIRE_INLINE) {
+        snprintf(c->errmsg, sizeof(c->errmsg), "transport must be 0 (auto), 1 (shm) or 2 (inline)");
+        return error(c, h, -EINVAL);
+    }
     spec_of(&req, &spec);
     /* A claim to use shared memory stands only on evidence that the worker can map it. */
     char nomap[KVP_MAX_REASON + 1];

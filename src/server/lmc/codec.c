@@ -563,6 +563,17 @@ void lmc_mp_put_cstr(struct lmc_mp_writer *w, const char *s)
 
 void lmc_mp_put_bin(struct lmc_mp_writer *w, const void *b, size_t len)
 {
+    lmc_mp_put_bin_header(w, len);
+    put_bytes(w, b, len);
+}
+
+uint8_t *lmc_mp_put_room(struct lmc_mp_writer *w, size_t n)
+{
+    return room(w, n);
+}
+
+void lmc_mp_put_bin_header(struct lmc_mp_writer *w, size_t len)
+{
     if (len <= UINT8_MAX)
         put_be(w, 0xc4, len, 1);
     else if (len <= UINT16_MAX)
@@ -571,7 +582,6 @@ void lmc_mp_put_bin(struct lmc_mp_writer *w, const void *b, size_t len)
         put_be(w, 0xc6, len, 4);
     else
         w->failed = true;
-    put_bytes(w, b, len);
 }
 
 static void put_container(struct lmc_mp_writer *w, uint8_t fix, uint8_t t16, uint32_t n)

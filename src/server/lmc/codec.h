@@ -101,6 +101,10 @@ void lmc_mp_put_uint(struct lmc_mp_writer *w, uint64_t v);
 void lmc_mp_put_str(struct lmc_mp_writer *w, const char *s, size_t len);
 void lmc_mp_put_cstr(struct lmc_mp_writer *w, const char *s);
 void lmc_mp_put_bin(struct lmc_mp_writer *w, const void *b, size_t len);
+/* The header of a bin of len bytes (smallest form); the caller writes the bytes. */
+void lmc_mp_put_bin_header(struct lmc_mp_writer *w, size_t len);
+/* Room for n raw bytes at the end of the output, or NULL (failed set). */
+uint8_t *lmc_mp_put_room(struct lmc_mp_writer *w, size_t n);
 void lmc_mp_put_array(struct lmc_mp_writer *w, uint32_t n);
 void lmc_mp_put_map(struct lmc_mp_writer *w, uint32_t n);
 

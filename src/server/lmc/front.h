@@ -37,12 +37,26 @@ struct lmc_req {
 struct lmc_front {
     struct kvp_server *srv;
     struct lmc_mp_writer out; /* the reply's value */
-    uint8_t *tokens;          /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
-    uint64_t now_ms;          /* monotonic time of the request being served */
-    struct lmc_state *st;     /* instances.c */
-    uint64_t warned_ops;      /* bit per unsupported operation id already logged at WARN */
+    /* A large value (a pickle retrieve's chunks) goes straight into a buffer of the transport's
+     * (a ZeroMQ message) so that the chunks are copied once: value_alloc(f, size) gives size
+     * bytes for the value frame, or NULL. The listener sets it; when it is NULL the value is
+     * written into out. A handler that used it sets value_external. */
+    uint8_t *(*value_alloc)(struct lmc_front *f, size_t size);
+    void *value_ctx;
+    bool value_external;
+    uint8_t *tokens;      /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
+    uint64_t now_ms;      /* monotonic time of the request being served */
+    struct lmc_state *st; /* instances.c */
+    uint64_t warned_ops;  /* bit per unsupported operation id already logged at WARN */
     bool warned_unknown;
 };
+
+/*
+ * The largest value frame a request may carry with this pool of l1_size bytes: a commit_store
+ * whose pickle holds a pool's worth of chunks in at most KVP_MAX_CHUNKS tensors
+ * (kvp_tpickle_max_payload() of any registration, plus the bin header). ZMQ_MAXMSGSIZE.
+ */
+uint64_t lmc_max_value_frame(uint64_t l1_size);
 
 /* Sets up the front end's state for server s. Returns 0 or -ENOMEM. */
 int lmc_front_init(struct lmc_front *f, struct kvp_server *s);

@@ -151,7 +151,54 @@ static bool h_commit_store(struct lmc_front *f, const struct lmc_req *r)
         return malformed(f, r, why);
     if (lmc_decode_bin(r->p[2], r->n[2], UINT64_MAX, &data, &len))
         return malformed(f, r, "data is not bin");
-    lmc_mp_put_bool(&f->out, lmc_commit_store(f, iid, &k, len));
+    lmc_mp_put_bool(&f->out, lmc_commit_store(f, iid, &k, data, len));
+    return true;
+}
+
+/*
+ * The hit of a pickle-mode instance, {"success": true, "data": <pickle>, "context": {}}, the
+ * pickle written by the encoder straight from the pinned slots into the value frame (the
+ * transport's buffer when value_alloc is set, else f->out): one copy of each chunk.
+ */
+static bool put_pickle_retrieve(struct lmc_front *f, const struct lmc_slots *s)
+{
+    struct lmc_mp_writer *w = &f->out;
+    uint64_t size;
+    uint8_t tail[16];
+
+    if (kvp_tpickle_encoded_size(s->tpl, s->n, &size) || size > UINT32_MAX)
+        return false;
+    lmc_mp_put_map(w, 3);
+    lmc_mp_put_cstr(w, "success");
+    lmc_mp_put_bool(w, true);
+    lmc_mp_put_cstr(w, "data");
+    lmc_mp_put_bin_header(w, (size_t)size);
+    size_t head = w->len;
+    lmc_mp_put_cstr(w, "context");
+    lmc_mp_put_map(w, 0);
+    if (w->failed || w->len - head > sizeof(tail))
+        return false;
+    size_t tail_len = w->len - head;
+    memcpy(tail, w->buf + head, tail_len);
+    uint8_t *data;
+    if (f->value_alloc) {
+        uint8_t *v = f->value_alloc(f, head + (size_t)size + tail_len);
+        if (!v)
+            return false;
+        memcpy(v, w->buf, head);
+        data = v + head;
+        f->value_external = true;
+    } else {
+        w->len = head;
+        data = lmc_mp_put_room(w, (size_t)size + tail_len);
+        if (!data)
+            return false;
+    }
+    if (kvp_tpickle_encode(s->tpl, s->n, s->chunks, data, (size_t)size) != (int64_t)size) {
+        f->value_external = false;
+        return false;
+    }
+    memcpy(data + size, tail, tail_len);
     return true;
 }
 
@@ -164,6 +211,16 @@ static bool h_prepare_retrieve(struct lmc_front *f, const struct lmc_req *r)
     if (!worker_args(f, r, &k, &iid, why, sizeof(why)))
         return malformed(f, r, why);
     bool hit = lmc_prepare_retrieve(f, iid, &k, &s);
+    if (hit && s.pickle) {
+        hit = put_pickle_retrieve(f, &s);
+        lmc_retrieve_pickle_end(f, hit); /* the reply holds the bytes now: unpinned */
+        if (hit)
+            return true;
+        log_warn_rl("LMCache prepare_retrieve of instance %" PRIu64 ": no memory for a reply of "
+                    "%u chunks; answered as a miss",
+                    iid, s.n);
+        lmc_mp_writer_reset(&f->out);
+    }
     lmc_encode_prepare_retrieve_reply(&f->out, hit, s.slots, s.n, &s.shape);
     return true;
 }

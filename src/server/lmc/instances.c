@@ -73,8 +73,12 @@ struct inst {
     struct kvp_registration reg;
     struct lmc_register asked; /* what the worker sent, to compare a re-registration */
     bool shm;                  /* the segment was offered */
-    bool pickle;               /* it sent a serialized commit */
-    int32_t rank;              /* the worker_id of its requests, -1 before the first */
+    bool pickle;               /* its chunks travel pickled: offered no segment, or fell back */
+    bool tpl_ok;               /* tpl and exp describe its chunk */
+    uint32_t max_chunks;       /* chunks one pickle commit may carry (what the pool holds) */
+    struct kvp_tpickle_expect exp;
+    struct kvp_tpickle_template tpl;
+    int32_t rank; /* the worker_id of its requests, -1 before the first */
     uint64_t last_seen_ms;
     bool pinged;
     struct pending pend[LMC_MAX_PENDING];
@@ -117,6 +121,10 @@ struct lmc_state {
     uint32_t reaped_next;
     struct lmc_slot slots[KVP_MAX_CHUNKS];
     uint32_t idx[KVP_MAX_CHUNKS];
+    struct kvp_tpickle_tensor tens[KVP_MAX_CHUNKS]; /* a pickle commit's chunks in its frame */
+    const uint8_t *chunks[KVP_MAX_CHUNKS];          /* a pickle retrieve's chunks in the pool */
+    struct inst *rin;                               /* whose pickle retrieve is pinned ... */
+    struct kvp_op_slots rres;                       /* ... and what it pinned */
     uint64_t next_reap_ms;
     char msg[KVP_MAX_ERRMSG + 1];
 };
@@ -231,6 +239,33 @@ static const char *refusal(struct lmc_front *f, const struct lmc_register *m, ch
     return NULL;
 }
 
+/* The pickle transport's view of an instance's chunk: what a commit must carry, how many
+ * chunks at most (what the pool can hold, and KVP_MAX_CHUNKS), the reply's pieces. */
+static void pickle_setup(struct lmc_front *f, struct inst *in)
+{
+    struct kvp_tpickle_layout *l = &in->exp.layout;
+    char why[160];
+    l->dtype = in->reg.spec.dtype;
+    l->ndim = in->reg.layout.ndim;
+    for (uint32_t i = 0; i < l->ndim; i++)
+        l->shape[i] = in->reg.layout.shape[i];
+    uint64_t fit = f->srv->cfg.l1_size / in->reg.layout.bytes;
+    in->max_chunks = fit < KVP_MAX_CHUNKS ? (uint32_t)fit : KVP_MAX_CHUNKS;
+    in->tpl_ok = kvp_tpickle_template_init(&in->tpl, l, why, sizeof(why)) == 0;
+    if (!in->tpl_ok)
+        log_warn("LMCache instance %" PRIu64 ": its chunks have no pickle form (%s); pickle "
+                 "commits will be refused",
+                 in->iid, why);
+}
+
+uint64_t lmc_max_value_frame(uint64_t l1_size)
+{
+    /* n chunks of b bytes fit the pool (n * b <= l1_size) and n <= KVP_MAX_CHUNKS, so any
+     * registration's kvp_tpickle_max_payload() is at most this; 5: a bin32 header. */
+    return 5 + KVP_TPICKLE_STREAM_OVERHEAD + l1_size +
+           (uint64_t)KVP_MAX_CHUNKS * KVP_TPICKLE_TENSOR_OVERHEAD;
+}
+
 void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct lmc_reg_answer *a)
 {
     struct lmc_state *st = f->st;
@@ -303,7 +338,8 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
         if (f->srv->seg.shared && !f->srv->seg.memfd) {
             spec.transport = KVP_REG_SHM;
         } else {
-            spec.transport = KVP_REG_INLINE;
+            /* The chunks then travel pickled inside the messages. */
+            spec.transport = KVP_REG_PICKLE;
             snprintf(spec.reason, sizeof(spec.reason), "%s",
                      f->srv->seg.memfd ? "--shm-backend memfd: LMCache workers open the segment "
                                          "by name"
@@ -320,6 +356,8 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
             in->registered = true;
             in->handle = in->reg.handle;
             in->shm = in->reg.transport == KVP_REG_SHM && !f->srv->seg.memfd;
+            in->pickle = in->reg.transport == KVP_REG_PICKLE;
+            pickle_setup(f, in);
         } else {
             kvp_owner_destroy(&in->owner);
             snprintf(why, sizeof(why), "%s", st->msg);
@@ -337,18 +375,8 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
     answer_offer(f, in, a);
     log_info("Registered non-GPU context for instance %" PRIu64 " (model=%s, world_size=%u)",
              m->instance_id, m->model_name, m->world_size);
-    /* The registry logged "Instance lmcache-<id> non-GPU context using ... transport". */
-    if (a->shm_name[0]) {
-        log_info("Using shm non-GPU transfer strategy");
-    } else {
-        log_info("Using pickle non-GPU transfer strategy");
-        log_warn("Instance %" PRIu64 " non-GPU context using pickle transport (%s): kvpoold "
-                 "does not serve pickle commits yet, so this worker runs uncached",
-                 m->instance_id,
-                 f->srv->seg.memfd     ? "--shm-backend memfd: workers cannot open it by name"
-                 : !f->srv->seg.shared ? f->srv->shm_reason
-                                       : in->reg.reason);
-    }
+    /* The registry logged "Instance lmcache-<id> non-GPU context using ... transport (...)". */
+    log_info("Using %s non-GPU transfer strategy", a->shm_name[0] ? "shm" : "pickle");
 }
 
 static void release_job_pins_of(struct lmc_state *st, uint64_t iid);
@@ -513,7 +541,8 @@ void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *
     if (!in)
         return;
     if (in->pickle || !in->shm) {
-        out->no_buffers = true; /* its commit will carry the chunks, and be refused */
+        /* Its commit carries the chunks and reserves then, as upstream's pickle strategy. */
+        out->no_buffers = true;
         return;
     }
     key_src(f, k, k->worker_id, false, &src);
@@ -533,7 +562,82 @@ void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *
     fill_slots(st, in, &res, out);
 }
 
-bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k, uint64_t data_len)
+/* A pickle commit of instance in: the range's chunks reserved, decoded from data, copied into
+ * their slots, published. True when every chunk is stored (or already was, or is being stored
+ * by another worker). */
+static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc_key *k,
+                          const uint8_t *data, uint64_t len)
+{
+    struct lmc_state *st = f->st;
+    struct kvp_op_slots res, io;
+    struct kvp_key_src src;
+    char why[200];
+    uint32_t n = 0;
+
+    if (!in->tpl_ok) {
+        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit refused (its dtype has no "
+                    "pickle form)",
+                    in->iid);
+        return false;
+    }
+    key_src(f, k, k->worker_id, false, &src);
+    int rc = kvp_op_prepare_store(&in->owner, in->handle, &src, &res, st->msg, sizeof(st->msg));
+    if (rc) {
+        log_warn_rl("LMCache commit_store of instance %" PRIu64 " failed: %s", in->iid, st->msg);
+        return false;
+    }
+    struct kvp_tpickle_expect exp = in->exp;
+    exp.min_tensors = exp.max_tensors = res.nchunks;
+    if (res.nchunks > in->max_chunks) {
+        snprintf(why, sizeof(why), "%u chunks, more than the pool holds (%u)", res.nchunks,
+                 in->max_chunks);
+        rc = -E2BIG;
+    } else if (res.nchunks == 0) {
+        snprintf(why, sizeof(why), "the range [%u, %u) has no full chunk", k->start, k->end);
+        rc = -EINVAL;
+    } else {
+        rc = kvp_tpickle_decode(data, (size_t)len, &exp, st->tens, KVP_MAX_CHUNKS, &n, why,
+                                sizeof(why));
+    }
+    if (rc) {
+        if (res.id)
+            kvp_op_abort_store(&in->owner, in->handle, res.id, KVP_DROP_ABORT, st->msg,
+                               sizeof(st->msg));
+        KVP_COUNT(lmcache_malformed, 1);
+        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit of %" PRIu64
+                    " bytes refused, nothing stored: %s",
+                    in->iid, len, why);
+        return false;
+    }
+    if (res.no_space)
+        log_warn_rl("LMCache instance %" PRIu64 ": %u chunk%s not stored for lack of "
+                    "evictable space in the pool",
+                    in->iid, res.no_space, res.no_space == 1 ? "" : "s");
+    if (res.nslots == 0)
+        return res.no_space == 0; /* cached, or being stored by another worker */
+    /* The reservation's chunk indices, before the next operation reuses the scratch. */
+    uint32_t nslots = res.nslots;
+    for (uint32_t j = 0; j < nslots; j++)
+        st->idx[j] = res.idx ? res.idx[j] : j;
+    rc = kvp_op_store_inline_begin(&in->owner, in->handle, res.id,
+                                   (uint64_t)nslots * res.chunk_bytes, &io, st->msg,
+                                   sizeof(st->msg));
+    if (rc) {
+        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit failed: %s", in->iid, st->msg);
+        return false;
+    }
+    /* One copy, from the received frame into the reserved slots. */
+    for (uint32_t j = 0; j < nslots; j++)
+        memcpy(io.iov[j].iov_base, st->tens[st->idx[j]].data, io.iov[j].iov_len);
+    rc = kvp_op_commit_store(&in->owner, in->handle, res.id, KVP_VIA_INLINE, st->msg,
+                             sizeof(st->msg));
+    if (rc < 0)
+        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit failed: %s", in->iid, st->msg);
+    return rc >= 0 && (uint32_t)rc == nslots && res.no_space == 0;
+}
+
+bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
+                      const uint8_t *data, uint64_t data_len)
 {
     struct lmc_state *st = f->st;
     uint8_t d[16];
@@ -543,21 +647,22 @@ bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k
     digest(f, k, d);
     struct pending *p = pending_find(in, d, false);
     if (data_len > 0) {
-        /* A serialized commit: the worker could not map the segment (or was told to use its
-         * pickle transport). Nothing it reserved was written. */
+        /* A pickle commit. The slots a prepare reserved for it were never written. */
         if (p) {
             end_pending(in, p, st);
             pending_remove(in, p);
         }
-        if (!in->pickle && in->shm)
+        if (!in->pickle) {
+            /* Offered the segment, it could not map it: its pickle transport from now on. */
+            char why[KVP_MAX_REASON + 1];
+            snprintf(why, sizeof(why), "could not map %s", f->srv->seg.name);
             log_warn("LMCache instance %" PRIu64 " fell back to the pickle transport (could not "
                      "map %s: check its uid, --shm-mode and a shared /dev/shm)",
                      iid, f->srv->seg.name);
-        in->pickle = true;
-        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit of %" PRIu64
-                    " bytes refused (kvpoold does not serve the pickle transport yet)",
-                    iid, data_len);
-        return false;
+            kvp_op_leave_shm(&in->owner, in->handle, KVP_REG_PICKLE, why, st->msg, sizeof(st->msg));
+            in->pickle = true;
+        }
+        return pickle_commit(f, in, k, data, data_len);
     }
     if (!p)
         return false;
@@ -570,6 +675,48 @@ bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k
 static struct job *job_find(struct lmc_state *st, const char *rid);
 static void job_claim(struct lmc_state *st, struct job *j, uint32_t rank);
 
+/* A pickle instance's prepare_retrieve: every chunk of the range pinned (or a miss) until
+ * lmc_retrieve_pickle_end(), after the handler encoded them into its reply. */
+static bool pickle_retrieve(struct lmc_front *f, struct inst *in, const struct lmc_key *k,
+                            const struct kvp_key_src *src, struct lmc_slots *out)
+{
+    struct lmc_state *st = f->st;
+    struct kvp_op_slots *res = &st->rres;
+    if (!in->tpl_ok)
+        return false;
+    int rc = kvp_op_retrieve_inline_begin(&in->owner, in->handle, src, res, st->msg,
+                                          sizeof(st->msg));
+    if (rc) {
+        log_warn_rl("LMCache prepare_retrieve of instance %" PRIu64 " failed: %s", in->iid,
+                    st->msg);
+        return false;
+    }
+    if (res->nchunks == 0 || res->nslots < res->nchunks) {
+        kvp_op_retrieve_inline_end(&in->owner, in->handle, res, false);
+        return false;
+    }
+    for (uint32_t j = 0; j < res->nslots; j++)
+        st->chunks[j] = res->iov[j].iov_base;
+    st->rin = in;
+    out->n = res->nslots;
+    out->pickle = true;
+    out->chunks = st->chunks;
+    out->tpl = &in->tpl;
+    struct job *j = job_find(st, k->request_id);
+    if (j)
+        job_claim(st, j, k->worker_id);
+    return true;
+}
+
+void lmc_retrieve_pickle_end(struct lmc_front *f, bool sent)
+{
+    struct lmc_state *st = f->st;
+    if (!st->rin)
+        return;
+    kvp_op_retrieve_inline_end(&st->rin->owner, st->rin->handle, &st->rres, sent);
+    st->rin = NULL;
+}
+
 bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                           struct lmc_slots *out)
 {
@@ -580,9 +727,13 @@ bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_ke
 
     memset(out, 0, sizeof(*out));
     struct inst *in = worker_inst(f, iid, k, "prepare_retrieve");
-    if (!in || in->pickle || !in->shm)
+    if (!in)
         return false;
     key_src(f, k, k->worker_id, false, &src);
+    if (in->pickle)
+        return pickle_retrieve(f, in, k, &src, out);
+    if (!in->shm)
+        return false;
     int rc = kvp_op_prepare_retrieve(&in->owner, in->handle, &src, &res, st->msg, sizeof(st->msg));
     if (rc) {
         log_warn_rl("LMCache prepare_retrieve of instance %" PRIu64 " failed: %s", iid, st->msg);
@@ -699,7 +850,7 @@ static struct inst *rank_inst(struct lmc_state *st, const struct lmc_key *k, uin
     struct inst *any = NULL;
     for (uint32_t i = 0; i < st->ninst; i++) {
         struct inst *in = st->inst[i];
-        if (!in->registered || !in->shm || strcmp(in->asked.model_name, k->model_name) != 0 ||
+        if (!in->registered || strcmp(in->asked.model_name, k->model_name) != 0 ||
             in->asked.world_size != k->world_size)
             continue;
         if (in->rank == (int32_t)r)

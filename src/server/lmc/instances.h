@@ -22,6 +22,7 @@
 
 #include "lmc/front.h"
 #include "lmc/messages.h"
+#include "lmc/torch_pickle.h"
 
 #define LMC_MAX_INSTANCES 1024u
 #define LMC_MAX_PENDING 64u
@@ -53,14 +54,23 @@ struct lmc_slots {
     uint32_t *chunk_indices;
     struct lmc_slot_shape shape;
     bool no_buffers; /* prepare_store: answer {} (a pickle-mode instance) */
+    /* prepare_retrieve of a pickle-mode instance: the chunks to encode (n of them, pinned
+     * until lmc_retrieve_pickle_end()) with the instance's reply template. */
+    bool pickle;
+    const uint8_t *const *chunks;
+    const struct kvp_tpickle_template *tpl;
 };
 
 void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                        struct lmc_slots *out);
+/* A commit: data_len 0 publishes the pending prepare's slots; otherwise data is a pickle of the
+ * range's chunks (never unpickled: torch_pickle.h recognises it), copied into fresh slots. */
 bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
-                      uint64_t data_len);
+                      const uint8_t *data, uint64_t data_len);
 bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                           struct lmc_slots *out);
+/* Ends a pickle prepare_retrieve's pins once its reply is built (sent: counted as retrieved). */
+void lmc_retrieve_pickle_end(struct lmc_front *f, bool sent);
 bool lmc_commit_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k);
 
 void lmc_lookup(struct lmc_front *f, const struct lmc_key *k);

@@ -20,9 +20,14 @@
  * has gone fail with EHOSTUNREACH instead of vanishing; such a reply, and one refused because
  * the peer stopped reading (its queue is full), is counted and logged, never retried.
  *
- * Frames are bounded by ZMQ_MAXMSGSIZE: the largest legal request is a commit that carries a
- * pool's worth of serialized chunks, so l1-size plus the largest key (KVP_MAX_TOKENS token ids).
- * A larger frame makes libzmq drop the peer's connection.
+ * Frames are bounded by ZMQ_MAXMSGSIZE: the largest legal frame is a commit's pickle of a pool's
+ * worth of chunks (lmc_max_value_frame(): what kvp_tpickle_max_payload() allows any
+ * registration), or a key of KVP_MAX_TOKENS token ids, whichever is larger. A larger frame
+ * makes libzmq drop the peer's connection.
+ *
+ * A pickle retrieve's reply value is written by the encoder into a ZeroMQ message of its exact
+ * size (lmc_front.value_alloc): the chunks are copied once, from the pool into the message,
+ * which ZeroMQ then sends without another copy.
  */
 #include "lmc/listener.h"
 
@@ -68,7 +73,20 @@ struct lmc_listener {
     ino_t ipc_ino;
     struct lmc_front front;
     bool front_ready;
+    zmq_msg_t value; /* the reply's value when the front end asked for it (value_alloc) */
 };
+
+/* lmc_front.value_alloc: the value frame as a ZeroMQ message of size bytes. */
+static uint8_t *value_alloc(struct lmc_front *f, size_t size)
+{
+    struct lmc_listener *l = f->value_ctx;
+    zmq_msg_close(&l->value);
+    if (zmq_msg_init_size(&l->value, size)) {
+        zmq_msg_init(&l->value);
+        return NULL;
+    }
+    return zmq_msg_data(&l->value);
+}
 
 /* True if something accepts connections on the Unix socket path. */
 static bool socket_answers(const char *path)
@@ -119,9 +137,11 @@ static int bind_router(struct lmc_listener *l)
 {
     const struct kvp_config *cfg = &l->srv->cfg;
     int one = 1, zero = 0;
-    /* A commit may carry a pool's worth of serialized chunks; a key at most KVP_MAX_TOKENS
-     * token ids of 5 bytes each. */
-    int64_t maxmsg = (int64_t)cfg->l1_size + (int64_t)KVP_MAX_TOKENS * 5 + (1 << 20);
+    /* A commit may carry a pool's worth of pickled chunks; a key at most KVP_MAX_TOKENS
+     * token ids of 5 bytes each, plus its other fields. */
+    uint64_t value = lmc_max_value_frame(cfg->l1_size);
+    uint64_t key = (uint64_t)KVP_MAX_TOKENS * 5 + (1 << 20);
+    int64_t maxmsg = (int64_t)(value > key ? value : key);
 
     if (zmq_setsockopt(l->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) ||
         zmq_setsockopt(l->router, ZMQ_LINGER, &zero, sizeof(zero)) ||
@@ -174,6 +194,7 @@ int lmc_listener_open(struct kvp_server *s, struct lmc_listener **out)
         return -ENOMEM;
     l->srv = s;
     l->wake_fd = -1;
+    zmq_msg_init(&l->value);
     if (kvp_lmc_addr_parse(s->cfg.lmcache, &l->addr)) {
         log_error("Cannot start: invalid --lmcache address %s", s->cfg.lmcache);
         free(l);
@@ -264,8 +285,13 @@ static void send_reply(struct lmc_listener *l, zmq_msg_t *m, const struct lmc_re
         /* Once the first frame is queued, ZeroMQ takes the rest of the message. */
         send_frame(l, zmq_msg_data(&m[1]), zmq_msg_size(&m[1]), true);
         send_frame(l, r->op_frame, r->op_len, has_value);
-        if (has_value)
+        if (has_value && l->front.value_external) {
+            if (zmq_msg_send(&l->value, l->router, ZMQ_DONTWAIT) < 0)
+                log_warn_rl("LMCache front end: sending a reply of %zu bytes failed: %s",
+                            zmq_msg_size(&l->value), zmq_strerror(errno));
+        } else if (has_value) {
             send_frame(l, w->buf, w->len, false);
+        }
         return;
     }
     KVP_COUNT(lmcache_replies_lost, 1);
@@ -302,15 +328,20 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
     }
     l->front.now_ms = kvp_mono_ms();
     lmc_mp_writer_reset(&l->front.out);
+    l->front.value_external = false;
     log_debug("LMCache %s (%u payload%s)", r.op != LMC_OP_UNKNOWN ? lmc_op_name(r.op) : r.name,
               r.npayloads, r.npayloads == 1 ? "" : "s");
     bool has_value = lmc_dispatch(&l->front, &r);
     if (has_value && l->front.out.failed) {
         /* Out of memory for the reply: the negative one is a few bytes. */
         lmc_mp_writer_reset(&l->front.out);
+        l->front.value_external = false;
         has_value = lmc_encode_negative(&l->front.out, r.op) && !l->front.out.failed;
     }
     send_reply(l, m, &r, has_value);
+    /* Sent (emptied by ZeroMQ) or not: the value message is done with. */
+    zmq_msg_close(&l->value);
+    zmq_msg_init(&l->value);
 }
 
 static void *listener_main(void *arg)
@@ -360,6 +391,8 @@ int lmc_listener_start(struct lmc_listener *l)
         return rc;
     }
     l->front_ready = true;
+    l->front.value_alloc = value_alloc;
+    l->front.value_ctx = l;
     rc = kvp_thread_create(&l->thread, NULL, listener_main, l);
     if (rc) {
         log_error("Cannot start the LMCache front end's thread: %s", kvp_strerror(-rc));
@@ -370,7 +403,7 @@ int lmc_listener_start(struct lmc_listener *l)
     bool shm = s->seg.shared && !s->seg.memfd;
     log_info("LMCache front end listening on %s (chunk size %u tokens; %s%s)", l->url,
              s->cfg.chunk_tokens, shm ? "shared memory " : "no named shared memory: ",
-             shm ? s->seg.name : "workers fall back to their pickle transport");
+             shm ? s->seg.name : "workers use their pickle transport");
     return 0;
 }
 
@@ -387,6 +420,7 @@ void lmc_listener_close(struct lmc_listener *l)
     }
     if (l->front_ready)
         lmc_front_destroy(&l->front);
+    zmq_msg_close(&l->value);
     zmq_close(l->router);
     zmq_ctx_term(l->zctx);
     if (l->ipc_bound) {
