@@ -913,11 +913,13 @@ int kvp_config_parse(struct kvp_config *cfg, int argc, char **argv, FILE *out, F
     optind = 0;
     opterr = 0;
     for (int c; (c = getopt_long(argc, argv, "h", lopts, NULL)) != -1;) {
-        if (c > 0 && c <= (int)NOPTS)
-            p.on_command_line[c - 1] = true;
-        if (c > 0 && &opts[c - 1] == config)
+        /* 'h' and '?' are not rows of the table. */
+        if (c <= 0 || c > (int)NOPTS)
+            continue;
+        p.on_command_line[c - 1] = true;
+        if (&opts[c - 1] == config)
             config_path = optarg;
-        if (c > 0 && &opts[c - 1] == format)
+        if (&opts[c - 1] == format)
             format_arg = optarg;
     }
     bool info_only = p.on_command_line[help - opts] || p.on_command_line[version - opts];
