@@ -17,6 +17,7 @@ Usage (ctest label "lmcache"): /usr/bin/python3 tests/lmcache/test_wire.py KVPOO
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -69,6 +70,8 @@ class Daemon:
         if not expect_start:
             self.rc = self.proc.wait(60)
             self.log.close()
+            self.saved = self.text()
+            shutil.rmtree(self.dir, ignore_errors=True)
             return
         deadline = time.monotonic() + 60
         while "ready:" not in self.text():
@@ -77,6 +80,8 @@ class Daemon:
         self.http = int(re.search(r"HTTP endpoint on [^ ]*?:(\d+)", self.text()).group(1))
 
     def text(self):
+        if hasattr(self, "saved"):
+            return self.saved
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 
@@ -90,6 +95,7 @@ class Daemon:
         rc = self.proc.wait(30)
         self.log.close()
         assert rc == 0, "kvpoold exited with %d:\n%s" % (rc, self.text())
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Client:
@@ -419,6 +425,7 @@ class Addresses(unittest.TestCase):
         d = Daemon("ipc://" + path, expect_start=False)
         self.assertNotEqual(d.rc, 0)
         self.assertIn("Refusing to start", d.text())
+        shutil.rmtree(base, ignore_errors=True)
 
     def test_tcp_not_loopback_warns(self):
         d = Daemon("tcp://0.0.0.0:%d" % free_port())
