@@ -8,7 +8,10 @@ of one model, two workers sharing a prefix, two models that must not see each
 other's chunks), "liveness" (a worker killed in the middle of a store, calls
 of an unregistered and of a reaped instance) or "pickle" (the same round trips
 through LMCache's pickle transport, with no segment name and with the memfd
-backend; a worker that falls back to it; hostile pickles through the wire).
+backend; a worker that falls back to it; hostile pickles through the wire) or
+"devshm" (a 1 GiB pool in a private mount namespace whose /dev/shm is a 64 MiB
+tmpfs, as in a container: the capacity gate, then the pickle transport; exit
+77 where the namespace cannot be created).
 
 Every request is made by LMCache's own classes (lmc_worker.py): its
 RequestClient and EngineDrivenTransferContext, through shared memory, as
@@ -45,9 +48,11 @@ def free_port():
 
 
 class Daemon:
-    """A kvpoold with the LMCache front end on a free TCP port, in a private directory."""
+    """A kvpoold with the LMCache front end on a free TCP port, in a private directory.
 
-    def __init__(self, *extra):
+    prefix is a command the daemon is run by (it must exec the daemon, which keeps the pid)."""
+
+    def __init__(self, *extra, prefix=()):
         self.dir = tempfile.mkdtemp(prefix="kvp-lmc-")
         os.chmod(self.dir, 0o700)
         self.port = free_port()
@@ -57,7 +62,7 @@ class Daemon:
         self.log = open(self.log_path, "wb")
         # A test's own --shm-name or --shm-backend replaces the default segment name.
         own = "--shm-name" in extra or "--shm-backend" in extra
-        args = [
+        args = list(prefix) + [
             KVPOOLD, "--socket", os.path.join(self.dir, "kvpool.sock"), "--l1-size", "64MiB",
             "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0",
         ] + ([] if own else ["--shm-name", self.shm]) + [
@@ -100,10 +105,13 @@ def tokens(n_chunks, base=1, extra=5):
 
 class Base(unittest.TestCase):
     def setUp(self):
-        self.d = Daemon(*self.daemon_args())
+        self.d = Daemon(*self.daemon_args(), prefix=self.daemon_prefix())
         self.closers = []
 
     def daemon_args(self):
+        return ()
+
+    def daemon_prefix(self):
         return ()
 
     def tearDown(self):
@@ -474,6 +482,51 @@ class PickleMemfd(PickleNoName):
         return ("--shm-backend", "memfd")
 
 
+# Runs "$0" "$@" in a private mount namespace whose /dev/shm is a 64 MiB tmpfs, as a container's
+# (unshare(1) makes the namespace's mounts private; exec keeps the pid, so SIGTERM reaches it).
+SMALL_DEVSHM = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$0" "$@"']
+
+
+def small_devshm_available():
+    """Whether this machine lets the test make a private /dev/shm (root or CAP_SYS_ADMIN)."""
+    r = subprocess.run(SMALL_DEVSHM + ["true"], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        print("skipped: cannot create a mount namespace with a 64 MiB /dev/shm: %s"
+              % r.stderr.strip(), file=sys.stderr)
+    return r.returncode == 0
+
+
+class PickleSmallDevShm(Base):
+    """A 1 GiB POSIX pool in a container's 64 MiB /dev/shm: the capacity gate turns shared
+    memory off before creating anything, and the worker (outside the namespace, over loopback
+    TCP) is given no segment name: the pickle transport."""
+
+    transport_reason = "SHM disabled: insufficient /dev/shm capacity (need %d bytes, have %d" % (
+        (1 << 30) + 4096, 64 << 20)
+
+    def daemon_args(self):
+        return ("--l1-size", "1GiB")  # after the default --l1-size: the last one counts
+
+    def daemon_prefix(self):
+        return SMALL_DEVSHM
+
+    def roundtrip(self, dtype, layout="NHD"):
+        # Checked in the test, not in setUp: a failure still stops the daemon (tearDown).
+        self.assertIn("Insufficient /dev/shm capacity: need %d bytes, have %d bytes. Disabling "
+                      "SHM transport." % ((1 << 30) + 4096, 64 << 20), self.d.text())
+        shm = self.d.status()["shm"]
+        self.assertEqual((shm["enabled"], shm["pool_size"], shm["dev_shm_free_bytes"]),
+                         (False, 1 << 30, 64 << 20))
+        PickleNoName.roundtrip(self, dtype, layout)
+
+    def test_float16(self):
+        self.roundtrip("float16")
+
+    def test_mla(self):
+        self.roundtrip("bfloat16", layout="MLA")
+
+
 class PickleFallback(Base):
     """A worker offered the segment whose commit is a pickle nonetheless (it could not map it)."""
 
@@ -516,7 +569,10 @@ def main():
         "transfer": [Transfer],
         "liveness": [Liveness],
         "pickle": [PickleNoName, PickleMemfd, PickleFallback],
+        "devshm": [PickleSmallDevShm],
     }
+    if group == "devshm" and not small_devshm_available():
+        sys.exit(77)
     suite = unittest.TestSuite(
         unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in groups[group]
     )
