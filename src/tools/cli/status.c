@@ -313,7 +313,11 @@ void print_status(const struct cli *x, json_t *doc)
         }
     } else {
         term_safe(reason, sizeof(reason), jstr(shm, "disabled_reason", "-"));
-        printf("SHM:        disabled: %s (every worker uses the inline transport)\n", reason);
+        /* The daemon's reasons say "SHM disabled ..." themselves: the label already says SHM. */
+        if (strncmp(reason, "SHM disabled", 12) == 0)
+            printf("SHM:        %s (every worker uses the inline transport)\n", reason + 4);
+        else
+            printf("SHM:        disabled: %s (every worker uses the inline transport)\n", reason);
     }
     if (l2_line(doc, line, sizeof(line)))
         printf("L2:         %s\n", line);
