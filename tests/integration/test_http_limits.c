@@ -13,6 +13,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,17 +201,17 @@ static void test_idle_crowd(void **state)
 /* Clients that send their headers one byte every 3 s (slowloris) while probes come. */
 struct trickle {
     int fds[16];
-    volatile bool stop;
+    atomic_bool stop;
 };
 
 static void *trickle_main(void *arg)
 {
     struct trickle *t = arg;
     static const char req[] = "GET /api/status HTTP/1.1\r\nHost: x\r\nX-Slow: yes\r\n";
-    for (size_t k = 0; k < sizeof(req) - 1 && !t->stop; k++) {
+    for (size_t k = 0; k < sizeof(req) - 1 && !atomic_load(&t->stop); k++) {
         for (int i = 0; i < 16; i++)
             send(t->fds[i], req + k, 1, MSG_NOSIGNAL);
-        for (int ms = 0; ms < 3000 && !t->stop; ms += 50)
+        for (int ms = 0; ms < 3000 && !atomic_load(&t->stop); ms += 50)
             kvpt_sleep_ms(50);
     }
     return NULL;
@@ -219,7 +220,8 @@ static void *trickle_main(void *arg)
 static void test_trickling_headers(void **state)
 {
     (void)state;
-    struct trickle t = {.stop = false};
+    struct trickle t;
+    atomic_init(&t.stop, false);
     pthread_t th;
     for (int i = 0; i < 16; i++) {
         t.fds[i] = kvpt_http_connect(port);
@@ -234,7 +236,7 @@ static void test_trickling_headers(void **state)
     /* However often a byte comes, a request late by the timeout is closed. */
     for (int i = 0; i < 16; i++)
         assert_true(kvpt_raw_closed(t.fds[i], (HTTP_REQUEST_TIMEOUT_S + 5) * 1000));
-    t.stop = true;
+    atomic_store(&t.stop, true);
     pthread_join(th, NULL);
     for (int i = 0; i < 16; i++)
         close(t.fds[i]);
