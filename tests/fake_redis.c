@@ -76,7 +76,7 @@ static bool drip(struct kvpt_fake_redis *f, int fd, const char *s)
  * it. Returns false (the connection ends). */
 static bool huge(struct kvpt_fake_redis *f, int fd)
 {
-    static char chunk[65536];
+    char chunk[65536]; /* one per connection thread: they run at once */
     const char head[] = "$1073741824\r\n";
     memset(chunk, 'x', sizeof(chunk));
     if (!send_all(f, fd, head, sizeof(head) - 1))
