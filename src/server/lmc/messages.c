@@ -401,8 +401,9 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
         if (rc)
             return bad(rc, why, why_size, "registration: %s %s", field, rc_word(rc));
     }
-    static const char *const names[] = {"instance_id", "model_name",      "world_size", "block_size",
-                                        "num_layers",  "hidden_dim_size", "dtype_str",  "use_mla"};
+    static const char *const names[] = {"instance_id", "model_name", "world_size",
+                                        "block_size",  "num_layers", "hidden_dim_size",
+                                        "dtype_str",   "use_mla"};
     return close_map(&r, "registration", seen, names, 8, why, why_size);
 }
 
