@@ -31,6 +31,7 @@
 #include "core/owner.h"
 #include "fuzz.h"
 #include "kvp/listener.h"
+#include "server_setup.h"
 
 #define POOL_SIZE (64u << 10)
 #define CHUNK_TOKENS 4u
@@ -141,24 +142,11 @@ static void init_once(void)
     if (done)
         return;
     done = true;
-    kvp_log_threshold = (enum kvp_log_level)(KVP_LOG_ERROR + 1); /* silence */
-    kvp_config_defaults(&srv.cfg);
-    srv.cfg.l1_size = POOL_SIZE;
-    srv.cfg.chunk_tokens = CHUNK_TOKENS;
+    fuzz_server_init(&srv, POOL_SIZE, CHUNK_TOKENS);
     srv.cfg.io_timeout_ms = 5000;
-    srv.listen_fd = -1;
-    srv.wake_fds[0] = srv.wake_fds[1] = -1;
     kvp_owners_init(&srv.owners);
-    pthread_mutex_init(&srv.conns_lock, NULL);
-    pthread_cond_init(&srv.conns_cv, NULL);
     /* SHM offered, so that shm registrations and PREPARE_RETRIEVE are reachable too. */
-    offer = (struct kvp_offer){
-        .shm_enabled = true,
-        .shm_name = "kvpool_l1_pool_fuzz",
-        .shm_reason = "",
-        .pool_size = POOL_SIZE,
-        .chunk_tokens = CHUNK_TOKENS,
-    };
+    offer = fuzz_shm_offer("kvpool_l1_pool_fuzz", POOL_SIZE, CHUNK_TOKENS);
 }
 
 /*
@@ -224,12 +212,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_t tid;
 
     init_once();
-    uint8_t *mem = malloc(KVP_SEG_HEADER + POOL_SIZE);
-    FUZZ_CHECK(mem != NULL);
-    srv.seg = (struct kvp_segment)KVP_SEGMENT_INIT;
-    srv.seg.base = mem;
-    srv.seg.size = KVP_SEG_HEADER + POOL_SIZE;
-    FUZZ_CHECK(kvp_store_init(&srv.store, KVP_SEG_HEADER, POOL_SIZE, POOL_SIZE) == 0);
+    fuzz_server_pool(&srv, NULL);
     kvp_registry_init(&srv.registry, &offer);
     FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 
@@ -260,6 +243,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(f.replies);
     kvp_registry_destroy(&srv.registry);
     kvp_store_destroy(&srv.store);
-    free(mem);
+    free(srv.seg.base);
     return 0;
 }

@@ -37,6 +37,7 @@
 #include "core/daemon.h"
 #include "fuzz.h"
 #include "http/http.h"
+#include "server_setup.h"
 
 #define POOL_SIZE (64u << 10)
 #define CHUNK_TOKENS 4u
@@ -73,32 +74,12 @@ static void init_once(void)
     if (done)
         return;
     done = true;
-    kvp_log_threshold = (enum kvp_log_level)(KVP_LOG_ERROR + 1); /* silence */
-    kvp_config_defaults(&srv.cfg);
-    srv.cfg.l1_size = POOL_SIZE;
-    srv.cfg.chunk_tokens = CHUNK_TOKENS;
-    srv.listen_fd = -1;
-    srv.wake_fds[0] = srv.wake_fds[1] = -1;
+    fuzz_server_init(&srv, POOL_SIZE, CHUNK_TOKENS);
     srv.started_mono_ms = kvp_mono_ms();
     srv.started_wall_ms = kvp_wall_ms();
-    pthread_mutex_init(&srv.conns_lock, NULL);
-    pthread_cond_init(&srv.conns_cv, NULL);
 
-    uint8_t *mem = malloc(KVP_SEG_HEADER + POOL_SIZE);
-    FUZZ_CHECK(mem != NULL);
-    srv.seg = (struct kvp_segment)KVP_SEGMENT_INIT;
-    srv.seg.base = mem;
-    srv.seg.size = KVP_SEG_HEADER + POOL_SIZE;
-    srv.seg.shared = true;
-    snprintf(srv.seg.name, sizeof(srv.seg.name), "kvpool_l1_pool_fuzz");
-    FUZZ_CHECK(kvp_store_init(&srv.store, KVP_SEG_HEADER, POOL_SIZE, POOL_SIZE) == 0);
-    struct kvp_offer offer = {
-        .shm_enabled = true,
-        .shm_name = srv.seg.name,
-        .shm_reason = "",
-        .pool_size = POOL_SIZE,
-        .chunk_tokens = CHUNK_TOKENS,
-    };
+    fuzz_server_pool(&srv, "kvpool_l1_pool_fuzz");
+    struct kvp_offer offer = fuzz_shm_offer(srv.seg.name, POOL_SIZE, CHUNK_TOKENS);
     kvp_registry_init(&srv.registry, &offer);
     add_instance("fuzz-shm", KVP_REG_SHM, 1);
     add_instance("fuzz-inline", KVP_REG_INLINE, 2);

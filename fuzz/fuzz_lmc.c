@@ -33,6 +33,7 @@
 #include "lmc/codec.h"
 #include "lmc/front.h"
 #include "lmc/messages.h"
+#include "server_setup.h"
 
 #define MAX_FRAMES 16
 #define END_OF_MESSAGE 0xffffffffu
@@ -227,22 +228,9 @@ static void init_once(void)
     if (done)
         return;
     done = true;
-    kvp_log_threshold = (enum kvp_log_level)(KVP_LOG_ERROR + 1); /* silence */
-    kvp_config_defaults(&srv.cfg);
-    srv.cfg.l1_size = POOL_SIZE;
-    srv.cfg.chunk_tokens = CHUNK_TOKENS;
-    srv.listen_fd = -1;
-    srv.wake_fds[0] = srv.wake_fds[1] = -1;
+    fuzz_server_init(&srv, POOL_SIZE, CHUNK_TOKENS);
     kvp_owners_init(&srv.owners);
-    pthread_mutex_init(&srv.conns_lock, NULL);
-    pthread_cond_init(&srv.conns_cv, NULL);
-    offer = (struct kvp_offer){
-        .shm_enabled = true,
-        .shm_name = "kvpool_l1_pool_fuzz",
-        .shm_reason = "",
-        .pool_size = POOL_SIZE,
-        .chunk_tokens = CHUNK_TOKENS,
-    };
+    offer = fuzz_shm_offer("kvpool_l1_pool_fuzz", POOL_SIZE, CHUNK_TOKENS);
 }
 
 /* Slots of a prepare reply lie inside the segment and have the chunk's length. */
@@ -330,14 +318,7 @@ static void run_front(const uint8_t *data, size_t size)
     char name[64];
 
     init_once();
-    uint8_t *mem = malloc(KVP_SEG_HEADER + POOL_SIZE);
-    FUZZ_CHECK(mem != NULL);
-    srv.seg = (struct kvp_segment)KVP_SEGMENT_INIT;
-    srv.seg.base = mem;
-    srv.seg.size = KVP_SEG_HEADER + POOL_SIZE;
-    srv.seg.shared = true;
-    snprintf(srv.seg.name, sizeof(srv.seg.name), "kvpool_l1_pool_fuzz");
-    FUZZ_CHECK(kvp_store_init(&srv.store, KVP_SEG_HEADER, POOL_SIZE, POOL_SIZE) == 0);
+    fuzz_server_pool(&srv, "kvpool_l1_pool_fuzz");
     kvp_registry_init(&srv.registry, &offer);
     FUZZ_CHECK(lmc_front_init(&front, &srv) == 0);
 
@@ -372,7 +353,7 @@ static void run_front(const uint8_t *data, size_t size)
     FUZZ_CHECK(kvp_registry_count(&srv.registry) == 0);
     kvp_registry_destroy(&srv.registry);
     kvp_store_destroy(&srv.store);
-    free(mem);
+    free(srv.seg.base);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -238,14 +238,41 @@ bool lmc_mp_try_nil(struct lmc_mp_reader *r)
     return false;
 }
 
+/* head() plus the checks every typed read makes: the value is a @want and its length, count or
+ * magnitude is at most @max. The cursor does not move. */
+static int expect(const struct lmc_mp_reader *r, enum lmc_mp_type want, uint64_t max,
+                  struct head *h)
+{
+    int rc = head(r, h);
+    if (rc)
+        return rc;
+    if (h->type != want)
+        return -EINVAL;
+    if (h->n > max)
+        return -E2BIG;
+    return 0;
+}
+
+/* A str or bin of at most @max bytes: its payload is left in place, the cursor moves past it. */
+static int read_payload(struct lmc_mp_reader *r, enum lmc_mp_type want, uint64_t max,
+                        const uint8_t **b, uint64_t *len)
+{
+    struct head h;
+    int rc = expect(r, want, max, &h);
+    if (rc)
+        return rc;
+    *b = r->p + h.hlen;
+    *len = h.n;
+    r->p += h.hlen + h.n;
+    return 0;
+}
+
 int lmc_mp_read_nil(struct lmc_mp_reader *r)
 {
     struct head h;
-    int rc = head(r, &h);
+    int rc = expect(r, LMC_MP_NIL, UINT64_MAX, &h);
     if (rc)
         return rc;
-    if (h.type != LMC_MP_NIL)
-        return -EINVAL;
     r->p += h.hlen;
     return 0;
 }
@@ -253,11 +280,9 @@ int lmc_mp_read_nil(struct lmc_mp_reader *r)
 int lmc_mp_read_bool(struct lmc_mp_reader *r, bool *v)
 {
     struct head h;
-    int rc = head(r, &h);
+    int rc = expect(r, LMC_MP_BOOL, UINT64_MAX, &h);
     if (rc)
         return rc;
-    if (h.type != LMC_MP_BOOL)
-        return -EINVAL;
     *v = h.n != 0;
     r->p += h.hlen;
     return 0;
@@ -266,11 +291,9 @@ int lmc_mp_read_bool(struct lmc_mp_reader *r, bool *v)
 int lmc_mp_read_int(struct lmc_mp_reader *r, int64_t min, int64_t max, int64_t *v)
 {
     struct head h;
-    int rc = head(r, &h);
+    int rc = expect(r, LMC_MP_INT, UINT64_MAX, &h);
     if (rc)
         return rc;
-    if (h.type != LMC_MP_INT)
-        return -EINVAL;
     int64_t x;
     if (h.neg) {
         if (h.n > (uint64_t)INT64_MAX + 1)
@@ -291,11 +314,9 @@ int lmc_mp_read_int(struct lmc_mp_reader *r, int64_t min, int64_t max, int64_t *
 int lmc_mp_read_uint(struct lmc_mp_reader *r, uint64_t max, uint64_t *v)
 {
     struct head h;
-    int rc = head(r, &h);
+    int rc = expect(r, LMC_MP_INT, UINT64_MAX, &h);
     if (rc)
         return rc;
-    if (h.type != LMC_MP_INT)
-        return -EINVAL;
     if ((h.neg && h.n != 0) || h.n > max)
         return -ERANGE;
     *v = h.n;
@@ -321,17 +342,13 @@ int lmc_mp_read_float(struct lmc_mp_reader *r, double *v)
 
 int lmc_mp_read_str(struct lmc_mp_reader *r, uint32_t max, const char **s, uint32_t *len)
 {
-    struct head h;
-    int rc = head(r, &h);
+    const uint8_t *b;
+    uint64_t n;
+    int rc = read_payload(r, LMC_MP_STR, max, &b, &n);
     if (rc)
         return rc;
-    if (h.type != LMC_MP_STR)
-        return -EINVAL;
-    if (h.n > max)
-        return -E2BIG;
-    *s = (const char *)r->p + h.hlen;
-    *len = (uint32_t)h.n;
-    r->p += h.hlen + h.n;
+    *s = (const char *)b;
+    *len = (uint32_t)n;
     return 0;
 }
 
@@ -356,30 +373,15 @@ int lmc_mp_read_cstr(struct lmc_mp_reader *r, char *buf, size_t cap)
 
 int lmc_mp_read_bin(struct lmc_mp_reader *r, uint64_t max, const uint8_t **b, uint64_t *len)
 {
-    struct head h;
-    int rc = head(r, &h);
-    if (rc)
-        return rc;
-    if (h.type != LMC_MP_BIN)
-        return -EINVAL;
-    if (h.n > max)
-        return -E2BIG;
-    *b = r->p + h.hlen;
-    *len = h.n;
-    r->p += h.hlen + h.n;
-    return 0;
+    return read_payload(r, LMC_MP_BIN, max, b, len);
 }
 
 static int read_container(struct lmc_mp_reader *r, enum lmc_mp_type want, uint32_t max, uint32_t *n)
 {
     struct head h;
-    int rc = head(r, &h);
+    int rc = expect(r, want, max, &h);
     if (rc)
         return rc;
-    if (h.type != want)
-        return -EINVAL;
-    if (h.n > max)
-        return -E2BIG;
     *n = (uint32_t)h.n;
     r->p += h.hlen;
     return 0;

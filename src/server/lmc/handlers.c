@@ -236,38 +236,29 @@ static bool h_commit_retrieve(struct lmc_front *f, const struct lmc_req *r)
     return true;
 }
 
-/* The key and tp_size of the scheduler's lookup and free_lookup_locks. */
-static bool scheduler_args(struct lmc_front *f, const struct lmc_req *r, struct lmc_key *k,
-                           char *why, size_t why_size)
+/* The scheduler's lookup and free_lookup_locks: (key, tp_size), answered by @fn itself. */
+static bool scheduler_call(struct lmc_front *f, const struct lmc_req *r,
+                           void (*fn)(struct lmc_front *, const struct lmc_key *))
 {
+    struct lmc_key k;
+    char why[160];
     int64_t tp;
-    if (!decode_key(f, r, 0, k, why, why_size))
-        return false;
-    if (lmc_decode_int(r->p[1], r->n[1], 0, 65535, &tp)) {
-        snprintf(why, why_size, "tp_size is not an int of 0..65535");
-        return false;
-    }
-    return true;
+    if (!decode_key(f, r, 0, &k, why, sizeof(why)))
+        return malformed(f, r, why);
+    if (lmc_decode_int(r->p[1], r->n[1], 0, 65535, &tp))
+        return malformed(f, r, "tp_size is not an int of 0..65535");
+    fn(f, &k);
+    return false;
 }
 
 static bool h_lookup(struct lmc_front *f, const struct lmc_req *r)
 {
-    struct lmc_key k;
-    char why[160];
-    if (!scheduler_args(f, r, &k, why, sizeof(why)))
-        return malformed(f, r, why);
-    lmc_lookup(f, &k);
-    return false;
+    return scheduler_call(f, r, lmc_lookup);
 }
 
 static bool h_free_lookup_locks(struct lmc_front *f, const struct lmc_req *r)
 {
-    struct lmc_key k;
-    char why[160];
-    if (!scheduler_args(f, r, &k, why, sizeof(why)))
-        return malformed(f, r, why);
-    lmc_free_lookup_locks(f, &k);
-    return false;
+    return scheduler_call(f, r, lmc_free_lookup_locks);
 }
 
 static bool h_query(struct lmc_front *f, const struct lmc_req *r)

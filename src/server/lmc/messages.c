@@ -124,6 +124,46 @@ static int read_u32(struct lmc_mp_reader *r, uint32_t min, uint32_t max, uint32_
     return rc;
 }
 
+/* Opens a message that is a map of at most 64 fields; @what names the message in @why. */
+static int open_map(struct lmc_mp_reader *r, const void *frame, size_t n, const char *what,
+                    uint32_t *nfields, char *why, size_t why_size)
+{
+    lmc_mp_reader_init(r, frame, n);
+    int rc = lmc_mp_read_map(r, 64, nfields);
+    if (rc)
+        return bad(rc, why, why_size, "%s: not a map (%s)", what, rc_word(rc));
+    return 0;
+}
+
+/* Reads the name of field @i. A key we cannot know (not a short str) is skipped with its
+ * value and 1 is returned; 0 means (*name, *len) is the name and its value comes next. */
+static int field_name(struct lmc_mp_reader *r, const char *what, uint32_t i, const char **name,
+                      uint32_t *len, char *why, size_t why_size)
+{
+    int rc = lmc_mp_read_str(r, 64, name, len);
+    if (rc == -E2BIG || rc == -EINVAL) {
+        if ((rc = lmc_mp_skip(r)) || (rc = lmc_mp_skip(r)))
+            return bad(rc, why, why_size, "%s: field %u %s", what, i, rc_word(rc));
+        return 1;
+    }
+    if (rc)
+        return bad(rc, why, why_size, "%s: field %u %s", what, i, rc_word(rc));
+    return 0;
+}
+
+/* Checks that nothing follows the map and that every required field was seen: bit b of @seen
+ * stands for names[b], and all @nnames of them are required. */
+static int close_map(const struct lmc_mp_reader *r, const char *what, uint32_t seen,
+                     const char *const *names, unsigned nnames, char *why, size_t why_size)
+{
+    if (lmc_mp_left(r))
+        return bad(-EPROTO, why, why_size, "%s: %zu bytes after the map", what, lmc_mp_left(r));
+    for (unsigned b = 0; b < nnames; b++)
+        if (!(seen & (1u << b)))
+            return bad(-EINVAL, why, why_size, "%s: no %s", what, names[b]);
+    return 0;
+}
+
 enum {
     K_MODEL = 1u << 0,
     K_WORLD = 1u << 1,
@@ -132,7 +172,6 @@ enum {
     K_START = 1u << 4,
     K_END = 1u << 5,
     K_REQID = 1u << 6,
-    K_REQUIRED = K_MODEL | K_WORLD | K_WORKER | K_TOKENS | K_START | K_END | K_REQID,
 };
 
 static int key_tokens(struct lmc_mp_reader *r, struct lmc_key *k, uint8_t *tokens_le)
@@ -164,23 +203,17 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
     int rc;
 
     memset(k, 0, sizeof(*k));
-    lmc_mp_reader_init(&r, frame, n);
-    rc = lmc_mp_read_map(&r, 64, &nfields);
-    if (rc)
-        return bad(rc, why, why_size, "key: not a map (%s)", rc_word(rc));
+    if ((rc = open_map(&r, frame, n, "key", &nfields, why, why_size)))
+        return rc;
     for (uint32_t i = 0; i < nfields; i++) {
         const char *name;
         uint32_t len;
         const char *field = "?";
-        rc = lmc_mp_read_str(&r, 64, &name, &len);
-        if (rc == -E2BIG || rc == -EINVAL) {
-            /* A key we cannot know (not a short str): skip it and its value. */
-            if ((rc = lmc_mp_skip(&r)) || (rc = lmc_mp_skip(&r)))
-                return bad(rc, why, why_size, "key: field %u %s", i, rc_word(rc));
+        rc = field_name(&r, "key", i, &name, &len, why, why_size);
+        if (rc < 0)
+            return rc;
+        if (rc > 0)
             continue;
-        }
-        if (rc)
-            return bad(rc, why, why_size, "key: field %u %s", i, rc_word(rc));
         if (key_is(name, len, "model_name")) {
             field = "model_name";
             rc = lmc_mp_read_cstr(&r, k->model_name, sizeof(k->model_name));
@@ -237,15 +270,10 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
         if (rc)
             return bad(rc, why, why_size, "key: %s %s", field, rc_word(rc));
     }
-    if (lmc_mp_left(&r))
-        return bad(-EPROTO, why, why_size, "key: %zu bytes after the map", lmc_mp_left(&r));
-    if ((seen & K_REQUIRED) != K_REQUIRED) {
-        static const char *names[] = {"model_name", "world_size", "worker_id", "token_ids",
-                                      "start",      "end",        "request_id"};
-        for (unsigned b = 0; b < 7; b++)
-            if (!(seen & (1u << b)))
-                return bad(-EINVAL, why, why_size, "key: no %s", names[b]);
-    }
+    static const char *const names[] = {"model_name", "world_size", "worker_id", "token_ids",
+                                        "start",      "end",        "request_id"};
+    if ((rc = close_map(&r, "key", seen, names, 7, why, why_size)))
+        return rc;
     if (k->has_worker_id && k->worker_id >= k->world_size)
         return bad(-EINVAL, why, why_size, "key: worker_id %u is not below world_size %u",
                    k->worker_id, k->world_size);
@@ -263,7 +291,6 @@ enum {
     R_HIDDEN = 1u << 5,
     R_DTYPE = 1u << 6,
     R_MLA = 1u << 7,
-    R_REQUIRED = 0xff,
 };
 
 /* engine_group_infos: kvpool serves one group. An empty list is the plain layout; one entry is
@@ -294,22 +321,17 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
     int rc;
 
     memset(m, 0, sizeof(*m));
-    lmc_mp_reader_init(&r, frame, n);
-    rc = lmc_mp_read_map(&r, 64, &nfields);
-    if (rc)
-        return bad(rc, why, why_size, "registration: not a map (%s)", rc_word(rc));
+    if ((rc = open_map(&r, frame, n, "registration", &nfields, why, why_size)))
+        return rc;
     for (uint32_t i = 0; i < nfields; i++) {
         const char *name;
         uint32_t len;
         const char *field = "?";
-        rc = lmc_mp_read_str(&r, 64, &name, &len);
-        if (rc == -E2BIG || rc == -EINVAL) {
-            if ((rc = lmc_mp_skip(&r)) || (rc = lmc_mp_skip(&r)))
-                return bad(rc, why, why_size, "registration: field %u %s", i, rc_word(rc));
+        rc = field_name(&r, "registration", i, &name, &len, why, why_size);
+        if (rc < 0)
+            return rc;
+        if (rc > 0)
             continue;
-        }
-        if (rc)
-            return bad(rc, why, why_size, "registration: field %u %s", i, rc_word(rc));
         if (key_is(name, len, "instance_id")) {
             field = "instance_id";
             rc = lmc_mp_read_uint(&r, INT64_MAX, &m->instance_id);
@@ -379,17 +401,10 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
         if (rc)
             return bad(rc, why, why_size, "registration: %s %s", field, rc_word(rc));
     }
-    if (lmc_mp_left(&r))
-        return bad(-EPROTO, why, why_size, "registration: %zu bytes after the map",
-                   lmc_mp_left(&r));
-    if ((seen & R_REQUIRED) != R_REQUIRED) {
-        static const char *names[] = {"instance_id", "model_name",      "world_size", "block_size",
-                                      "num_layers",  "hidden_dim_size", "dtype_str",  "use_mla"};
-        for (unsigned b = 0; b < 8; b++)
-            if (!(seen & (1u << b)))
-                return bad(-EINVAL, why, why_size, "registration: no %s", names[b]);
-    }
-    return 0;
+    static const char *const names[] = {"instance_id", "model_name", "world_size",
+                                        "block_size",  "num_layers", "hidden_dim_size",
+                                        "dtype_str",   "use_mla"};
+    return close_map(&r, "registration", seen, names, 8, why, why_size);
 }
 
 /* Reads one value with fn and checks that nothing follows it. */
