@@ -135,6 +135,13 @@ uint32_t kvp_owners_list(struct kvp_owners *l, struct kvp_owner_view *out, uint3
     return n;
 }
 
+/* Order of the groups: by front end. */
+static int group_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct kvp_owner_group *)a)->frontend,
+                  ((const struct kvp_owner_group *)b)->frontend);
+}
+
 uint32_t kvp_owners_count_groups(struct kvp_owners *l, struct kvp_owner_group *out, uint32_t cap)
 {
     uint32_t n = 0;
@@ -154,14 +161,7 @@ uint32_t kvp_owners_count_groups(struct kvp_owners *l, struct kvp_owner_group *o
         out[g].count++;
     }
     pthread_mutex_unlock(&l->lock);
-    /* A handful of groups: insertion sort by name, outside the lock. */
-    for (uint32_t i = 1; i < n; i++) {
-        struct kvp_owner_group g = out[i];
-        uint32_t j = i;
-        for (; j > 0 && strcmp(out[j - 1].frontend, g.frontend) > 0; j--)
-            out[j] = out[j - 1];
-        out[j] = g;
-    }
+    qsort(out, n, sizeof(*out), group_cmp); /* by front end, outside the lock */
     return n;
 }
 

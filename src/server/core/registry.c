@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -417,8 +418,9 @@ const char *kvp_reg_transport_name(uint8_t transport)
 }
 
 /* Order of the groups: by front end, then transport. */
-static int group_cmp(const struct kvp_instance_group *a, const struct kvp_instance_group *b)
+static int group_cmp(const void *pa, const void *pb)
 {
+    const struct kvp_instance_group *a = pa, *b = pb;
     int c = strcmp(a->frontend, b->frontend);
     return c ? c : (int)a->transport - (int)b->transport;
 }
@@ -448,14 +450,7 @@ uint32_t kvp_registry_count_groups(struct kvp_registry *r, struct kvp_instance_g
         out[g].count++;
     }
     pthread_mutex_unlock(&r->lock);
-    /* A handful of groups: insertion sort, outside the lock. */
-    for (uint32_t i = 1; i < n; i++) {
-        struct kvp_instance_group g = out[i];
-        uint32_t j = i;
-        for (; j > 0 && group_cmp(&out[j - 1], &g) > 0; j--)
-            out[j] = out[j - 1];
-        out[j] = g;
-    }
+    qsort(out, n, sizeof(*out), group_cmp); /* outside the lock */
     return n;
 }
 
