@@ -23,7 +23,13 @@
  * the caller its turn behind that work, while a sleeper is woken with priority (measured with
  * 16 busy workers on 2 CPUs: a ping's p50 went from 12 us to 1 ms when everyone yielded), and
  * a busy CPU has no idle neighbour to be woken on anyway. So after such a yield the connection
- * sleeps for its replies for KVP_POLL_BACKOFF_US, then tries again.
+ * sleeps for its replies for KVP_POLL_BACKOFF_US, then tries again. But a yield is also long when
+ * the thread that ran meanwhile was the daemon's, serving this very request (a lookup of a long
+ * prefix, a thread that had just followed the caller to its CPU): backing off then turns every
+ * later request into two wake-ups of the idle CPU (measured on the development VM: a one-chunk
+ * lookup went from 16 us to 73 us in p50, the back-off renewed every few hundred requests). So
+ * a long yield backs off only when the machine has more runnable threads than CPUs at that
+ * moment (/proc/loadavg's running count; unknown counts as busy).
  *
  * Timeouts are SO_RCVTIMEO/SO_SNDTIMEO (they also bound a blocking connect() on a Unix socket);
  * the resulting EAGAIN is reported as -ETIMEDOUT. MSG_NOSIGNAL on every send: a daemon that goes
@@ -41,6 +47,7 @@
 #include "conn.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -48,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/sysinfo.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -250,6 +258,7 @@ void kvp_conn_close(struct kvp_conn *c)
     c->fd = -1;
     c->next_id = 1;
     c->payload_left = 0;
+    c->in_pos = c->in_len = 0;
     if (c->passed_fd >= 0)
         close(c->passed_fd);
     c->passed_fd = -1;
@@ -343,10 +352,36 @@ static int recv_all(int fd, struct iovec *iov, size_t n)
     return xfer_all(fd, iov, n, false);
 }
 
-static int recv_buf(int fd, void *p, size_t len)
+/* Moves up to the iovecs' bytes read ahead into them, advancing them; returns how many. */
+static size_t take_ahead(struct kvp_conn *c, struct iovec *iov, size_t n)
+{
+    size_t moved = 0;
+    for (size_t i = 0; i < n && c->in_pos < c->in_len; i++) {
+        size_t k = c->in_len - c->in_pos;
+        if (k > iov[i].iov_len)
+            k = iov[i].iov_len;
+        memcpy(iov[i].iov_base, c->in + c->in_pos, k);
+        iov[i].iov_base = (uint8_t *)iov[i].iov_base + k;
+        iov[i].iov_len -= k;
+        c->in_pos += (uint32_t)k;
+        moved += k;
+    }
+    if (c->in_pos == c->in_len)
+        c->in_pos = c->in_len = 0;
+    return moved;
+}
+
+/* Reads exactly the iovecs' bytes of the reply: the read-ahead first, then the socket. */
+static int recv_reply_bytes(struct kvp_conn *c, struct iovec *iov, size_t n)
+{
+    take_ahead(c, iov, n);
+    return recv_all(c->fd, iov, n);
+}
+
+static int recv_buf(struct kvp_conn *c, void *p, size_t len)
 {
     struct iovec iov = {.iov_base = p, .iov_len = len};
-    return recv_all(fd, &iov, 1);
+    return recv_reply_bytes(c, &iov, 1);
 }
 
 int kvp_conn_take_fd(struct kvp_conn *c)
@@ -357,44 +392,65 @@ int kvp_conn_take_fd(struct kvp_conn *c)
 }
 
 /*
- * Reads a reply header with recvmsg, so that a descriptor the daemon attached to its first byte
- * (SCM_RIGHTS, MAP_SEGMENT) lands in c->passed_fd instead of being dropped. Returns 0 or a
- * negative errno (-ECONNRESET on EOF).
+ * One recvmsg() of whatever reply bytes have arrived, up to the read-ahead buffer (flags:
+ * MSG_DONTWAIT or 0), so that a descriptor the daemon attached to a reply's first byte
+ * (SCM_RIGHTS, MAP_SEGMENT) lands in c->passed_fd instead of being dropped. Returns the byte
+ * count, 0 at EOF, or -errno.
  */
-static int recv_header(struct kvp_conn *c, uint8_t *raw)
+static ssize_t fill_ahead(struct kvp_conn *c, int flags)
 {
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
     } ctl;
-    size_t got = 0;
 
-    while (got < KVP_HEADER_SIZE) {
-        struct iovec iov = {raw + got, KVP_HEADER_SIZE - got};
-        struct msghdr mh = {.msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = ctl.buf,
-                            .msg_controllen = sizeof(ctl.buf)};
-        ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return io_errno(errno);
-        }
+    if (c->in_pos) { /* not expected: the last reply was read whole */
+        memmove(c->in, c->in + c->in_pos, c->in_len - c->in_pos);
+        c->in_len -= c->in_pos;
+        c->in_pos = 0;
+    }
+    struct iovec iov = {c->in + c->in_len, sizeof(c->in) - c->in_len};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = ctl.buf,
+                        .msg_controllen = sizeof(ctl.buf)};
+    ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | flags);
+    if (n < 0)
+        return -errno;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS ||
+            cm->cmsg_len != CMSG_LEN(sizeof(int)))
+            continue;
+        int fd;
+        memcpy(&fd, CMSG_DATA(cm), sizeof(fd));
+        if (c->passed_fd >= 0)
+            close(c->passed_fd);
+        c->passed_fd = fd;
+    }
+    c->in_len += (uint32_t)n;
+    return n;
+}
+
+/*
+ * Reads a reply header, and with it whatever else has arrived (fill_ahead): the body of most
+ * replies, which then costs no recv() of its own. Returns 0 or a negative errno (-ECONNRESET on
+ * EOF).
+ */
+static int recv_header(struct kvp_conn *c, uint8_t *raw)
+{
+    while (c->in_len - c->in_pos < KVP_HEADER_SIZE) {
+        ssize_t n = fill_ahead(c, 0);
+        if (n == -EINTR)
+            continue;
+        if (n < 0)
+            return io_errno((int)-n);
         if (n == 0)
             return -ECONNRESET;
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-            if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS ||
-                cm->cmsg_len != CMSG_LEN(sizeof(int)))
-                continue;
-            int fd;
-            memcpy(&fd, CMSG_DATA(cm), sizeof(fd));
-            if (c->passed_fd >= 0)
-                close(c->passed_fd);
-            c->passed_fd = fd;
-        }
-        got += (size_t)n;
     }
+    memcpy(raw, c->in + c->in_pos, KVP_HEADER_SIZE);
+    c->in_pos += KVP_HEADER_SIZE;
+    if (c->in_pos == c->in_len)
+        c->in_pos = c->in_len = 0;
     return 0;
 }
 
@@ -449,12 +505,12 @@ static int salvage_error_reply(struct kvp_conn *c, uint16_t op, uint64_t id, int
     char msg[KVP_MAX_ERRMSG + 1];
     struct kvp_header h;
 
-    if (recv_buf(c->fd, raw, sizeof(raw)) < 0 || kvp_header_decode(raw, &h) < 0)
+    if (recv_buf(c, raw, sizeof(raw)) < 0 || kvp_header_decode(raw, &h) < 0)
         return send_rc;
     if (h.opcode != (op | KVP_REPLY_FLAG) || h.request_id != id || h.status >= 0 ||
         h.payload_len != 0 || h.body_len > sizeof(body))
         return send_rc;
-    if (recv_buf(c->fd, body, h.body_len) < 0 ||
+    if (recv_buf(c, body, h.body_len) < 0 ||
         kvp_decode_error(body, h.body_len, msg, sizeof(msg)) < 0)
         return send_rc;
     snprintf(c->errmsg, sizeof(c->errmsg), "%s", msg);
@@ -549,25 +605,46 @@ static uint64_t mono_us(void)
     return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
 }
 
+/*
+ * Whether more threads are runnable than the machine has CPUs, the caller included: the fourth
+ * field of /proc/loadavg ("running/total"). Read only after a long yield. Unknown: true.
+ */
+static bool cpus_oversubscribed(void)
+{
+    char buf[128];
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return true;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return true;
+    buf[n] = '\0';
+    unsigned long running;
+    if (sscanf(buf, "%*s %*s %*s %lu/", &running) != 1)
+        return true;
+    int cpus = get_nprocs();
+    return cpus <= 0 || running > (unsigned long)cpus;
+}
+
 /* Yields the CPU until the reply starts to arrive, for at most c->poll_us (see the top). */
 static void await_reply(struct kvp_conn *c)
 {
-    if (!c->poll_us)
+    if (!c->poll_us || c->in_len)
         return;
     uint64_t t0 = mono_us();
     if (t0 < c->poll_off_until_us)
         return;
     for (unsigned i = 0; i < KVP_POLL_YIELDS; i++) {
-        char b;
         uint64_t t = mono_us();
         /* First the CPU, then the check: the reply cannot be there yet. */
         sched_yield();
         uint64_t now = mono_us();
-        if (now - t >= KVP_POLL_SLOW_YIELD_US)
+        if (now - t >= KVP_POLL_SLOW_YIELD_US && cpus_oversubscribed())
             c->poll_off_until_us = now + KVP_POLL_BACKOFF_US;
-        /* Data, EOF or an error: the blocking read that follows handles each. */
-        if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0 ||
-            (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        /* Data (read ahead already), EOF or an error: the read that follows handles each. */
+        ssize_t n = fill_ahead(c, MSG_DONTWAIT);
+        if (n >= 0 || (n != -EAGAIN && n != -EWOULDBLOCK && n != -EINTR))
             return;
         if (now - t0 >= c->poll_us || now < c->poll_off_until_us)
             return;
@@ -608,7 +685,7 @@ int kvp_conn_call(struct kvp_conn *c, uint16_t op, const struct iovec *iov, size
         c->body_cap = h.body_len;
     }
     c->body_len = h.body_len;
-    rc = recv_buf(c->fd, c->body, h.body_len);
+    rc = recv_buf(c, c->body, h.body_len);
     if (rc < 0)
         return kvp_conn_fail(c, rc, "cannot read reply to %s: %s", name, kvp_strerror(rc));
 
@@ -645,7 +722,7 @@ int kvp_conn_read_payload(struct kvp_conn *c, const struct iovec *iov, size_t ni
     if (!v)
         return kvp_conn_fail(c, -ENOMEM, "out of memory");
     memcpy(v, iov, niov * sizeof(*v));
-    rc = recv_all(c->fd, v, niov);
+    rc = recv_reply_bytes(c, v, niov);
     free(v);
     if (rc < 0)
         return kvp_conn_fail(c, rc, "cannot read reply payload: %s", kvp_strerror(rc));

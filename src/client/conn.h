@@ -21,6 +21,7 @@
 #define KVP_POLL_YIELDS 2u          /* yields for a reply before the caller sleeps */
 #define KVP_POLL_SLOW_YIELD_US 20u  /* a yield this long: the CPU has other work ... */
 #define KVP_POLL_BACKOFF_US 100000u /* ... so sleep for replies for this long */
+#define KVP_CONN_READAHEAD 4096u    /* reply bytes read with the header */
 
 struct kvp_conn {
     int fd;     /* -1 when not connected */
@@ -38,6 +39,10 @@ struct kvp_conn {
     int64_t trust_uid;          /* a daemon uid trusted besides ours and root (kvp_opts), or -1 */
     uint32_t poll_us;           /* how long to yield-poll for a reply before sleeping (conn.c) */
     uint64_t poll_off_until_us; /* CLOCK_MONOTONIC: sleep for replies until then */
+    /* Reply bytes read with the header (conn.c): a small reply is one recvmsg(). Empty between
+     * calls, since only one reply is ever outstanding. */
+    uint32_t in_pos, in_len;
+    uint8_t in[KVP_CONN_READAHEAD];
 };
 
 #define KVP_CONN_INIT                                                                            \

@@ -226,6 +226,45 @@ static void test_foreign_reservation(void **state)
     kvp_client_close(a);
 }
 
+/*
+ * Frames need not arrive one per read: three whole requests and the start of a fourth in one
+ * write, the rest of the fourth later, are answered in order, each with its own request id.
+ */
+static void test_frames_across_reads(void **state)
+{
+    (void)state;
+    int fd = kvpt_raw_connect_or_fail(&daemon_);
+    uint8_t buf[4 * KVP_HEADER_SIZE];
+    for (uint64_t i = 0; i < 4; i++) {
+        struct kvp_header h = {.magic = KVP_MAGIC,
+                               .version = KVP_PROTO_VERSION,
+                               .opcode = KVP_OP_PING,
+                               .request_id = 100 + i};
+        kvp_header_encode(&h, buf + i * KVP_HEADER_SIZE);
+    }
+    size_t first = 3 * KVP_HEADER_SIZE + 10;
+    assert_int_equal(send(fd, buf, first, MSG_NOSIGNAL), (ssize_t)first);
+    usleep(50000);
+    assert_int_equal(send(fd, buf + first, sizeof(buf) - first, MSG_NOSIGNAL),
+                     (ssize_t)(sizeof(buf) - first));
+    for (uint64_t i = 0; i < 4; i++) {
+        uint8_t hdr[KVP_HEADER_SIZE];
+        struct kvp_header h;
+        assert_int_equal(recv(fd, hdr, sizeof(hdr), MSG_WAITALL), (ssize_t)sizeof(hdr));
+        assert_int_equal(kvp_header_decode(hdr, &h), 0);
+        assert_int_equal(h.opcode, KVP_OP_PING | KVP_REPLY_FLAG);
+        assert_int_equal(h.request_id, 100 + i);
+        assert_int_equal(h.status, 0);
+        if (h.body_len) {
+            uint8_t *body = malloc(h.body_len);
+            assert_non_null(body);
+            assert_int_equal(recv(fd, body, h.body_len, MSG_WAITALL), (ssize_t)h.body_len);
+            free(body);
+        }
+    }
+    close(fd);
+}
+
 /* A client that stalls mid-frame is dropped after --io-timeout; an idle one is not. */
 static void test_stalled_client_dropped(void **state)
 {
@@ -253,6 +292,7 @@ int main(void)
         cmocka_unit_test(test_payload_where_none_allowed),
         cmocka_unit_test(test_bad_values_keep_connection),
         cmocka_unit_test(test_foreign_reservation),
+        cmocka_unit_test(test_frames_across_reads),
         cmocka_unit_test(test_stalled_client_dropped),
     };
     return cmocka_run_group_tests(tests, setup, kvpt_group_stop);

@@ -649,21 +649,28 @@ uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout
     return n;
 }
 
-/* Everything on the LRU list is evictable; the held list is what pins and guards keep. */
+/*
+ * Everything on the LRU list is evictable; the held list is what pins and guards keep. Oldest
+ * first, with the lock let go every slice (do_yield), and only what was last used before the
+ * clear began: an object a lookup or commit refreshes meanwhile moves to the front with a later
+ * clock and ends the walk, so a clear under steady stores still ends.
+ */
 void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
 {
     *res = (struct kvp_clear_result){0};
     store_lock(s);
     for (struct kvp_obj *o = s->held.next; o != &s->held; o = o->next)
         res->pinned++;
-    while (s->lru.next != &s->lru) {
-        struct kvp_obj *o = s->lru.next;
+    uint64_t began = s->clock;
+    while (s->lru.prev != &s->lru && s->lru.prev->last_use <= began) {
+        struct kvp_obj *o = s->lru.prev;
         res->dropped++;
         res->bytes += o->length;
         s->evictable_pages -= npages_of(o->length);
         do_index_remove(s, o);
         do_release(s, o);
         s->ncommitted--;
+        do_yield(s);
     }
     store_unlock(s);
 }

@@ -15,8 +15,8 @@
  *
  * Cost: every call does O(1) or O(log n) work per chunk, whatever the pool's size and
  * fragmentation (store.c and pool.c say how), except kvp_store_clear(), which visits every
- * object. A prepare that must evict many objects lets waiting threads take the lock between
- * victims, so no other worker's request waits behind it for long.
+ * object. A prepare that must evict many objects, and a clear, let waiting threads take the lock
+ * between victims, so no other worker's request waits behind them for long.
  *
  * Every function takes the store lock itself (the do_* helpers in store.c expect it held).
  * Callers hold no other lock when calling in. Object pointers handed out by prepare and pin stay
@@ -146,8 +146,9 @@ struct kvp_clear_result {
 /*
  * Frees every committed object that nobody pins, as if each were evicted (CLEAR). Reserved
  * and expired objects belong to stores in progress and are not touched; pinned objects stay
- * until their last unpin and remain visible. One lock hold: a concurrent store or lookup sees
- * the store before or after, never in between.
+ * until their last unpin and remain visible. Like an evicting prepare it lets waiting threads
+ * take the lock every slice, so a concurrent lookup may find part of the store cleared; an
+ * object used (looked up, retrieved, committed) after the clear began is kept.
  */
 void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res);
 

@@ -29,10 +29,30 @@
 #include "core/seg_guard.h"
 #include "core/stats.h"
 
-/* Used inside a frame, where SO_RCVTIMEO expiring means the peer stalled: -ETIMEDOUT. */
+/* Takes up to len bytes read ahead (c->in); returns how many. */
+static size_t take_ahead(struct kvp_session *c, uint8_t *p, size_t len)
+{
+    size_t n = c->in_len - c->in_pos;
+    if (n > len)
+        n = len;
+    memcpy(p, c->in + c->in_pos, n);
+    c->in_pos += (uint32_t)n;
+    if (c->in_pos == c->in_len)
+        c->in_pos = c->in_len = 0;
+    return n;
+}
+
+/*
+ * Used inside a frame, where SO_RCVTIMEO expiring means the peer stalled: -ETIMEDOUT. Bytes
+ * read ahead come first; the rest goes straight from the socket into buf (a payload into the
+ * pool's slots), never through the read-ahead buffer.
+ */
 int kvp_session_recv(struct kvp_session *c, void *buf, size_t len)
 {
     uint8_t *p = buf;
+    size_t got = len ? take_ahead(c, p, len) : 0;
+    p += got;
+    len -= got;
     while (len) {
         ssize_t n = recv(c->fd, p, len, 0);
         if (n > 0) {
@@ -52,22 +72,42 @@ int kvp_session_recv(struct kvp_session *c, void *buf, size_t len)
     return 0;
 }
 
-/* Waits for and reads a request header. Idle time is unlimited; a started header is not. */
+/*
+ * Waits for and reads a request header. Idle time is unlimited; a started header is not. The
+ * wait reads whatever has arrived, up to the read-ahead buffer: the header and, for most
+ * requests, the whole body in one call (one recv() fewer per request). Only the waiting read
+ * does so: one frame's bytes are never spread over the buffer and the socket twice.
+ */
 int kvp_session_recv_header(struct kvp_session *c, uint8_t *hdr)
 {
+    if (c->in_len - c->in_pos >= KVP_HEADER_SIZE) {
+        take_ahead(c, hdr, KVP_HEADER_SIZE);
+        return 0;
+    }
+    if (c->in_pos) { /* a partial header left by the last read moves to the front */
+        memmove(c->in, c->in + c->in_pos, c->in_len - c->in_pos);
+        c->in_len -= c->in_pos;
+        c->in_pos = 0;
+    }
     for (;;) {
-        ssize_t n = recv(c->fd, hdr, KVP_HEADER_SIZE, 0);
-        if (n > 0)
-            return n == KVP_HEADER_SIZE ? 0
-                                        : kvp_session_recv(c, hdr + n, KVP_HEADER_SIZE - (size_t)n);
+        ssize_t n = recv(c->fd, c->in + c->in_len, sizeof(c->in) - c->in_len, 0);
+        if (n > 0) {
+            c->in_len += (uint32_t)n;
+            size_t first = take_ahead(c, hdr, KVP_HEADER_SIZE);
+            return first == KVP_HEADER_SIZE
+                       ? 0
+                       : kvp_session_recv(c, hdr + first, KVP_HEADER_SIZE - first);
+        }
         if (n == 0)
             return -ECONNRESET;
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            if (atomic_load(&c->srv->stopping))
-                return -ESHUTDOWN;
+        if (errno == EINTR)
             continue;
-        }
-        return -errno;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -errno;
+        if (c->in_len) /* a header started in the last read, and stalled */
+            return -ETIMEDOUT;
+        if (atomic_load(&c->srv->stopping))
+            return -ESHUTDOWN;
     }
 }
 

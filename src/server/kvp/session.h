@@ -17,6 +17,9 @@
 
 struct kvp_server;
 
+/* Bytes a session reads ahead with a request's header (a lookup's body is 1 KiB of tokens). */
+#define KVP_SESSION_READAHEAD 4096u
+
 struct kvp_session {
     struct kvp_server *srv;
     int fd;
@@ -25,6 +28,11 @@ struct kvp_session {
      * connection joins the server's list. */
     struct kvp_owner owner;
     struct kvp_session *prev, *next; /* server's connection list */
+
+    /* Bytes read ahead of the current frame (session.c): a request's header and a small body
+     * come in one recv(), and what follows them waits here for the next read. */
+    uint8_t in[KVP_SESSION_READAHEAD];
+    uint32_t in_pos, in_len;
 
     uint8_t *body; /* current request body */
     size_t body_cap;
