@@ -84,11 +84,15 @@ static void store_lock(struct kvp_store *s)
     }
     atomic_fetch_add_explicit(&s->acquired, 1, memory_order_relaxed);
     s->held_since_ns = now_ns();
+    s->steps_at_lock = s->steps + s->pool.steps;
 }
 
 static void store_unlock(struct kvp_store *s)
 {
     uint64_t held = now_ns() - s->held_since_ns;
+    uint64_t steps = s->steps + s->pool.steps - s->steps_at_lock;
+    if (steps > s->max_hold_steps)
+        s->max_hold_steps = steps;
     pthread_mutex_unlock(&s->lock);
     kvp_lock_hold_record(held);
 }
@@ -98,13 +102,13 @@ static void store_unlock(struct kvp_store *s)
  * (yielding the CPU) until one of them has taken it, or a bounded while; then lock again. So no
  * hold is much longer than a slice, and a waiter gets the lock within one. The clock is read
  * every KVP_STORE_SLICE_CHECK calls. The caller's state must be consistent: it holds nothing
- * that another thread may not see.
+ * that another thread may not see. Returns true when the lock was let go (any object the caller
+ * did not protect may be gone).
  */
-static void do_yield(struct kvp_store *s)
+static bool do_yield(struct kvp_store *s)
 {
-    if (++s->yield_calls % KVP_STORE_SLICE_CHECK != 0 ||
-        now_ns() - s->held_since_ns < KVP_STORE_SLICE_NS)
-        return;
+    if (++s->yield_calls % KVP_STORE_SLICE_CHECK != 0 || now_ns() - s->held_since_ns < s->slice_ns)
+        return false;
     bool waiters = atomic_load_explicit(&s->waiters, memory_order_relaxed) != 0;
     unsigned long long seen = atomic_load_explicit(&s->acquired, memory_order_relaxed);
     store_unlock(s);
@@ -115,6 +119,7 @@ static void do_yield(struct kvp_store *s)
     }
     store_lock(s);
     s->handoffs += waiters;
+    return true;
 }
 
 /* Lists are circular and doubly linked around a sentinel, so unlinking needs no head. */
@@ -182,6 +187,7 @@ int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, 
         return -ENOMEM;
     }
     s->mask = nb - 1;
+    s->slice_ns = KVP_STORE_SLICE_NS;
     list_init(&s->lru);
     list_init(&s->held);
     list_init(&s->pending);
@@ -325,7 +331,7 @@ struct window {
  * spent. Caller holds the lock.
  */
 static bool do_plan(struct kvp_store *s, struct kvp_obj *c, uint64_t need, uint64_t best,
-                    uint64_t *budget, struct window *w)
+                    uint64_t *budget, struct window *w, bool *yielded)
 {
     struct kvp_pool *p = &s->pool;
     uint64_t lo = first_page(s, c), hi = lo + npages_of(c->length), cost = c->last_use;
@@ -339,6 +345,11 @@ static bool do_plan(struct kvp_store *s, struct kvp_obj *c, uint64_t need, uint6
             return false;
         (*budget)--;
         s->steps++;
+        /* Only page numbers and a clock value are carried from step to step, never an object:
+         * planning may let the lock go. A window that changed meanwhile is found out when it
+         * is evicted (do_evict_window) and planned again. */
+        if (do_yield(s))
+            *yielded = true;
         /* Page lo - 1 (used: free pages there were taken in) is the last page of an object,
          * page hi the first of one, unless it lies beyond the reserved part (no object). */
         struct kvp_obj *l = lo > 0 ? s->edge[lo - 1] : NULL;
@@ -367,12 +378,15 @@ static bool do_plan(struct kvp_store *s, struct kvp_obj *c, uint64_t need, uint6
 /*
  * The cheapest window of need pages among those grown from the oldest evictable objects.
  * The LRU list is in last_use order, so once a candidate is no older than the best window's
- * cost, no later one can beat it. Returns false if none was found. Caller holds the lock.
+ * cost, no later one can beat it. Planning a large window over small objects takes thousands
+ * of steps, so it lets the lock go every slice too; after that the candidates end there (the
+ * list may have changed under the walk). Returns false if none was found. Caller holds the lock.
  */
 static bool do_choose(struct kvp_store *s, uint64_t need, struct window *best)
 {
     uint64_t budget = 2 * need + 64;
     struct window w = {0};
+    bool yielded = false;
     int n = 0;
 
     best->cost = UINT64_MAX;
@@ -381,8 +395,11 @@ static bool do_choose(struct kvp_store *s, uint64_t need, struct window *best)
         if (c->last_use >= best->cost)
             break;
         s->steps++;
-        if (do_plan(s, c, need, best->cost, &budget, &w))
+        if (do_plan(s, c, need, best->cost, &budget, &w, &yielded))
             *best = w;
+        /* The lock was let go: c may be gone, and its neighbours on the list with it. */
+        if (yielded)
+            break;
     }
     return best->cost != UINT64_MAX;
 }

@@ -68,6 +68,9 @@ struct kvp_store {
     uint64_t steps;           /* eviction steps (windows planned, victims), ever */
     uint64_t handoffs;        /* times a long hold let waiting threads in (do_yield) */
     uint64_t yield_calls;     /* points where a long hold could end (do_yield) */
+    uint64_t slice_ns;        /* a hold this long ends at the next such point (tests: 0) */
+    uint64_t steps_at_lock;   /* steps (s->steps + the pool's) when the lock was taken */
+    uint64_t max_hold_steps;  /* the most steps taken in one hold: what tests bound */
 };
 
 struct kvp_prepare_result {
