@@ -23,8 +23,14 @@
  * failing worker's message. A warm-up repetition (not reported, every retrieved byte checked)
  * comes first; the workers' first registration maps the pool.
  *
+ * Beside each ping the same thread makes one round trip of 32 bytes over a raw Unix socket pair
+ * to an echo thread of the bench ("uds" rows), idle and under the same load: what the scheduler
+ * alone costs a request that must wake another thread while the CPUs are busy. The kvpool
+ * ping's p99 under load against it ("x uds") says how much of the wait is the daemon's.
+ *
  * Threads: the main thread drives the workers; one pinger thread at a time owns the ping
- * client and its sample array, which the main thread reads only after joining it.
+ * client, the raw socket's end and their sample arrays, which the main thread reads only after
+ * joining it; the echo thread owns the other end until it reads EOF.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -34,6 +40,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "bench.h"
 
@@ -42,13 +50,41 @@
 #define MANY_CHUNK (4 * KVPB_MiB)
 #define KVPB_IDLE_PINGS 100 /* per repetition, before the load */
 
-/* The pinger: one client pinging once per millisecond until told to stop (or max pings). */
+#define RAW_FRAME 32 /* bytes of a raw round trip: a kvpool header's size */
+
+/* The raw socket's echo end: sends back every frame until EOF. */
+static void *echo_main(void *arg)
+{
+    int fd = *(int *)arg;
+    uint8_t b[RAW_FRAME];
+    for (;;) {
+        ssize_t n = recv(fd, b, sizeof(b), MSG_WAITALL);
+        if (n != (ssize_t)sizeof(b) || send(fd, b, sizeof(b), MSG_NOSIGNAL) != (ssize_t)sizeof(b))
+            break;
+    }
+    return NULL;
+}
+
+/* One raw round trip on fd; 0 or -EIO. */
+static int raw_ping(int fd)
+{
+    uint8_t b[RAW_FRAME] = {0};
+    if (send(fd, b, sizeof(b), MSG_NOSIGNAL) != (ssize_t)sizeof(b) ||
+        recv(fd, b, sizeof(b), MSG_WAITALL) != (ssize_t)sizeof(b))
+        return -EIO;
+    return 0;
+}
+
+/* The pinger: one client pinging once per millisecond until told to stop (or max pings),
+ * each ping followed by a raw round trip. */
 struct pinger {
     pthread_t thread;
     kvp_client *client;
+    int raw_fd;
     atomic_bool stop;
     uint32_t max;             /* 0: until stop */
     struct kvpb_samples *lat; /* microseconds, appended */
+    struct kvpb_samples *raw; /* the raw round trips' */
     int rc;                   /* first failure, 0 if none */
 };
 
@@ -60,8 +96,12 @@ static void *ping_main(void *arg)
     while (!atomic_load_explicit(&p->stop, memory_order_relaxed)) {
         uint64_t t0 = kvpb_now_ns();
         int rc = kvp_ping(p->client);
-        double us = (double)(kvpb_now_ns() - t0) / 1e3;
-        if (rc < 0 || kvpb_samples_push(p->lat, us) < 0) {
+        uint64_t t1 = kvpb_now_ns();
+        if (rc == 0)
+            rc = raw_ping(p->raw_fd);
+        uint64_t t2 = kvpb_now_ns();
+        if (rc < 0 || kvpb_samples_push(p->lat, (double)(t1 - t0) / 1e3) < 0 ||
+            kvpb_samples_push(p->raw, (double)(t2 - t1) / 1e3) < 0) {
             p->rc = rc < 0 ? rc : -ENOMEM;
             break;
         }
@@ -72,9 +112,10 @@ static void *ping_main(void *arg)
     return NULL;
 }
 
-static void ping_start(struct pinger *p, kvp_client *c, uint32_t max, struct kvpb_samples *lat)
+static void ping_start(struct pinger *p, kvp_client *c, int raw_fd, uint32_t max,
+                       struct kvpb_samples *lat, struct kvpb_samples *raw)
 {
-    *p = (struct pinger){.client = c, .max = max, .lat = lat};
+    *p = (struct pinger){.client = c, .raw_fd = raw_fd, .max = max, .lat = lat, .raw = raw};
     atomic_init(&p->stop, false);
     if (pthread_create(&p->thread, NULL, ping_main, p) != 0) {
         fprintf(stderr, "kvpool-bench: cannot start the ping thread\n");
@@ -91,7 +132,7 @@ static void ping_join(struct pinger *p)
     pthread_join(p->thread, NULL);
     if (p->rc < 0) {
         fprintf(stderr, "kvpool-bench: many: ping: %s (%s)\n", kvp_strerror(p->rc),
-                kvp_last_error(p->client));
+                p->rc == -EIO ? "the raw socket's echo" : kvp_last_error(p->client));
         exit(1);
     }
 }
@@ -139,7 +180,10 @@ void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t
     struct kvpb_config mc = *cfg;
     struct kvpb_wres res[KVPB_MAX_WORKERS];
     struct kvpb_cell store = {0}, retrieve = {0}, copy = {0};
-    struct kvpb_samples idle = {0}, busy = {0};
+    struct kvpb_samples idle = {0}, busy = {0}, raw_idle = {0}, raw_busy = {0};
+    int raw[2] = {-1, -1};
+    pthread_t echo;
+    bool echoing = false;
     uint64_t chunk = cfg->quick ? 256 * KVPB_KiB : MANY_CHUNK;
     uint32_t idle_pings = cfg->quick ? 20 : KVPB_IDLE_PINGS;
     kvp_client *pc = NULL;
@@ -189,12 +233,18 @@ void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t
         fprintf(stderr, "kvpool-bench: many: cannot connect: %s\n", kvp_strerror(rc));
         exit(1);
     }
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, raw) < 0 ||
+        pthread_create(&echo, NULL, echo_main, &raw[1]) != 0) {
+        fprintf(stderr, "kvpool-bench: many: cannot start the raw socket's echo\n");
+        exit(1);
+    }
+    echoing = true;
 
     for (uint32_t rep = 0; rep <= cfg->reps; rep++) {
         bool m = rep > 0;
         struct pinger p;
         if (m) {
-            ping_start(&p, pc, idle_pings, &idle);
+            ping_start(&p, pc, raw[0], idle_pings, &idle, &raw_idle);
             ping_join(&p);
         }
         cmd = (struct kvpb_cmd){.transport = KVPB_T_SHM,
@@ -208,7 +258,7 @@ void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t
                                 .batch = 1};
         *next_seq += nops;
         if (m)
-            ping_start(&p, pc, 0, &busy);
+            ping_start(&p, pc, raw[0], 0, &busy, &raw_busy);
         run(pool, &cmd, m ? &store : NULL);
         cmd.op = KVPB_OP_RETRIEVE;
         run(pool, &cmd, m ? &retrieve : NULL);
@@ -240,9 +290,34 @@ void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t
     rl.p99_us = kvpb_percentile(busy.v, busy.n, 99.0);
     rl.workers = MANY_WORKERS; /* the load it ran under */
     rl.ratio_to_idle = rl.p99_us / ri.p99_us;
+    struct kvpb_row ui = kvpb_row_blank(KVPB_T_UDS, KVPB_OP_PING_IDLE_P99, "");
+    struct kvpb_row ul = kvpb_row_blank(KVPB_T_UDS, KVPB_OP_PING_LOAD, "");
+    ui.reps = ul.reps = cfg->reps;
+    ui.samples = raw_idle.n;
+    ul.samples = raw_busy.n;
+    ui.p50_us = kvpb_percentile(raw_idle.v, raw_idle.n, 50.0);
+    ui.p99_us = kvpb_percentile(raw_idle.v, raw_idle.n, 99.0);
+    ul.p50_us = kvpb_percentile(raw_busy.v, raw_busy.n, 50.0);
+    ul.p99_us = kvpb_percentile(raw_busy.v, raw_busy.n, 99.0);
+    ul.workers = MANY_WORKERS;
+    ul.ratio_to_idle = ul.p99_us / ui.p99_us;
+    /* The daemon's share of the wait under load: kvpool's p99 against the raw socket's. */
+    rl.ratio_to_uds = rl.p99_us / ul.p99_us;
     kvpb_rows_push(rows, &ri);
     kvpb_rows_push(rows, &rl);
+    kvpb_rows_push(rows, &ui);
+    kvpb_rows_push(rows, &ul);
 out_stop:
+    if (echoing) {
+        shutdown(raw[0], SHUT_RDWR);
+        pthread_join(echo, NULL);
+    }
+    if (raw[0] >= 0) {
+        close(raw[0]);
+        close(raw[1]);
+    }
+    kvpb_samples_free(&raw_idle);
+    kvpb_samples_free(&raw_busy);
     kvp_client_close(pc);
     kvpb_pool_stop(pool);
     kvpb_cell_free(&store);

@@ -379,8 +379,8 @@ static bool do_plan(struct kvp_store *s, struct kvp_obj *c, uint64_t need, uint6
  * The cheapest window of need pages among those grown from the oldest evictable objects.
  * The LRU list is in last_use order, so once a candidate is no older than the best window's
  * cost, no later one can beat it. Planning a large window over small objects takes thousands
- * of steps, so it lets the lock go every slice too; after that the candidates end there (the
- * list may have changed under the walk). Returns false if none was found. Caller holds the lock.
+ * of steps, so it lets the lock go every slice too; the walk then goes on from the oldest object
+ * used after the last candidate. Returns false if none was found. Caller holds the lock.
  */
 static bool do_choose(struct kvp_store *s, uint64_t need, struct window *best)
 {
@@ -390,16 +390,23 @@ static bool do_choose(struct kvp_store *s, uint64_t need, struct window *best)
     int n = 0;
 
     best->cost = UINT64_MAX;
-    for (struct kvp_obj *c = s->lru.prev; c != &s->lru && n < KVP_EVICT_CANDIDATES && budget;
-         c = c->prev, n++) {
+    struct kvp_obj *c = s->lru.prev;
+    for (; c != &s->lru && n < KVP_EVICT_CANDIDATES && budget; n++) {
         if (c->last_use >= best->cost)
             break;
         s->steps++;
+        uint64_t used = c->last_use;
+        yielded = false;
         if (do_plan(s, c, need, best->cost, &budget, &w, &yielded))
             *best = w;
-        /* The lock was let go: c may be gone, and its neighbours on the list with it. */
-        if (yielded)
-            break;
+        if (!yielded) {
+            c = c->prev;
+            continue;
+        }
+        /* The lock was let go: c may be gone, and its neighbours on the list with it. The next
+         * candidate is the oldest object used after c, found again from the list's end. */
+        for (c = s->lru.prev; c != &s->lru && c->last_use <= used; c = c->prev)
+            s->steps++;
     }
     return best->cost != UINT64_MAX;
 }
