@@ -8,6 +8,7 @@
  */
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -137,6 +138,30 @@ static bool no_named_segment(const char *const *args)
     return false;
 }
 
+/*
+ * Removes the segments that earlier test processes named (kvpool_l1_pool_it_PID_N, and the
+ * server fixtures' kvpool_l1_pool_fx_PID_N) and left behind when they failed or killed their
+ * daemon: only those whose PID no longer runs. A developer's /dev/shm would fill up otherwise.
+ */
+static void sweep_stale_segments(void)
+{
+    DIR *dir = opendir("/dev/shm");
+    if (!dir)
+        return;
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        int pid;
+        unsigned n;
+        char kind[3], end;
+        if (sscanf(e->d_name, "kvpool_l1_pool_%2[a-z]_%d_%u%c", kind, &pid, &n, &end) != 3 ||
+            (strcmp(kind, "it") && strcmp(kind, "fx")) || pid <= 0)
+            continue;
+        if (kill(pid, 0) < 0 && errno == ESRCH)
+            unlinkat(dirfd(dir), e->d_name, 0);
+    }
+    closedir(dir);
+}
+
 /* Builds the argument list of kvpt_daemon_start() and kvpt_daemon_spawn() and starts it. */
 static void launch(struct kvpt_daemon *d, const char *socket, const char *const *args, bool wait)
 {
@@ -145,6 +170,8 @@ static void launch(struct kvpt_daemon *d, const char *socket, const char *const 
     int argc = 0;
     bool has_shm_name = false, has_http = false;
 
+    if (counter == 0)
+        sweep_stale_segments();
     memset(d, 0, sizeof(*d));
     snprintf(d->dir, sizeof(d->dir), "/tmp/kvpt-XXXXXX");
     assert_non_null(mkdtemp(d->dir));
