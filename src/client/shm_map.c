@@ -55,11 +55,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/populate.h"
 #include "kvpool.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
 
 #define KVP_PREFAULT_STEP (64ull << 20)
 

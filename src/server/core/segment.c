@@ -67,12 +67,9 @@
 #include "base/log.h"
 #include "base/notify.h"
 #include "common/errors.h"
+#include "common/populate.h"
 #include "common/shm_name.h"
 #include "core/seg_guard.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
 
 static uint32_t progress_interval_ms = KVP_RESERVE_PROGRESS_MS;
 static const atomic_bool *reserve_cancel;

@@ -55,6 +55,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/populate.h"
 #include "core/stats.h"
 
 /* Windows planned per chunk at most; then the cheapest is evicted. */
@@ -168,6 +169,18 @@ static bool evictable(const struct kvp_obj *o)
 }
 
 /* All index memory is allocated here, once; only objects are allocated per request. */
+/* Faults in edge[] up to page avail ahead of use. Called by init and by the one thread that
+ * extends the pool, without the lock: it changes no value. */
+static void populate_edges(struct kvp_store *s, uint64_t avail)
+{
+    if (avail > s->pool.npages)
+        avail = s->pool.npages;
+    if (avail <= s->edge_ready)
+        return;
+    kvp_populate_inside(s->edge + s->edge_ready, (avail - s->edge_ready) * sizeof(*s->edge));
+    s->edge_ready = avail;
+}
+
 int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, uint64_t avail)
 {
     *s = (struct kvp_store){0};
@@ -188,6 +201,11 @@ int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, 
     }
     s->mask = nb - 1;
     s->slice_ns = KVP_STORE_SLICE_NS;
+    /* First touches of these under the lock were page faults of milliseconds each on a VM whose
+     * memory is backed lazily: the index is touched all over from the start, the edges as the
+     * pool's reserved part grows (kvp_store_extend). */
+    kvp_populate_inside(s->buckets, nb * sizeof(*s->buckets));
+    populate_edges(s, s->pool.avail);
     list_init(&s->lru);
     list_init(&s->held);
     list_init(&s->pending);
@@ -503,6 +521,15 @@ static void do_unguard(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
     }
 }
 
+static void free_spare(struct kvp_obj *o)
+{
+    while (o) {
+        struct kvp_obj *next = o->next;
+        free(o);
+        o = next;
+    }
+}
+
 /*
  * A chunk reported cached is guarded until the prepare ends, so that no later chunk of the same
  * request evicts it, even while others hold the lock in between (do_yield). The guarded objects
@@ -514,8 +541,20 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
                       struct kvp_prepare_result *res)
 {
     uint32_t ncached = 0;
+    struct kvp_obj *spare = NULL; /* new objects, allocated before the lock, linked by next */
 
     *res = (struct kvp_prepare_result){0};
+    /* One per key, allocated (and its memory faulted in) before the lock is taken: a fresh heap
+     * page was a page fault under the lock; the ones not used are freed after it. */
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvp_obj *o = calloc(1, sizeof(*o));
+        if (!o) {
+            free_spare(spare);
+            return -ENOMEM;
+        }
+        o->next = spare;
+        spare = o;
+    }
     store_lock(s);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *key = keys + (size_t)i * KVP_KEY_SIZE;
@@ -536,19 +575,13 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
             res->no_space++;
             continue;
         }
-        o = calloc(1, sizeof(*o));
-        if (!o) {
-            do_abort(s, objs, res->nslots);
-            do_unguard(s, objs + n - ncached, ncached);
-            store_unlock(s);
-            *res = (struct kvp_prepare_result){0};
-            return -ENOMEM;
-        }
+        o = spare;
         if (do_alloc(s, chunk_bytes, &o->offset) != 0) {
-            free(o);
             res->no_space++;
             continue;
         }
+        spare = o->next;
+        o->next = NULL;
         memcpy(o->key, key, KVP_KEY_SIZE);
         o->length = chunk_bytes;
         o->state = KVP_OBJ_RESERVED;
@@ -566,6 +599,7 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
     }
     do_unguard(s, objs + n - ncached, ncached);
     store_unlock(s);
+    free_spare(spare);
     return 0;
 }
 
@@ -701,6 +735,7 @@ void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
 
 void kvp_store_extend(struct kvp_store *s, uint64_t avail)
 {
+    populate_edges(s, avail / KVP_POOL_PAGE);
     store_lock(s);
     kvp_pool_extend(&s->pool, avail);
     store_unlock(s);

@@ -71,6 +71,7 @@ struct kvp_store {
     uint64_t slice_ns;        /* a hold this long ends at the next such point (tests: 0) */
     uint64_t steps_at_lock;   /* steps (s->steps + the pool's) when the lock was taken */
     uint64_t max_hold_steps;  /* the most steps taken in one hold: what tests bound */
+    uint64_t edge_ready;      /* edge[] entries faulted in ahead (init, extend: no lock) */
 };
 
 struct kvp_prepare_result {
