@@ -160,6 +160,29 @@ static void run(struct kvpb_pool *pool, const struct kvpb_cmd *cmd, struct kvpb_
     kvpb_cell_add(c, (double)(t1 - t0), bytes, ops, NULL);
 }
 
+/* The idle and the under-load rows of one kind of ping, the latter's p99 also against vs_p99
+ * (ratio_to_uds; NAN: none); returns the under-load p99. */
+static double push_pings(struct kvpb_rows *rows, int transport, uint32_t reps,
+                         const struct kvpb_samples *idle, const struct kvpb_samples *busy,
+                         double vs_p99)
+{
+    struct kvpb_row ri = kvpb_row_blank(transport, KVPB_OP_PING_IDLE_P99, "");
+    struct kvpb_row rl = kvpb_row_blank(transport, KVPB_OP_PING_LOAD, "");
+    ri.reps = rl.reps = reps;
+    ri.samples = idle->n;
+    rl.samples = busy->n;
+    ri.p50_us = kvpb_percentile(idle->v, idle->n, 50.0);
+    ri.p99_us = kvpb_percentile(idle->v, idle->n, 99.0);
+    rl.p50_us = kvpb_percentile(busy->v, busy->n, 50.0);
+    rl.p99_us = kvpb_percentile(busy->v, busy->n, 99.0);
+    rl.workers = MANY_WORKERS; /* the load it ran under */
+    rl.ratio_to_idle = rl.p99_us / ri.p99_us;
+    rl.ratio_to_uds = rl.p99_us / vs_p99;
+    kvpb_rows_push(rows, &ri);
+    kvpb_rows_push(rows, &rl);
+    return rl.p99_us;
+}
+
 /* A bulk row of the section; ratio against memcpy's repetitions when mc is not NULL. */
 static void push_bulk(struct kvpb_rows *rows, int transport, int op, uint32_t workers,
                       uint64_t chunk, struct kvpb_cell *c, const struct kvpb_cell *mc)
@@ -279,34 +302,9 @@ void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t
     push_bulk(rows, KVPB_T_MEMCPY, KVPB_OP_COPY, 2, chunk, &copy, NULL);
     push_bulk(rows, KVPB_T_SHM, KVPB_OP_STORE, MANY_WORKERS, chunk, &store, &copy);
     push_bulk(rows, KVPB_T_SHM, KVPB_OP_RETRIEVE, MANY_WORKERS, chunk, &retrieve, &copy);
-    struct kvpb_row ri = kvpb_row_blank(KVPB_T_KVPOOL, KVPB_OP_PING_IDLE_P99, "");
-    struct kvpb_row rl = kvpb_row_blank(KVPB_T_KVPOOL, KVPB_OP_PING_LOAD, "");
-    ri.reps = rl.reps = cfg->reps;
-    ri.samples = idle.n;
-    rl.samples = busy.n;
-    ri.p50_us = kvpb_percentile(idle.v, idle.n, 50.0);
-    ri.p99_us = kvpb_percentile(idle.v, idle.n, 99.0);
-    rl.p50_us = kvpb_percentile(busy.v, busy.n, 50.0);
-    rl.p99_us = kvpb_percentile(busy.v, busy.n, 99.0);
-    rl.workers = MANY_WORKERS; /* the load it ran under */
-    rl.ratio_to_idle = rl.p99_us / ri.p99_us;
-    struct kvpb_row ui = kvpb_row_blank(KVPB_T_UDS, KVPB_OP_PING_IDLE_P99, "");
-    struct kvpb_row ul = kvpb_row_blank(KVPB_T_UDS, KVPB_OP_PING_LOAD, "");
-    ui.reps = ul.reps = cfg->reps;
-    ui.samples = raw_idle.n;
-    ul.samples = raw_busy.n;
-    ui.p50_us = kvpb_percentile(raw_idle.v, raw_idle.n, 50.0);
-    ui.p99_us = kvpb_percentile(raw_idle.v, raw_idle.n, 99.0);
-    ul.p50_us = kvpb_percentile(raw_busy.v, raw_busy.n, 50.0);
-    ul.p99_us = kvpb_percentile(raw_busy.v, raw_busy.n, 99.0);
-    ul.workers = MANY_WORKERS;
-    ul.ratio_to_idle = ul.p99_us / ui.p99_us;
     /* The daemon's share of the wait under load: kvpool's p99 against the raw socket's. */
-    rl.ratio_to_uds = rl.p99_us / ul.p99_us;
-    kvpb_rows_push(rows, &ri);
-    kvpb_rows_push(rows, &rl);
-    kvpb_rows_push(rows, &ui);
-    kvpb_rows_push(rows, &ul);
+    double raw_p99 = push_pings(rows, KVPB_T_UDS, cfg->reps, &raw_idle, &raw_busy, NAN);
+    push_pings(rows, KVPB_T_KVPOOL, cfg->reps, &idle, &busy, raw_p99);
 out_stop:
     if (echoing) {
         shutdown(raw[0], SHUT_RDWR);

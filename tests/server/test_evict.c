@@ -215,14 +215,20 @@ static void test_enospc_at_once_when_pinned(void **state)
  * not grow with the pool: the old allocator rescanned the bitmap from page 0 after each of the
  * 2048 evictions (millions of steps at 64K pages, quadrupling with each doubling).
  */
+/* A store of npages one-page chunks, every other one refreshed (LRU order != addresses). */
+static void fill_fragmented(struct kvp_store *s, uint64_t npages)
+{
+    init_pages(s, npages);
+    for (uint32_t i = 0; i < npages; i++)
+        put(s, i, 1);
+    for (uint32_t i = 0; i < npages; i += 2)
+        assert_true(present(s, i));
+}
+
 static uint64_t steps_of_large_prepare(uint64_t npages, uint64_t need)
 {
     struct kvp_store s;
-    init_pages(&s, npages);
-    for (uint32_t i = 0; i < npages; i++)
-        put(&s, i, 1);
-    for (uint32_t i = 0; i < npages; i += 2)
-        assert_true(present(&s, i));
+    fill_fragmented(&s, npages);
     uint64_t before = kvp_store_alloc_steps(&s);
     struct kvp_obj *o = reserve(&s, (uint32_t)npages, need);
     uint64_t steps = kvp_store_alloc_steps(&s) - before;
@@ -259,11 +265,7 @@ static void test_large_prepare_holds_are_short(void **state)
     (void)state;
     const uint64_t npages = 16384, need = 2048;
     struct kvp_store s;
-    init_pages(&s, npages);
-    for (uint32_t i = 0; i < npages; i++)
-        put(&s, i, 1);
-    for (uint32_t i = 0; i < npages; i += 2)
-        assert_true(present(&s, i));
+    fill_fragmented(&s, npages);
     s.slice_ns = 0;
     s.max_hold_steps = 0;
     struct kvp_obj *o = reserve(&s, (uint32_t)npages, need);
