@@ -149,6 +149,7 @@ static void sweep_stale_segments(void)
     if (!dir)
         return;
     struct dirent *e;
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and dir is private to this call */
     while ((e = readdir(dir))) {
         int pid;
         unsigned n;
