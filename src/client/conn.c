@@ -357,6 +357,8 @@ static size_t take_ahead(struct kvp_conn *c, struct iovec *iov, size_t n)
 {
     size_t moved = 0;
     for (size_t i = 0; i < n && c->in_pos < c->in_len; i++) {
+        if (iov[i].iov_len == 0) /* its base may be NULL */
+            continue;
         size_t k = c->in_len - c->in_pos;
         if (k > iov[i].iov_len)
             k = iov[i].iov_len;

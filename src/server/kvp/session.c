@@ -49,8 +49,10 @@ static size_t take_ahead(struct kvp_session *c, uint8_t *p, size_t len)
  */
 int kvp_session_recv(struct kvp_session *c, void *buf, size_t len)
 {
+    if (len == 0) /* buf may be NULL: an empty body */
+        return 0;
     uint8_t *p = buf;
-    size_t got = len ? take_ahead(c, p, len) : 0;
+    size_t got = take_ahead(c, p, len);
     p += got;
     len -= got;
     while (len) {
