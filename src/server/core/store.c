@@ -168,7 +168,6 @@ static bool evictable(const struct kvp_obj *o)
     return o->state == KVP_OBJ_COMMITTED && o->pins == 0 && o->guard == 0;
 }
 
-/* All index memory is allocated here, once; only objects are allocated per request. */
 /* Faults in edge[] up to page avail ahead of use. Called by init and by the one thread that
  * extends the pool, without the lock: it changes no value. */
 static void populate_edges(struct kvp_store *s, uint64_t avail)
@@ -181,6 +180,7 @@ static void populate_edges(struct kvp_store *s, uint64_t avail)
     s->edge_ready = avail;
 }
 
+/* All index memory is allocated here, once; only objects are allocated per request. */
 int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, uint64_t avail)
 {
     *s = (struct kvp_store){0};
