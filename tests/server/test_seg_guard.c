@@ -41,18 +41,26 @@ static int make(struct kvp_segment *seg, char *path, size_t path_size)
     return 0;
 }
 
+/* A segment made, its file unlinked (the open descriptor keeps it) and the guard armed over
+ * it: 0, or the child's exit code for the step that failed (10: make, 11: arm). */
+static int make_armed(struct kvp_segment *seg)
+{
+    char path[96];
+    if (make(seg, path, sizeof(path)) != 0)
+        return 10;
+    unlink(path);
+    return kvp_seg_guard_arm(seg->base, seg->size, seg->fd) != 0 ? 11 : 0;
+}
+
 /* Child: the daemon's own read of a truncated page. Returns an exit code. */
 static int child_read_after_truncate(void)
 {
     struct kvp_segment seg;
-    char path[96];
     int64_t size_now = 0;
 
-    if (make(&seg, path, sizeof(path)) != 0)
-        return 10;
-    unlink(path); /* the open descriptor keeps it */
-    if (kvp_seg_guard_arm(seg.base, seg.size, seg.fd) != 0)
-        return 11;
+    int rc = make_armed(&seg);
+    if (rc)
+        return rc;
     if (kvp_seg_guard_tripped() || kvp_seg_guard_check() || kvp_seg_guard_take_report(&size_now))
         return 12; /* nothing happened yet */
     if (ftruncate(seg.fd, 4096) != 0)
@@ -81,13 +89,9 @@ static int child_read_after_truncate(void)
 static int child_check_finds_it(void)
 {
     struct kvp_segment seg;
-    char path[96];
-
-    if (make(&seg, path, sizeof(path)) != 0)
-        return 10;
-    unlink(path);
-    if (kvp_seg_guard_arm(seg.base, seg.size, seg.fd) != 0)
-        return 11;
+    int rc = make_armed(&seg);
+    if (rc)
+        return rc;
     if (ftruncate(seg.fd, 0) != 0)
         return 13;
     if (!kvp_seg_guard_check())
@@ -101,13 +105,9 @@ static int child_check_finds_it(void)
 static int child_other_sigbus(void)
 {
     struct kvp_segment seg;
-    char path[96];
-
-    if (make(&seg, path, sizeof(path)) != 0)
-        return 10;
-    unlink(path);
-    if (kvp_seg_guard_arm(seg.base, seg.size, seg.fd) != 0)
-        return 11;
+    int rc = make_armed(&seg);
+    if (rc)
+        return rc;
     /* Another file mapping, truncated: not the pool. */
     FILE *f = tmpfile();
     if (!f)
@@ -117,7 +117,7 @@ static int child_other_sigbus(void)
         return 12;
     }
     volatile uint8_t *q = mmap(NULL, 8192, PROT_READ, MAP_SHARED, fileno(f), 0);
-    int rc = q == MAP_FAILED || ftruncate(fileno(f), 0) != 0 ? 13 : 0;
+    rc = q == MAP_FAILED || ftruncate(fileno(f), 0) != 0 ? 13 : 0;
     if (rc == 0)
         (void)q[4096]; /* SIGBUS, not ours: the child dies of it */
     fclose(f);
