@@ -57,6 +57,7 @@ enum kvpb_transport {
     KVPB_T_LMC_SERVER, /* lmcache: `lmcache server`, LMCache's own multiprocess server */
     KVPB_T_LMC_KVPOOL, /* lmcache: kvpoold's LMCache front end (--lmcache) */
     KVPB_T_LMC_WORKER, /* lmcache: the worker's own copies of the same bytes, no server */
+    KVPB_T_HASH,       /* a chunk's key hash alone, in the bench's process (keyhash.c) */
     KVPB_T_COUNT_
 };
 
@@ -91,6 +92,9 @@ enum kvpb_op {
     KVPB_OP_HIT_RATIO,     /* fragmentation: lookups and stores of a mixed-size trace */
     KVPB_OP_CHUNK_SIZE,    /* lmcache: get_chunk_size, the worker's first request */
     KVPB_OP_TORCH_COPY,    /* lmcache: torch copy_ between contiguous chunk tensors */
+    KVPB_OP_HASH_BLAKE2B,  /* rtt: one link of the daemon's key chain (kvp_key_chain) */
+    KVPB_OP_HASH_SIPHASH,  /* rtt: the same link by SipHash-2-4-128 (libsodium) */
+    KVPB_OP_HASH_XXH3,     /* rtt: the same link by XXH3-128 with a secret (libxxhash) */
     KVPB_OP_COUNT_
 };
 
@@ -153,7 +157,7 @@ struct kvpb_config {
     uint32_t pressure_reps;
     bool do_sweep, do_rtt, do_paged, do_pressure, do_redis;
     bool do_l2; /* the L2 tier's rows (l2.c); they need the Redis comparator */
-    bool do_startup, do_many, do_memory, do_python; /* issue 12's sections (their own files) */
+    bool do_startup, do_many, do_memory, do_python; /* the scale sections (their own files) */
     bool do_frag;                                   /* the fragmentation section (frag.c) */
     bool do_lmcache;                                /* the LMCache section (lmcache.c) */
     const char *lmcache_venv; /* its virtual environment (scripts/lmcache-env.sh) */
@@ -244,7 +248,7 @@ struct kvpb_row {
     bool invalid;          /* the measurement did not complete: printed as such, values NAN */
 };
 
-/* The detail of the rows of issue 12's sections, which the report groups by. */
+/* The detail of the rows of the scale sections, which the report groups by. */
 #define KVPB_D_STARTUP "memfd pool"  /* startup.c */
 #define KVPB_D_MANY "many"           /* many.c: the store/retrieve/memcpy cells of 16 workers */
 #define KVPB_D_CPATH "C path"        /* python.c: kvp_store()/kvp_retrieve() from C */
@@ -316,6 +320,17 @@ int kvpb_report_json(const char *path, const struct kvpb_row *rows, size_t n);
  * not installed (said on stdout), or a negative error. */
 int kvpb_report_chart(const char *png, const struct kvpb_config *cfg,
                       const struct kvpb_run_info *info, const struct kvpb_row *rows, size_t n);
+
+/* ------------------------------------------------------------------------------------------ */
+/* keyhash.c                                                                                  */
+
+/*
+ * Times n samples of one key-chain link over chunk_tokens token ids, by the hash of op
+ * (KVPB_OP_HASH_*), in the calling process; each sample (microseconds per link) is the mean of a
+ * small batch. Returns 0, or -EINVAL for a chunk beyond 4096 tokens, -ENOMEM if libsodium
+ * cannot start.
+ */
+int kvpb_time_key_hash(int op, uint32_t chunk_tokens, uint32_t n, double *samples);
 
 /* ------------------------------------------------------------------------------------------ */
 /* daemon.c                                                                                   */
@@ -428,7 +443,7 @@ int kvpb_register_opts(const char *id, uint64_t bytes, uint32_t tokens, uint32_t
                        kvp_register_opts *o);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Issue 12's sections. Each prints what it does, appends its rows and says on stdout why it  */
+/* The scale sections. Each prints what it does, appends its rows and says on stdout why it  */
 /* skips anything. A failed operation either exits the program (after the atexit clean-up)    */
 /* or marks its row invalid: no number from a run that did not do what it claims is printed. */
 

@@ -2,7 +2,7 @@
  * cli.c - kvpool-bench's command line: defaults, options, usage.
  *
  * Defaults are the published configuration (docs/PERFORMANCE.md): the five chunk sizes of the
- * issue's sweep, 11 measured repetitions, 256 MiB rotating buffers (several times the CPU's
+ * published sweep, 11 measured repetitions, 256 MiB rotating buffers (several times the CPU's
  * last-level cache, so no transport is measured from cache), a 1 GiB pool. --quick shrinks
  * everything for the smoke test; options given with it still apply on top.
  *

@@ -24,7 +24,7 @@
  *   8. The L2 tier (l2.c), with daemons of its own on the same redis-server: write-behind and
  *      loads against raw hiredis SET/GET, L1 hits with L2 on and off; a table of its own.
  *
- * Issue 12's sections run in their own files and add their rows to x->extra: start-up of
+ * The scale sections run in their own files and add their rows to x->extra: start-up of
  * daemons of 1-12 GiB (startup.c, before anything else, so that nothing else holds memory),
  * the Python binding against the C path (python.c, on the worker pool, after the pressure
  * rows), 16 workers at once with a ping meanwhile (many.c, once the run's workers have
@@ -316,6 +316,40 @@ static void phase_sweep(struct ctx *x, bool shm)
     }
 }
 
+/*
+ * The key hash of one chunk alone, by the daemon's BLAKE2b and by two faster keyed hashes
+ * (keyhash.c): one cell each, n samples per repetition, in this process.
+ */
+static void time_key_hashes(struct ctx *x, uint32_t n, bool measured)
+{
+    static const int ops[] = {KVPB_OP_HASH_BLAKE2B, KVPB_OP_HASH_SIPHASH, KVPB_OP_HASH_XXH3};
+    double *s = malloc(n * sizeof(*s));
+
+    if (!s) {
+        fprintf(stderr, "kvpool-bench: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        int rc = kvpb_time_key_hash(ops[i], x->chunk_tokens, n, s);
+        if (rc < 0) {
+            printf("note: key hash %s not timed: %s\n", kvpb_op_name(ops[i]), strerror(-rc));
+            break;
+        }
+        if (!measured)
+            continue;
+        struct acc *a = acc_get(x, KVPB_T_HASH, ops[i], "", 0, 1);
+        double us = 0;
+        for (uint32_t k = 0; k < n; k++)
+            us += s[k];
+        a->ops += n;
+        if (kvpb_samples_append(&a->lat, s, n) < 0 || kvpb_samples_push(&a->rep_gbps, NAN) < 0 ||
+            kvpb_samples_push(&a->rep_ops, us > 0 ? (double)n / us * 1e6 : NAN) < 0)
+            exit(1);
+        a->load1 = load1();
+    }
+    free(s);
+}
+
 static void phase_rtt(struct ctx *x)
 {
     const struct kvpb_config *cfg = &x->cfg;
@@ -357,6 +391,7 @@ static void phase_rtt(struct ctx *x)
             cmd = mk(x, KVPB_T_REDIS, KVPB_OP_PING, 0, n, 1);
             run(x, &cmd, m, "");
         }
+        time_key_hashes(x, n, m);
     }
 }
 
@@ -529,6 +564,8 @@ static size_t make_rows(struct ctx *x, struct kvpb_row *rows)
             r->ratio_to_uds = r->p50_us / uds_p50;
         if (a->op == KVPB_OP_LOOKUP128)
             r->us_per_chunk = r->p50_us / KVPB_LOOKUP_CHUNKS;
+        if (a->transport == KVPB_T_HASH)
+            r->us_per_chunk = r->p50_us;
         if (a->op == KVPB_OP_PING_IDLE) {
             r->ratio_to_uds = r->p50_us / uds_idle_p50;
             r->ops_per_s = NAN; /* the wall time is mostly the deliberate wait */

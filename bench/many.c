@@ -1,7 +1,7 @@
 /*
  * many.c - the "many" section: 16 worker processes (a TP=8 x 2 host) storing and retrieving at
  * once over shm, against two processes copying at once, and the latency of a ping that another
- * client sends meanwhile (issue 12, goal 4).
+ * client sends meanwhile.
  *
  * The workers are a pool of their own (worker.c), started for this section on the run's
  * daemon and stopped at its end: 16 lean workers (no raw-socket peer) with 64 MiB rotating

@@ -1,6 +1,6 @@
 /*
  * memory.c - the "memory" section: the daemon's resident memory beyond its pool, with 64
- * connected workers (issue 12, goal 5).
+ * connected workers.
  *
  * The pool is shared memory, counted by the kernel in RssShmem; everything else the daemon
  * holds (its heap: per-connection state, the object index, buffers; thread stacks; its code)

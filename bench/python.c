@@ -1,6 +1,6 @@
 /*
  * python.c - the "python" section: the Python binding's store and retrieve on numpy arrays
- * against the C library's, same chunks, same bytes, same daemon (issue 12, goal 6).
+ * against the C library's, same chunks, same bytes, same daemon.
  *
  * The Python side is bench/python_path.py, run by Debian's /usr/bin/python3 (the interpreter
  * that has numpy; without it the section is skipped with a note) in its --serve mode: it takes

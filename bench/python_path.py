@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """python_path.py - kvpool-bench's Python worker path: ctx.store() / ctx.retrieve() on numpy
-arrays over the shm transport, for comparison with the C path (issue 12, goal 6).
+arrays over the shm transport, for comparison with the C path.
 
 It moves the same bytes the same way as the C bench's workers: chunk i of a command reads from
 (store) or writes to (retrieve) slot i % (footprint / chunk) of two pre-faulted rotating numpy

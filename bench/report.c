@@ -9,7 +9,7 @@
  * Units: GB/s means 1e9 bytes per second (as memcpy benchmarks and the reference figures
  * quote); sizes are binary (KiB, MiB). Latencies are per operation, in microseconds.
  *
- * The sections of issue 12 (start-up, many workers, Python path, daemon memory) have tables of
+ * The scale sections (start-up, many workers, Python path, daemon memory) have tables of
  * their own; their rows carry the fields added for them (pool_bytes, ms, us_per_chunk,
  * ratio_to_idle, ratio_to_c, the rss_* figures), NAN elsewhere. A row whose measurement did not
  * complete is kept with "valid": false (0 in CSV) and no figure, and prints as "invalid".
@@ -40,6 +40,7 @@ static const char *const transport_names[KVPB_T_COUNT_] = {
     [KVPB_T_LMC_SERVER] = "lmcache-server",
     [KVPB_T_LMC_KVPOOL] = "kvpoold-lmcache",
     [KVPB_T_LMC_WORKER] = "lmcache-worker",
+    [KVPB_T_HASH] = "hash",
 };
 
 static const char *const op_names[KVPB_OP_COUNT_] = {
@@ -72,6 +73,9 @@ static const char *const op_names[KVPB_OP_COUNT_] = {
     [KVPB_OP_HIT_RATIO] = "hit-ratio",
     [KVPB_OP_CHUNK_SIZE] = "get-chunk-size",
     [KVPB_OP_TORCH_COPY] = "torch-copy",
+    [KVPB_OP_HASH_BLAKE2B] = "blake2b",
+    [KVPB_OP_HASH_SIPHASH] = "siphash",
+    [KVPB_OP_HASH_XXH3] = "xxh3",
 };
 
 const char *kvpb_transport_name(int t)
@@ -223,6 +227,9 @@ static int row_group(const struct kvpb_row *r)
     case KVPB_OP_PING:
     case KVPB_OP_PING_IDLE:
     case KVPB_OP_LOOKUP:
+    case KVPB_OP_HASH_BLAKE2B:
+    case KVPB_OP_HASH_SIPHASH:
+    case KVPB_OP_HASH_XXH3:
         return SEC_RTT;
     case KVPB_OP_GATHER:
     case KVPB_OP_SCATTER:
@@ -241,6 +248,7 @@ static int transport_rank(int t)
         [KVPB_T_UDS] = 3,        [KVPB_T_KVPOOL] = 4,      [KVPB_T_REDIS] = 5,
         [KVPB_T_PAGED] = 6,      [KVPB_T_MEMSET] = 7,      [KVPB_T_PYSHM] = 8,
         [KVPB_T_LMC_WORKER] = 9, [KVPB_T_LMC_SERVER] = 10, [KVPB_T_LMC_KVPOOL] = 11,
+        [KVPB_T_HASH] = 12,
     };
     return t >= 0 && t < KVPB_T_COUNT_ ? rank[t] : KVPB_T_COUNT_;
 }
@@ -404,7 +412,10 @@ static void print_rtt(const struct kvpb_row *rows, size_t n)
             printf("\nSmall requests: one client, round trip per request; x uds = p50 / p50 of "
                    "the raw\nUnix-socket ping-pong (32-byte frames); ping-idle: each after 500 us "
                    "of work;\nlookup-128: a cached prefix of %u chunks (32k tokens at 256 tokens "
-                   "per chunk), us/chunk = p50 / %u\n\n%-8s %-10s %12s %9s %9s %9s %9s\n",
+                   "per chunk), us/chunk = p50 / %u;\nhash: one link of the key chain (one chunk's "
+                   "key) alone, in this process, requests/s = links/s:\nblake2b is the daemon's, "
+                   "siphash (libsodium) and xxh3 (libxxhash) keyed hashes in its place\n\n"
+                   "%-8s %-10s %12s %9s %9s %9s %9s\n",
                    KVPB_LOOKUP_CHUNKS, KVPB_LOOKUP_CHUNKS, "transport", "op", "requests/s",
                    "p50 us", "p99 us", "x uds", "us/chunk");
         any = true;
@@ -468,6 +479,16 @@ static const struct kvpb_row *find_row(const struct kvpb_row *rows, size_t n, in
 {
     for (size_t i = 0; i < n; i++)
         if (row_group(&rows[i]) == group && rows[i].op == op && rows[i].pool_bytes == pool)
+            return &rows[i];
+    return NULL;
+}
+
+/* The round-trip section's row of transport and op, or NULL. */
+static const struct kvpb_row *find_rtt(const struct kvpb_row *rows, size_t n, int transport, int op)
+{
+    for (size_t i = 0; i < n; i++)
+        if (row_group(&rows[i]) == SEC_RTT && rows[i].transport == transport && rows[i].op == op &&
+            !rows[i].invalid)
             return &rows[i];
     return NULL;
 }
@@ -711,7 +732,7 @@ static void print_target_text(const char *what, const char *value, const char *v
 }
 
 /*
- * The targets of issue 12's sections on a time or a size: the worst row of an op (milliseconds
+ * The targets of the scale sections on a time or a size: the worst row of an op (milliseconds
  * or MiB, whichever the row carries), which pool sizes it covers, and rows that failed.
  */
 static void print_target_worst(const char *what, const struct kvpb_row *rows, size_t n,
@@ -838,6 +859,29 @@ static void print_reported(const char *what, const struct kvpb_row *rows, size_t
     print_target_text(what, text, "reported");
 }
 
+/*
+ * What the one-chunk lookup would cost with another key hash: its p50 less the daemon's BLAKE2b
+ * link, plus the other hash's, against the raw socket's ping (all p50s of this run).
+ */
+static void print_hash_swap(const struct kvpb_row *rows, size_t n)
+{
+    const struct kvpb_row *look = find_rtt(rows, n, KVPB_T_KVPOOL, KVPB_OP_LOOKUP);
+    const struct kvpb_row *uds = find_rtt(rows, n, KVPB_T_UDS, KVPB_OP_PING);
+    const struct kvpb_row *b2 = find_rtt(rows, n, KVPB_T_HASH, KVPB_OP_HASH_BLAKE2B);
+    const struct kvpb_row *sip = find_rtt(rows, n, KVPB_T_HASH, KVPB_OP_HASH_SIPHASH);
+    const struct kvpb_row *xx = find_rtt(rows, n, KVPB_T_HASH, KVPB_OP_HASH_XXH3);
+    char text[160];
+
+    if (!look || !uds || !b2 || !sip || !xx || !(uds->p50_us > 0)) {
+        print_target_text("  lookup with a faster key hash", "n/a (not measured in this run)", "");
+        return;
+    }
+    snprintf(text, sizeof(text), "blake2b %.2f of %.2f us; siphash %.2fx, xxh3 %.2fx", b2->p50_us,
+             look->p50_us, (look->p50_us - b2->p50_us + sip->p50_us) / uds->p50_us,
+             (look->p50_us - b2->p50_us + xx->p50_us) / uds->p50_us);
+    print_target_text("  lookup with a faster key hash (x raw socket)", text, "reported");
+}
+
 static void print_targets(const struct kvpb_row *rows, size_t n)
 {
     struct target shm = {0}, inl = {0}, rtt = {0}, redis = {0}, py = {0}, load = {0};
@@ -883,6 +927,7 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
     print_target("shm store/retrieve >= 0.80x memcpy (>= 4 MiB)", &shm, 0.80, true);
     print_target("inline store/retrieve >= 0.35x memcpy", &inl, 0.35, true);
     print_target("ping/lookup p50 <= 1.5x raw socket ping-pong", &rtt, 1.5, false);
+    print_hash_swap(rows, n);
     print_target("shm >= 5x Redis SET/GET (>= 4 MiB)", &redis, 5.0, true);
     print_target_worst("daemon ready <= 1000 ms (1, 4, 12 GiB)", rows, n, covers_ready, ready_ms,
                        "ms", 1000.0);

@@ -1,7 +1,7 @@
 /*
  * startup.c - the "startup" section: how soon kvpoold serves its first request, how long a
  * worker's first registration takes, and how fast the daemon reserves its pool, for pools of
- * 1, 4 and 12 GiB (issue 12, goal 1).
+ * 1, 4 and 12 GiB.
  *
  * For each size the bench starts a daemon of its own (--shm-backend memfd for every size: a
  * 12 GiB pool does not fit a 12 GiB /dev/shm, and the three sizes must be comparable) and
