@@ -120,6 +120,7 @@ static bool do_yield(struct kvp_store *s)
     }
     store_lock(s);
     s->handoffs += waiters;
+    s->lets_go++;
     return true;
 }
 
@@ -576,8 +577,16 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
             continue;
         }
         o = spare;
+        uint64_t lets_go = s->lets_go;
         if (do_alloc(s, chunk_bytes, &o->offset) != 0) {
             res->no_space++;
+            continue;
+        }
+        /* Eviction may have let the lock go, and another store of the key got in meanwhile:
+         * this one is then busy, as it would have been a moment later. */
+        if (s->lets_go != lets_go && do_find(s, key)) {
+            kvp_pool_free(&s->pool, o->offset, chunk_bytes);
+            res->busy++;
             continue;
         }
         spare = o->next;
@@ -693,7 +702,10 @@ uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout
     uint32_t n = 0;
     store_lock(s);
     for (struct kvp_obj *o = s->pending.next; o != &s->pending; o = o->next) {
-        if (o->state != KVP_OBJ_RESERVED || now_ms - o->reserved_at_ms < timeout_ms)
+        /* now_ms was read before the lock: a prepare since then reserved with a later clock,
+         * and is new (the difference must not wrap around). */
+        if (o->state != KVP_OBJ_RESERVED || o->reserved_at_ms >= now_ms ||
+            now_ms - o->reserved_at_ms < timeout_ms)
             continue;
         /* Out of the index: the key is free for other stores. The memory stays with the owner
          * until it commits, aborts or disconnects. */

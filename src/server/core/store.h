@@ -67,6 +67,7 @@ struct kvp_store {
     uint64_t clock;           /* recency clock: the last kvp_obj.last_use handed out */
     uint64_t steps;           /* eviction steps (windows planned, victims), ever */
     uint64_t handoffs;        /* times a long hold let waiting threads in (do_yield) */
+    uint64_t lets_go;         /* times a hold let the lock go (do_yield), waiters or not */
     uint64_t yield_calls;     /* points where a long hold could end (do_yield) */
     uint64_t slice_ns;        /* a hold this long ends at the next such point (tests: 0) */
     uint64_t steps_at_lock;   /* steps (s->steps + the pool's) when the lock was taken */
