@@ -14,7 +14,8 @@
  *   shuffle  looks up every other stored key, in random order, so that the LRU order follows
  *            neither the addresses nor the order of the stores;
  *   idle     a probe client (its own connection and instance) looks up its one cached chunk
- *            once per millisecond, FRAG_PROBES times: its idle p99;
+ *            once per millisecond, FRAG_PROBES times (about as many as it makes during the
+ *            large stores, so that both p99s rest on as many samples): its idle p99;
  *   large    FRAG_CYCLES stores of 32 MiB and 8 MiB chunks, each of which has to evict a
  *            window of mixed objects and is followed by as many bytes of small chunks (the
  *            fill's mix, so the pool stays fragmented), while the probe keeps looking up from a
@@ -54,7 +55,7 @@
 
 #define FRAG_CLASSES 14 /* 4 KiB .. 32 MiB */
 #define FRAG_MIN (4 * KVPB_KiB)
-#define FRAG_PROBES 300 /* idle probe lookups */
+#define FRAG_PROBES 3000 /* idle probe lookups: as many as run during the large stores */
 #define FRAG_TIMEOUT_MS 300000
 #define FRAG_CYCLES 150 /* large stores, each followed by as many bytes of small chunks */
 
