@@ -289,6 +289,37 @@ static void test_burst_then_report(void **state)
     assert_rc(lines(c.text), 0);
 }
 
+/*
+ * A thread reads the clock before it takes the site's lock, so a line can arrive with a clock
+ * older than the window another thread has just started: it belongs to that window (the
+ * difference must not wrap around into "the window is over"), and so does a flush's.
+ */
+static void test_clock_older_than_window(void **state)
+{
+    (void)state;
+    static struct kvp_log_rl rl = KVP_LOG_RL_INIT(KVP_LOG_WARN, "late clock %d");
+    struct capture c;
+    int admitted = 0;
+
+    capture_begin(&c);
+    for (int i = 0; i < KVP_LOG_RL_BURST + 3; i++)
+        admitted += kvp_log_rl_admit(&rl, 50000);
+    /* Older clocks: still the same window, still suppressed. */
+    admitted += kvp_log_rl_admit(&rl, 49999);
+    admitted += kvp_log_rl_admit(&rl, 40000);
+    capture_end(&c);
+    assert_rc(admitted, KVP_LOG_RL_BURST);
+    assert_rc(lines(c.text), 0);
+    capture_begin(&c);
+    assert_rc(kvp_log_rl_flush(49999), 0);
+    capture_end(&c);
+    assert_rc(lines(c.text), 0);
+    capture_begin(&c);
+    assert_rc(kvp_log_rl_flush(50000 + KVP_LOG_RL_WINDOW_MS), 1);
+    capture_end(&c);
+    assert_non_null(strstr(c.text, "suppressed 5 similar messages (late clock %d)"));
+}
+
 /* A site that floods and then falls silent still gets its count out through the flush. */
 static void test_flush_reports_silent_site(void **state)
 {
@@ -395,6 +426,7 @@ int main(void)
         cmocka_unit_test(test_json_report),
         cmocka_unit_test(test_parse_format),
         cmocka_unit_test(test_burst_then_report),
+        cmocka_unit_test(test_clock_older_than_window),
         cmocka_unit_test(test_flush_reports_silent_site),
         cmocka_unit_test(test_macro_per_call_site),
         cmocka_unit_test(test_below_threshold),

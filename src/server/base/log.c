@@ -344,6 +344,13 @@ static void report(enum kvp_log_level level, const char *what, uint32_t n, const
                              n == 1 ? "" : "s", what);
 }
 
+/* Whether the site's window has ended by now_ms. A clock read before the site's lock can be
+ * older than a window another thread started since: still inside it. */
+static bool window_over(const struct kvp_log_rl *rl, uint64_t now_ms)
+{
+    return now_ms >= rl->window_start_ms && now_ms - rl->window_start_ms >= KVP_LOG_RL_WINDOW_MS;
+}
+
 /*
  * Under rl->lock: counts one line at now_ms. Returns true to log it. *dropped is the count to
  * report now (a window ended), its sample moved to sample; *first tells that this line is the
@@ -355,7 +362,7 @@ static bool do_admit(struct kvp_log_rl *rl, uint64_t now_ms, uint32_t *dropped, 
     *dropped = 0;
     *first = false;
     sample[0] = '\0';
-    if (!rl->started || now_ms - rl->window_start_ms >= KVP_LOG_RL_WINDOW_MS) {
+    if (!rl->started || window_over(rl, now_ms)) {
         rl->started = true;
         rl->window_start_ms = now_ms;
         rl->passed = 0;
@@ -431,7 +438,7 @@ static int flush(uint64_t now_ms, bool all)
         char sample[KVP_LOG_RL_SAMPLE];
         uint32_t dropped = 0;
         pthread_mutex_lock(&rl->lock);
-        if (rl->suppressed && (all || now_ms - rl->window_start_ms >= KVP_LOG_RL_WINDOW_MS)) {
+        if (rl->suppressed && (all || window_over(rl, now_ms))) {
             dropped = rl->suppressed;
             rl->suppressed = 0;
             memcpy(sample, rl->sample, sizeof(sample));
