@@ -9,7 +9,7 @@
  *   1 byte        the most tensors accepted (modulo 16); at least 0
  *   the rest      the payload
  * The seeds (fuzz/corpus/tpickle/) are real torch payloads with their registration in front
- * (tests/server/tpickle_payloads.py --fuzz-corpus).
+ * (tests/server/tpickle_payloads.py --fuzz-corpus), and seed-reply-*: the encoder's own form.
  *
  * Checked: the decoder returns only 0, -EPROTO, -EMSGSIZE or -EINVAL; on success the tensors are
  * within bounds, chunk-sized, in buffer order and disjoint, and why is empty; on failure *n is

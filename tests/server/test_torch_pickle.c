@@ -5,6 +5,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,6 +382,124 @@ static void test_hand_made(void **state)
     assert_int_equal(access(MARKER, F_OK), -1);
 }
 
+/* A name pair for STACK_GLOBAL, protocol 4 strings. */
+static size_t put_global(uint8_t *p, const char *mod, const char *name)
+{
+    size_t n = 0;
+    p[n++] = 0x8c;
+    p[n++] = (uint8_t)strlen(mod);
+    memcpy(p + n, mod, strlen(mod));
+    n += strlen(mod);
+    p[n++] = 0x8c;
+    p[n++] = (uint8_t)strlen(name);
+    memcpy(p + n, name, strlen(name));
+    n += strlen(name);
+    p[n++] = 0x93;
+    return n;
+}
+
+/*
+ * kvpoold's reply form of one tensor, written by hand so each part can be wrong on its own:
+ * [view(view(asarray(bytearray(nbytes)), dtype), shape)], with `buf_op` the opcode carrying the
+ * bytes (BYTEARRAY8 in the form) and `skip_dtype` leaving out the dtype step.
+ */
+static size_t view_form(uint8_t *p, const char *asarray_mod, uint8_t buf_op, uint64_t nbytes,
+                        const char *dtype, bool skip_dtype, const uint64_t *shape, uint32_t ndim)
+{
+    size_t n = 0;
+    memcpy(p, "\x80\x05](", 4);
+    n += 4;
+    n += put_global(p + n, "torch", "Tensor.view");
+    if (!skip_dtype)
+        n += put_global(p + n, "torch", "Tensor.view");
+    n += put_global(p + n, asarray_mod, "asarray");
+    p[n++] = buf_op;
+    for (int i = 0; i < 8; i++)
+        p[n++] = (uint8_t)(nbytes >> (8 * i));
+    for (uint64_t j = 0; j < nbytes; j++)
+        p[n++] = pattern(0, j);
+    p[n++] = 0x85; /* TUPLE1 */
+    p[n++] = 'R';
+    if (!skip_dtype) {
+        n += put_global(p + n, "torch", dtype);
+        p[n++] = 0x86; /* TUPLE2 */
+        p[n++] = 'R';
+    }
+    p[n++] = '(';
+    for (uint32_t i = 0; i < ndim; i++) {
+        p[n++] = 'K';
+        p[n++] = (uint8_t)shape[i];
+    }
+    p[n++] = 't';
+    p[n++] = 0x86;
+    p[n++] = 'R';
+    p[n++] = 'e';
+    p[n++] = '.';
+    return n;
+}
+
+/* kvpoold's own reply form is recognised exactly: every part checked against the registration. */
+static void test_view_form(void **state)
+{
+    (void)state;
+    static const uint64_t other_shape[] = {2, 2, 8, 4};
+    struct kvp_tpickle_expect e = expect("float16", 4, kv_shape, 1, 1);
+    struct kvp_tpickle_tensor out[1];
+    uint8_t buf[1024];
+    char why[200];
+    uint32_t n;
+    size_t len;
+
+    len = view_form(buf, "torch", 0x96, 256, "float16", false, kv_shape, 4);
+    if (kvp_tpickle_decode(buf, len, &e, out, 1, &n, why, sizeof(why)) != 0)
+        fail_msg("view form refused: %s", why);
+    assert_int_equal(n, 1);
+    check_pattern(out, 1, 256, buf, len, "float16");
+
+    static const struct {
+        const char *mod;
+        uint8_t op;
+        uint64_t nbytes;
+        const char *dtype;
+        bool skip_dtype;
+        const uint64_t *shape;
+        const char *reason;
+    } bad[] = {
+        {"torch", 0x96, 256, "bfloat16", false, kv_shape, "dtype bfloat16, registered float16"},
+        {"torch", 0x96, 256, "float16", false, other_shape, "is not the registered shape"},
+        {"torch", 0x96, 255, "float16", false, kv_shape, "bytearray of 255 bytes"},
+        {"torch", 0x96, 512, "float16", false, kv_shape, "bytearray of 512 bytes"},
+        {"torch", 0x8e, 256, "float16", false, kv_shape, "asarray of a (bytes,)"},
+        {"torch", 0x96, 256, "float16", true, kv_shape, "as a int tuple, not a dtype"},
+        {"numpy", 0x96, 256, "float16", false, kv_shape, "global numpy.asarray is not allowed"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        len = view_form(buf, bad[i].mod, bad[i].op, bad[i].nbytes, bad[i].dtype, bad[i].skip_dtype,
+                        bad[i].shape, 4);
+        int rc = kvp_tpickle_decode(buf, len, &e, out, 1, &n, why, sizeof(why));
+        if (rc != -EPROTO || !strstr(why, bad[i].reason))
+            fail_msg("case %zu: rc %d, \"%s\", expected \"%s\"", i, rc, why, bad[i].reason);
+        assert_int_equal(n, 0);
+    }
+
+    /* A typed tensor not yet given its shape is not a tensor of the list. */
+    DECODE_REFUSED("\x80\x05]\x8c\x05torch\x8c\x0bTensor.view\x93\x8c\x05torch\x8c\x07"
+                   "asarray\x93\x96\x00\x01\x00\x00\x00\x00\x00\x00"
+                   "                                                                "
+                   "                                                                "
+                   "                                                                "
+                   "                                                                "
+                   "\x85R\x8c\x05torch\x8c\x07"
+                   "float16\x93\x86R"
+                   "a.",
+                   "appending something other than tensors");
+    /* Tensor.view called on anything but the form's arguments. */
+    DECODE_REFUSED("\x80\x05]\x8c\x05torch\x8c\x0bTensor.view\x93)R.", "Tensor.view of a tuple");
+    DECODE_REFUSED("\x80\x05]\x8c\x05torch\x8c\x07"
+                   "asarray\x93)R.",
+                   "asarray of a tuple");
+}
+
 static void test_layout_check(void **state)
 {
     (void)state;
@@ -532,7 +651,7 @@ int main(void)
         cmocka_unit_test(test_oversized),        cmocka_unit_test(test_huge_layout),
         cmocka_unit_test(test_hostile_payloads), cmocka_unit_test(test_hand_made),
         cmocka_unit_test(test_layout_check),     cmocka_unit_test(test_encode_roundtrip),
-        cmocka_unit_test(test_mutations),
+        cmocka_unit_test(test_mutations),        cmocka_unit_test(test_view_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,8 @@
  * whose items are REDUCE(torch._utils._rebuild_tensor_v2 | _v3, (storage, 0, shape, stride,
  * False, OrderedDict() [, dtype])), each storage being REDUCE(torch.storage._load_from_bytes,
  * (blob,)) with blob in torch's legacy torch.save format: five protocol 2 pickles then the raw
- * element bytes. The decoder accepts exactly that shape for one registered dtype and chunk
+ * element bytes; or, in kvpoold's replies, Tensor.view(Tensor.view(asarray(bytearray), dtype),
+ * shape). The decoder accepts exactly those shapes for one registered dtype and chunk
  * shape and reports where each tensor's element bytes lie inside the caller's buffer; it resolves
  * no callable, allocates nothing and runs in time linear in the input.
  *
@@ -98,8 +99,10 @@ int kvp_tpickle_decode(const uint8_t *buf, size_t len, const struct kvp_tpickle_
  *
  *     start, (pre, chunk[0], post), (pre, chunk[1], post), ..., end
  *
- * pre and post are the same for every tensor of a layout (each storage is its own torch.save
- * blob, keyed "0"). Protocol 4 (every CPython since 3.4 loads it), no memo, no frames.
+ * Each tensor is torch.Tensor.view(torch.Tensor.view(torch.asarray(bytearray), dtype), shape):
+ * one copy on load, where torch's own form runs torch.load per blob. pre and post are the same
+ * for every tensor of a layout. Protocol 5 (BYTEARRAY8; CPython 3.8+), no memo, no frames. The
+ * decoder accepts this form as well.
  */
 #define KVP_TPICKLE_PIECE_MAX 512
 
