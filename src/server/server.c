@@ -334,6 +334,7 @@ static void segment_lost(struct kvp_server *s, int64_t size_now)
 static void *expiry_main(void *arg)
 {
     struct kvp_server *s = arg;
+    kvp_thread_name("kvp-expiry");
     bool clear_again = false; /* the chunks pinned when the segment was lost are still there */
 
     pthread_mutex_lock(&s->expiry_lock);

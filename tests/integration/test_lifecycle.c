@@ -1,12 +1,14 @@
 /*
  * test_lifecycle.c - what happens around crashes and restarts: a worker killed between prepare
  * and commit, SIGTERM cleanup, a stale segment from a killed daemon, a segment held by a live
- * daemon, a socket held by a live daemon.
+ * daemon, a socket held by a live daemon, the names of the daemon's threads.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -221,6 +223,57 @@ static void test_socket_permissions(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/* True when one of pid's threads is named name (/proc/PID/task/TID/comm). */
+static bool has_thread(pid_t pid, const char *name)
+{
+    char path[64], comm[32];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    bool found = false;
+    struct dirent *e;
+
+    assert_non_null(dir);
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and dir is private to this call */
+    while (!found && (e = readdir(dir)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%.16s/comm", (int)pid, e->d_name);
+        FILE *f = fopen(path, "re");
+        if (f && fgets(comm, sizeof(comm), f)) {
+            comm[strcspn(comm, "\n")] = '\0';
+            found = strcmp(comm, name) == 0;
+        }
+        if (f)
+            fclose(f);
+    }
+    closedir(dir);
+    return found;
+}
+
+/* Each of the daemon's threads says what it is to top -H, ps -L and perf. */
+static void test_thread_names(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    char dir[] = "/tmp/kvpt-lmc-XXXXXX", lmc[96];
+    assert_non_null(mkdtemp(dir)); /* mode 0700: kvpoold refuses a socket others could replace */
+    snprintf(lmc, sizeof(lmc), "ipc://%s/lmc.sock", dir);
+    const char *const args[] = {"--l1-size", "16MiB",  "--chunk-size", "16", "--lmcache",
+                                lmc,         "--http", "127.0.0.1:0",  NULL};
+    kvpt_daemon_start(&d, args);
+    kvp_client *c = kvpt_connect(&d);
+    assert_int_equal(kvp_ping(c), 0);
+    static const char *const names[] = {"kvp-expiry", "kvp-lmcache", "kvp-http", "kvp-refusals",
+                                        "kvp-session"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!has_thread(d.pid, names[i]))
+            fail_msg("no thread named %s in kvpoold", names[i]);
+    kvp_client_close(c);
+    kvpt_daemon_stop(&d);
+    unlink(lmc + strlen("ipc://"));
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -229,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_stale_segment_replaced),
         cmocka_unit_test(test_live_segment_refused),
         cmocka_unit_test(test_socket_permissions),
+        cmocka_unit_test(test_thread_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,6 +39,11 @@ int kvp_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void
     return rc;
 }
 
+void kvp_thread_name(const char *name)
+{
+    (void)pthread_setname_np(pthread_self(), name);
+}
+
 uint64_t kvp_mono_ms(void)
 {
     return kvp_log_now_ms();

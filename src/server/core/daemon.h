@@ -105,4 +105,8 @@ void kvp_stop_signals_restore(const sigset_t *old);
  * only the main thread handles the stop signals. Returns 0 or a positive errno. */
 int kvp_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
 
+/* Names the calling thread (at most 15 bytes: "kvp-lmcache"), as top -H, ps -L, perf and
+ * /proc/PID/task/TID/comm show it. Best effort: a failure changes nothing else. */
+void kvp_thread_name(const char *name);
+
 #endif /* KVP_DAEMON_H */

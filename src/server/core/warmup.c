@@ -38,6 +38,7 @@ static void on_step(void *arg, uint64_t reserved)
 static void *warmup_main(void *arg)
 {
     struct kvp_server *s = arg;
+    kvp_thread_name("kvp-warmup");
     char why[256], status[400];
 
     int rc = kvp_segment_reserve_rest(&s->seg, on_step, s, why, sizeof(why));

@@ -460,6 +460,7 @@ static struct MHD_Daemon *mhd_start(struct kvp_http *h, int fd, bool ipv6)
 static void *http_main(void *arg)
 {
     struct kvp_http *h = arg;
+    kvp_thread_name("kvp-http");
     while (!atomic_load_explicit(&h->stop, memory_order_acquire)) {
         MHD_run_wait(h->mhd, KVP_HTTP_TICK_MS);
         reap_late(h);

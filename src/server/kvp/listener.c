@@ -258,6 +258,7 @@ static int conn_serve(struct kvp_session *c)
 void *kvp_session_main(void *arg)
 {
     struct kvp_session *c = arg;
+    kvp_thread_name("kvp-session");
     struct kvp_server *s = c->srv;
 
     /* Changed by SIGHUP for connections opened after it. */

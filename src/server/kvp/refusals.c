@@ -109,6 +109,7 @@ static nfds_t collect(struct kvp_refusals *r, struct pollfd *p, int *idx, int *t
 static void *refusals_main(void *arg)
 {
     struct kvp_refusals *r = arg;
+    kvp_thread_name("kvp-refusals");
     struct pollfd p[KVP_REFUSALS_MAX + 1];
     int idx[KVP_REFUSALS_MAX + 1], timeout;
     char drain[64];

@@ -466,6 +466,7 @@ static int load_batch(struct kvp_l2 *l2, struct kvp_l2_conn *conn, const uint8_t
 static void *bg_main(void *arg)
 {
     struct kvp_l2 *l2 = arg;
+    kvp_thread_name("kvp-l2");
     struct kvp_l2_conn *conn = NULL;
     uint32_t backoff = KVP_L2_BACKOFF_MIN_MS;
     uint8_t keys[KVP_L2_LOAD_BATCH * KVP_KEY_SIZE];

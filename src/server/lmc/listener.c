@@ -366,6 +366,7 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
 static void *listener_main(void *arg)
 {
     struct lmc_listener *l = arg;
+    kvp_thread_name("kvp-lmcache");
     zmq_pollitem_t items[2] = {
         {.socket = l->router, .events = ZMQ_POLLIN},
         {.fd = l->wake_fd, .events = ZMQ_POLLIN},
