@@ -242,10 +242,14 @@ struct kvpb_row {
     double model_hit_rate; /* hit-ratio: a byte-LRU model's hit ratio on the same trace */
     double ratio_to_model; /* hit-ratio: hit_rate / model_hit_rate */
     /* Added for the LMCache section; NAN elsewhere. */
-    double ratio_to_limit; /* GB/s / the worker's own copy of the same bytes, paired */
-    double vs_lmcache;     /* kvpoold's front end against `lmcache server`, paired: GB/s ratio,
-                            * or lmcache server's p50 / this p50 for round trips (> 1: better) */
-    bool invalid;          /* the measurement did not complete: printed as such, values NAN */
+    double ratio_to_limit;  /* GB/s / the worker's own copy of the same bytes, paired */
+    double vs_lmcache;      /* kvpoold's front end against `lmcache server`, paired: GB/s ratio,
+                             * or lmcache server's p50 / this p50 for round trips (> 1: better) */
+    double server_us;       /* kvpoold's transfer rows: its LMCache thread's run time per
+                             * operation, microseconds (/proc/PID/task/TID/schedstat) */
+    double vs_lmcache_free; /* the same rows: lmcache server's p50 / (this p50 - server_us), the
+                             * ratio a server whose own thread took no time would reach */
+    bool invalid;           /* the measurement did not complete: printed as such, values NAN */
 };
 
 /* The detail of the rows of the scale sections, which the report groups by. */

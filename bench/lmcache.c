@@ -32,10 +32,18 @@
  * (untimed: LMCache's server reads only what a lookup locked). Repetition 0 is the warm-up, not
  * reported, and checks every retrieved byte. Ratios are paired by repetition before the median.
  *
+ * kvpoold's own share: around each of its measured cells the bench reads the run time of its
+ * LMCache thread (kvp-lmcache, /proc/PID/task/TID/schedstat), which serves every request and
+ * makes every copy of the pickle transport; per operation, it is the time kvpoold itself adds
+ * (a retrieve's includes the untimed lookup before it). A server whose own thread took no time
+ * would answer that much sooner: lmcache server's p50 / (kvpoold's p50 - that time) is the
+ * ratio no server over the same transport could beat ("vs_lmcache_free").
+ *
  * A failed operation ends the run (kvpb_script_cmd): no ratio from a run that did not do what it
  * claims. Single-threaded; the servers and the script are children of the bench, stopped here.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -200,6 +208,42 @@ static int start_kvpoold(struct lmc_phase *p, const char *kvpoold, struct lmc_se
     return rc < 0 ? rc : 0;
 }
 
+/*
+ * Run time so far of kvpoold's LMCache thread (the one named kvp-lmcache), nanoseconds: the first
+ * field of /proc/PID/task/TID/schedstat. 0 when there is no such thread or file.
+ */
+static uint64_t lmc_thread_ns(pid_t pid)
+{
+    char path[96], comm[32];
+    unsigned long long ns = 0;
+    struct dirent *e;
+
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and dir is private to this call */
+    while (dir && ns == 0 && (e = readdir(dir)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%.16s/comm", (int)pid, e->d_name);
+        FILE *f = fopen(path, "re");
+        bool ours = f && fgets(comm, sizeof(comm), f) && strcmp(comm, "kvp-lmcache\n") == 0;
+        if (f)
+            fclose(f);
+        if (!ours)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%.16s/schedstat", (int)pid, e->d_name);
+        f = fopen(path, "re");
+        if (!f || fscanf(f, "%llu", &ns) != 1)
+            ns = 0;
+        if (f)
+            fclose(f);
+        break;
+    }
+    if (dir)
+        closedir(dir);
+    return ns;
+}
+
 /* "connect NAME URL": the worker waits for the server's first answer. */
 static bool connect_server(struct lmc_phase *p, struct lmc_server *s)
 {
@@ -278,8 +322,9 @@ static double paired(const struct kvpb_cell *a, const struct kvpb_cell *b)
     return kvpb_paired_ratio(a->gbps.v, b->gbps.v, a->gbps.n);
 }
 
+/* own: kvpoold's {server_us, vs_lmcache_free}, or NULL. */
 static void push(struct lmc_phase *p, int transport, int op, uint64_t chunk, struct kvpb_cell *c,
-                 double to_limit, double vs_lmcache)
+                 double to_limit, double vs_lmcache, const double *own)
 {
     struct kvpb_row r = kvpb_row_blank(transport, op, p->detail);
 
@@ -288,6 +333,10 @@ static void push(struct lmc_phase *p, int transport, int op, uint64_t chunk, str
     r.chunk_bytes = chunk;
     r.ratio_to_limit = to_limit;
     r.vs_lmcache = vs_lmcache;
+    if (own) {
+        r.server_us = own[0];
+        r.vs_lmcache_free = own[1];
+    }
     kvpb_cell_push(p->rows, &r, c);
 }
 
@@ -319,7 +368,7 @@ static void fill(struct lmc_phase *p, uint64_t chunk, const bool *on)
         p->seq += nops;
         printf(" %.1f s\n", (double)(kvpb_now_ns() - t0) / 1e9);
         clear(p, &p->srv[i]);
-        push(p, p->srv[i].transport, KVPB_OP_COLD, chunk, &c, NAN, NAN);
+        push(p, p->srv[i].transport, KVPB_OP_COLD, chunk, &c, NAN, NAN, NULL);
         kvpb_cell_free(&c);
     }
 }
@@ -331,6 +380,7 @@ static void run_size(struct lmc_phase *p, uint64_t chunk, bool first)
     bool on[LMC_NSRV];
     char sz[32];
     uint64_t bytes = cfg->rep_bytes;
+    uint64_t own_ns[2] = {0, 0}, own_ops = 0; /* kvpoold's LMCache thread: store, retrieve */
 
     /* Everything a repetition stores stays in the pool until it is retrieved. The pickle
      * transport is 5-20 times slower: a quarter of the bytes keeps its phase as long. */
@@ -361,8 +411,17 @@ static void run_size(struct lmc_phase *p, uint64_t chunk, bool first)
         for (uint32_t k = 0; k < LMC_NCELLS; k++) {
             uint32_t c = (k + rep) % LMC_NCELLS;
             if (c < LMC_NSRV && on[c]) {
+                pid_t pid = m && c == SRV_KVPOOL ? p->srv[c].ch.pid : 0;
+                uint64_t ns0 = pid ? lmc_thread_ns(pid) : 0;
                 xfer(p, &p->srv[c], "store", chunk, nops, p->seq, false, m ? &st[c] : NULL);
+                uint64_t ns1 = pid ? lmc_thread_ns(pid) : 0;
                 xfer(p, &p->srv[c], "retrieve", chunk, nops, p->seq, !m, m ? &rt[c] : NULL);
+                uint64_t ns2 = pid ? lmc_thread_ns(pid) : 0;
+                if (ns0 && ns1 >= ns0 && ns2 >= ns1) {
+                    own_ns[0] += ns1 - ns0;
+                    own_ns[1] += ns2 - ns1;
+                    own_ops += nops;
+                }
                 clear(p, &p->srv[c]);
                 p->seq += nops;
             } else if (c == LMC_NSRV && p->shm) {
@@ -386,16 +445,29 @@ static void run_size(struct lmc_phase *p, uint64_t chunk, bool first)
     }
     double vs_s = paired(&st[SRV_KVPOOL], &st[SRV_LMCACHE]);
     double vs_r = paired(&rt[SRV_KVPOOL], &rt[SRV_LMCACHE]);
+    /* kvpoold's own time per operation, and lmcache server's p50 against kvpoold's without it. */
+    double own[2][2] = {{NAN, NAN}, {NAN, NAN}};
+    struct kvpb_cell *kc[2] = {&st[SRV_KVPOOL], &rt[SRV_KVPOOL]};
+    struct kvpb_cell *lc[2] = {&st[SRV_LMCACHE], &rt[SRV_LMCACHE]};
+    for (int j = 0; j < 2 && own_ops; j++) {
+        own[j][0] = (double)own_ns[j] / 1e3 / (double)own_ops;
+        double kp = kvpb_percentile(kc[j]->lat.v, kc[j]->lat.n, 50.0);
+        double lp = kvpb_percentile(lc[j]->lat.v, lc[j]->lat.n, 50.0);
+        if (kp > own[j][0])
+            own[j][1] = lp / (kp - own[j][0]);
+    }
     for (int i = 0; i < LMC_NSRV; i++) {
         int t = p->srv[i].transport;
-        push(p, t, KVPB_OP_STORE, chunk, &st[i], to_lim_s[i], i == SRV_KVPOOL ? vs_s : NAN);
-        push(p, t, KVPB_OP_RETRIEVE, chunk, &rt[i], to_lim_r[i], i == SRV_KVPOOL ? vs_r : NAN);
+        bool k = i == SRV_KVPOOL;
+        push(p, t, KVPB_OP_STORE, chunk, &st[i], to_lim_s[i], k ? vs_s : NAN, k ? own[0] : NULL);
+        push(p, t, KVPB_OP_RETRIEVE, chunk, &rt[i], to_lim_r[i], k ? vs_r : NAN, k ? own[1] : NULL);
         kvpb_cell_free(&st[i]);
         kvpb_cell_free(&rt[i]);
     }
-    push(p, KVPB_T_LMC_WORKER, p->shm ? KVPB_OP_GATHER : KVPB_OP_STORE, chunk, &ls, NAN, NAN);
-    push(p, KVPB_T_LMC_WORKER, p->shm ? KVPB_OP_SCATTER : KVPB_OP_RETRIEVE, chunk, &lr, NAN, NAN);
-    push(p, KVPB_T_LMC_WORKER, KVPB_OP_TORCH_COPY, chunk, &cp, NAN, NAN);
+    push(p, KVPB_T_LMC_WORKER, p->shm ? KVPB_OP_GATHER : KVPB_OP_STORE, chunk, &ls, NAN, NAN, NULL);
+    push(p, KVPB_T_LMC_WORKER, p->shm ? KVPB_OP_SCATTER : KVPB_OP_RETRIEVE, chunk, &lr, NAN, NAN,
+         NULL);
+    push(p, KVPB_T_LMC_WORKER, KVPB_OP_TORCH_COPY, chunk, &cp, NAN, NAN, NULL);
     kvpb_cell_free(&ls);
     kvpb_cell_free(&lr);
     kvpb_cell_free(&cp);

@@ -60,7 +60,8 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
                "hit_rate,evictions_per_op,faults_per_op,preempt_per_op,copy_share,load1,"
                "pool_bytes,ms,us_per_chunk,ratio_to_idle,ratio_to_c,rss_mib,vm_rss_mib,"
                "rss_anon_mib,rss_file_mib,rss_shmem_mib,max_us,lock_max_ms,lock_over_1ms,"
-               "model_hit_rate,ratio_to_model,ratio_to_limit,vs_lmcache,valid\n");
+               "model_hit_rate,ratio_to_model,ratio_to_limit,vs_lmcache,server_us,"
+               "vs_lmcache_free,valid\n");
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
         fprintf(f, "%s,%s,%s,%" PRIu64 ",%u,%u,%u,%" PRIu64 ",", kvpb_transport_name(r->transport),
@@ -98,6 +99,8 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
         csv_num(f, r->ratio_to_model, ",");
         csv_num(f, r->ratio_to_limit, ",");
         csv_num(f, r->vs_lmcache, ",");
+        csv_num(f, r->server_us, ",");
+        csv_num(f, r->vs_lmcache_free, ",");
         fprintf(f, "%d\n", r->invalid ? 0 : 1);
     }
     return close_out(f, path);
@@ -158,6 +161,8 @@ int kvpb_report_json(const char *path, const struct kvpb_row *rows, size_t n)
         json_num(f, "ratio_to_model", r->ratio_to_model, false);
         json_num(f, "ratio_to_limit", r->ratio_to_limit, false);
         json_num(f, "vs_lmcache", r->vs_lmcache, false);
+        json_num(f, "server_us", r->server_us, false);
+        json_num(f, "vs_lmcache_free", r->vs_lmcache_free, false);
         fprintf(f, "\"valid\": %s", r->invalid ? "false" : "true");
         fprintf(f, "}%s\n", i + 1 < n ? "," : "");
     }
