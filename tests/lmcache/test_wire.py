@@ -51,7 +51,7 @@ def unpack(b):
 
 
 class Daemon:
-    def __init__(self, url=None, expect_start=True):
+    def __init__(self, url=None, expect_start=True, extra=()):
         self.dir = tempfile.mkdtemp(prefix="kvp-lmcw-")
         os.chmod(self.dir, 0o700)
         self.port = free_port()
@@ -65,7 +65,8 @@ class Daemon:
         self.proc = subprocess.Popen(
             [KVPOOLD, "--socket", os.path.join(self.dir, "kvpool.sock"), "--l1-size", "16MiB",
              "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0",
-             "--shm-name", "lmcw%d_%d" % (os.getpid(), self.port), "--lmcache", self.url],
+             "--shm-name", "lmcw%d_%d" % (os.getpid(), self.port), "--lmcache", self.url]
+            + list(extra),
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         if not expect_start:
             self.rc = self.proc.wait(60)
@@ -426,6 +427,41 @@ class Addresses(unittest.TestCase):
         self.assertNotEqual(d.rc, 0)
         self.assertIn("Refusing to start", d.text())
         shutil.rmtree(base, ignore_errors=True)
+
+    @unittest.skipUnless(os.geteuid() == 0, "needs root to connect as another user")
+    def test_ipc_peer_credentials(self):
+        """On ipc://, a peer whose user kvpool's own socket would refuse gets no answer, even
+        when the file's mode lets it connect; --allow-uid admits it."""
+        base = tempfile.mkdtemp(prefix="kvp-lmcp-")
+        os.chmod(base, 0o711)  # others may reach the socket, not write the directory
+        url = "ipc://" + os.path.join(base, "lmc.sock")
+        nobody = 65534
+        probe = ("import sys, zmq, msgpack\n"
+                 "s = zmq.Context().socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 0)\n"
+                 "s.connect(sys.argv[1])\n"
+                 "s.send_multipart([msgpack.packb(1), msgpack.packb(21)])\n"
+                 "print('answered' if s.poll(1500) else 'silent')\n")
+
+        def as_nobody():
+            out = subprocess.run([sys.executable, "-c", probe, url], capture_output=True,
+                                 text=True, timeout=60, preexec_fn=lambda: os.setuid(nobody))
+            self.assertEqual(out.returncode, 0, out.stderr)
+            return out.stdout.strip()
+
+        try:
+            for extra, want in (((), "silent"), (("--allow-uid", str(nobody)), "answered")):
+                d = Daemon(url, extra=("--socket-mode", "0666") + extra)
+                try:
+                    self.assertEqual(as_nobody(), want, extra)
+                    c = Client(url)  # the daemon's own user is always served
+                    try:
+                        self.assertEqual(unpack(c.call([pack(1), pack(21)])[2]), CHUNK)
+                    finally:
+                        c.close()
+                finally:
+                    d.stop()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
 
     def test_tcp_not_loopback_warns(self):
         d = Daemon("tcp://0.0.0.0:%d" % free_port())

@@ -188,7 +188,8 @@ static const struct opt_desc opts[] = {
      .reload = true,
      .want = "up to 32 comma-separated numeric user ids",
      .help = "Comma-separated user ids that may connect besides the daemon's own (checked when\n"
-             "a connection is accepted). Default: none"},
+             "a connection is accepted; on an ipc:// --lmcache socket too, as set at start-up).\n"
+             "Default: none"},
     {.name = "allow-gid",
      .env = "KVPOOL_ALLOW_GID",
      .arg = "GIDS",
@@ -198,7 +199,8 @@ static const struct opt_desc opts[] = {
      .reload = true,
      .want = "up to 32 comma-separated numeric group ids",
      .help = "Comma-separated group ids whose members' processes may connect (checked when a\n"
-             "connection is accepted). Default: none"},
+             "connection is accepted; on an ipc:// --lmcache socket too, as set at start-up).\n"
+             "Default: none"},
     {.name = "log-level",
      .env = "KVPOOL_LOG_LEVEL",
      .arg = "LEVEL",

@@ -25,6 +25,10 @@
  * registration), or a key of KVP_MAX_TOKENS token ids, whichever is larger. A larger frame
  * makes libzmq drop the peer's connection.
  *
+ * Who connects: on ipc:// the socket file has kvpool's socket mode, and the credentials of every
+ * connection are checked as on kvpool's own socket (set_peer_filters()); on tcp:// anyone who
+ * reaches the address (docs/SECURITY.md).
+ *
  * A pickle retrieve's reply value is written by the encoder into a ZeroMQ message of its exact
  * size (lmc_front.value_alloc): the chunks are copied once, from the pool into the message,
  * which ZeroMQ then sends without another copy.
@@ -151,6 +155,31 @@ static int check_ipc_path(const char *path)
     return 0;
 }
 
+/*
+ * The peer-credential policy of kvpool's own socket on an ipc:// socket, through libzmq's IPC
+ * filters (SO_PEERCRED at accept): the daemon's user, --allow-uid, and --allow-gid (the peer's
+ * primary group, or a group that lists the peer's user name in the group database). libzmq
+ * closes any other connection at once, unanswered. Set before bind; a reload does not change
+ * them. Returns 0 or a negative errno.
+ */
+static int set_peer_filters(void *router, const struct kvp_config *cfg)
+{
+    uid_t uid = geteuid();
+    if (zmq_setsockopt(router, ZMQ_IPC_FILTER_UID, &uid, sizeof(uid)))
+        return -errno;
+    for (uint32_t i = 0; i < cfg->n_allow_uids; i++) {
+        uid = (uid_t)cfg->allow_uids[i];
+        if (zmq_setsockopt(router, ZMQ_IPC_FILTER_UID, &uid, sizeof(uid)))
+            return -errno;
+    }
+    for (uint32_t i = 0; i < cfg->n_allow_gids; i++) {
+        gid_t gid = (gid_t)cfg->allow_gids[i];
+        if (zmq_setsockopt(router, ZMQ_IPC_FILTER_GID, &gid, sizeof(gid)))
+            return -errno;
+    }
+    return 0;
+}
+
 static int bind_router(struct lmc_listener *l)
 {
     const struct kvp_config *cfg = &l->srv->cfg;
@@ -170,6 +199,9 @@ static int bind_router(struct lmc_listener *l)
         return -errno;
     if (l->addr.ipc) {
         int rc = check_ipc_path(l->addr.path);
+        if (rc)
+            return rc;
+        rc = set_peer_filters(l->router, cfg);
         if (rc)
             return rc;
         mode_t old = umask(0777 & ~cfg->socket_mode);
