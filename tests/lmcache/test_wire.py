@@ -463,6 +463,36 @@ class Addresses(unittest.TestCase):
         finally:
             shutil.rmtree(base, ignore_errors=True)
 
+    def test_clear_off(self):
+        """--lmcache-clear off: a clear is answered as usual and drops nothing; on (the
+        default), it empties the cache."""
+        toks = list(range(1, CHUNK + 1))
+        for extra, kept in ((("--lmcache-clear", "off"), True), ((), False)):
+            d = Daemon(extra=extra)
+            c = Client(d.url)
+            try:
+                def req(op, *payloads):
+                    got = c.call([pack(op), pack(op)] + [pack(p) for p in payloads])
+                    return unpack(got[2]) if len(got) == 3 else "NONE"
+
+                self.assertIsNone(req(14, REG)["error"])
+                r = req(16, key(toks, rid="a"), 77)
+                self.assertEqual(len(r["context"]["slots"]), 1)
+                self.assertEqual(req(17, key(toks, rid="a"), 77, b""), True)
+                self.assertEqual(req(16, key(toks, rid="b"), 77), EMPTY_STORE)  # stored
+                self.assertEqual(req(20, False), "NONE")
+                r = req(16, key(toks, rid="c"), 77)
+                if kept:
+                    self.assertEqual(r, EMPTY_STORE)
+                    self.assertEqual(d.counters()["lmcache_clears_refused"], 1)
+                    self.assertIn("refused a clear request", d.text())
+                else:
+                    self.assertEqual(len(r["context"]["slots"]), 1)  # gone: stored again
+                    self.assertEqual(d.counters()["lmcache_clears_refused"], 0)
+            finally:
+                c.close()
+                d.stop()
+
     def test_tcp_not_loopback_warns(self):
         d = Daemon("tcp://0.0.0.0:%d" % free_port())
         try:

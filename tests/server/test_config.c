@@ -621,6 +621,7 @@ static const char *const restart_only[] = {
     "lmcache",
     "lmcache-reap-timeout",
     "lmcache-registration-grace",
+    "lmcache-clear",
 };
 
 static void test_reloadable_options(void **state)

@@ -337,6 +337,14 @@ static const struct opt_desc opts[] = {
      .want = "seconds from 1 to 604800",
      .help = "The same for an LMCache worker that registered but never pinged (at least the\n"
              "reap timeout; LMCache's --worker-registration-grace-seconds). Default: 3600"},
+    {.name = "lmcache-clear",
+     .env = "KVPOOL_LMCACHE_CLEAR",
+     .arg = "on|off",
+     BOOL(lmcache_clear),
+     .want = "on or off",
+     .help = "Whether LMCache's clear request empties the cache, as in `lmcache server`. off:\n"
+             "any peer of the front end could otherwise drop every cached chunk; a clear is then\n"
+             "answered as usual, changes nothing, and is logged and counted. Default: on"},
     {.name = "help", .kind = KIND_NONE, .help = "Show this help and exit"},
     {.name = "version", .kind = KIND_NONE, .help = "Show the version and exit"},
 };
@@ -365,6 +373,7 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .follow_cpu = true,
         .lmcache_reap_s = 120,
         .lmcache_grace_s = 3600,
+        .lmcache_clear = true,
     };
     /* The clients' rule. A path too long for a socket stays "" and is reported at bind. */
     kvp_socket_path_default(cfg->socket_path, sizeof(cfg->socket_path));

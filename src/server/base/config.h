@@ -50,6 +50,7 @@ struct kvp_config {
     char lmcache[256];           /* --lmcache: tcp://HOST:PORT or ipc:///PATH, "" when off */
     uint32_t lmcache_reap_s;     /* silence that ends a pinged LMCache instance, 0: never */
     uint32_t lmcache_grace_s;    /* the same for an instance that never pinged */
+    bool lmcache_clear;          /* --lmcache-clear: LMCache's clear empties the cache */
 };
 
 /* Fills the defaults (socket path per kvp_default_socket_path rule, shm name with our pid). */

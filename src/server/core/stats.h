@@ -117,7 +117,9 @@
     XX(lmcache_replies_lost, "lmcache_replies_lost", "", "",                                      \
        "LMCache replies not delivered (the client had gone or stopped reading)")                  \
     XX(lmcache_reaped, "lmcache_reaped_instances", "", "",                                        \
-       "LMCache instances unregistered because they fell silent (--lmcache-reap-timeout)")
+       "LMCache instances unregistered because they fell silent (--lmcache-reap-timeout)")        \
+    XX(lmcache_clears_refused, "lmcache_refused_clears", "", "",                                  \
+       "LMCache clear requests refused (--lmcache-clear off)")
 
 #define KVP_GAUGE_MAP(XX)                                                                     \
     XX(pool_size, "pool_capacity_bytes", "", "", "bytes of the L1 pool")                      \

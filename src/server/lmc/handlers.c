@@ -290,6 +290,12 @@ static bool h_clear(struct lmc_front *f, const struct lmc_req *r)
     bool force;
     if (r->npayloads == 1 && lmc_decode_bool(r->p[0], r->n[0], &force))
         return malformed(f, r, "force is not a bool");
+    if (!f->srv->cfg.lmcache_clear) {
+        /* Answered as a clear is (no value), so a worker does not hang; nothing is dropped. */
+        KVP_COUNT(lmcache_clears_refused, 1);
+        log_warn_rl("LMCache front end: refused a clear request (--lmcache-clear off)");
+        return false;
+    }
     lmc_clear(f);
     return false;
 }
