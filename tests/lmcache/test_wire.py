@@ -231,6 +231,36 @@ class Hostile(unittest.TestCase):
         self.assertEqual(self.req(21), CHUNK)
         self.assertEqual(self.req(24), "OK")
 
+    def test_latency_metrics(self):
+        """/metrics has kvpool_lmcache_request_duration_seconds for the operations served, and
+        promtool accepts the text."""
+        def count(text, op):
+            m = re.search(r'^kvpool_lmcache_request_duration_seconds_count\{op="%s"\} (\d+)$'
+                          % op, text, re.M)
+            return int(m.group(1)) if m else None
+
+        def scrape():
+            url = "http://127.0.0.1:%d/metrics" % self.d.http
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.read().decode()
+
+        before = count(scrape(), "get_chunk_size") or 0
+        for _ in range(3):
+            self.assertEqual(self.req(21), CHUNK)
+        text = scrape()
+        self.assertEqual(count(text, "get_chunk_size"), before + 3)
+        self.assertIsNone(count(text, "retrieve"))  # never asked: not reported
+        buckets = [int(v) for v in re.findall(
+            r'^kvpool_lmcache_request_duration_seconds_bucket\{op="get_chunk_size",le="[^"]+"\} '
+            r'(\d+)$', text, re.M)]
+        self.assertEqual(len(buckets), 17)
+        self.assertEqual(buckets, sorted(buckets))
+        self.assertEqual(buckets[-1], before + 3)
+        if shutil.which("promtool"):
+            p = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                               capture_output=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+
     def test_short_messages_dropped(self):
         self.c.silent([pack(1)])
         self.c.silent([pack(1), pack(21)][:1])

@@ -54,6 +54,7 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     kvp_counters_read(snap->counters);
     kvp_latency_read(snap->latency);
     kvp_lock_hold_read(&snap->lock_hold);
+    snap->nlmc_latency = kvp_lmc_latency_read(snap->lmc_latency, KVP_LMC_OP_REPORTED);
 
     kvp_store_get_gauges(&s->store, &g);
     snap->ninstance_groups = kvp_registry_count_groups(&s->registry, snap->instance_groups,

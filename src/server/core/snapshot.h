@@ -26,8 +26,10 @@ struct kvp_snapshot {
     int64_t started_ms; /* wall clock of the daemon's start */
     uint64_t counters[KVP_NCOUNTERS];
     uint64_t gauges[KVP_NGAUGES];
-    struct kvp_latency_copy latency[KVP_OP_MAX_]; /* by opcode */
-    struct kvp_hold_copy lock_hold;               /* the store lock's hold times */
+    struct kvp_latency_copy latency[KVP_OP_MAX_];                 /* by opcode */
+    struct kvp_hold_copy lock_hold;                               /* the store lock's hold times */
+    struct kvp_lmc_latency_copy lmc_latency[KVP_LMC_OP_REPORTED]; /* LMCache operations seen */
+    uint32_t nlmc_latency;
 
     /* The instances by front end and transport, the clients (owners) by front end: always
      * taken, for the labelled families of /metrics (kvpool_instances, kvpool_clients). */

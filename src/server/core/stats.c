@@ -62,29 +62,65 @@ void kvp_op_label(uint16_t op, char *out, size_t size)
 /* Indexed by opcode; slot 0 is never recorded. */
 static struct kvp_latency latency[KVP_OP_MAX_];
 
+/* The LMCache front end's, by operation id, and each id's name once it has been recorded. */
+static struct kvp_latency lmc_latency[KVP_LMC_OP_IDS];
+static const char *_Atomic lmc_names[KVP_LMC_OP_IDS];
+
+static void latency_add(struct kvp_latency *l, uint64_t ns)
+{
+    int b = 0;
+    while (b < KVP_LATENCY_BUCKETS && ns > kvp_latency_bound_ns[b])
+        b++;
+    atomic_fetch_add_explicit(&l->bucket[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->sum_ns, ns, memory_order_relaxed);
+}
+
+static void latency_copy(struct kvp_latency *l, struct kvp_latency_copy *c)
+{
+    c->count = 0;
+    for (int b = 0; b <= KVP_LATENCY_BUCKETS; b++) {
+        c->bucket[b] = atomic_load_explicit(&l->bucket[b], memory_order_relaxed);
+        c->count += c->bucket[b];
+    }
+    c->sum_ns = atomic_load_explicit(&l->sum_ns, memory_order_relaxed);
+}
+
 void kvp_latency_record(uint16_t op, uint64_t ns)
 {
     if (op == 0 || op >= KVP_OP_MAX_)
         return;
-    int b = 0;
-    while (b < KVP_LATENCY_BUCKETS && ns > kvp_latency_bound_ns[b])
-        b++;
-    atomic_fetch_add_explicit(&latency[op].bucket[b], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&latency[op].sum_ns, ns, memory_order_relaxed);
+    latency_add(&latency[op], ns);
 }
 
 void kvp_latency_read(struct kvp_latency_copy out[KVP_OP_MAX_])
 {
     memset(&out[0], 0, sizeof(out[0]));
-    for (int op = 1; op < KVP_OP_MAX_; op++) {
-        struct kvp_latency_copy *c = &out[op];
-        c->count = 0;
-        for (int b = 0; b <= KVP_LATENCY_BUCKETS; b++) {
-            c->bucket[b] = atomic_load_explicit(&latency[op].bucket[b], memory_order_relaxed);
-            c->count += c->bucket[b];
-        }
-        c->sum_ns = atomic_load_explicit(&latency[op].sum_ns, memory_order_relaxed);
+    for (int op = 1; op < KVP_OP_MAX_; op++)
+        latency_copy(&latency[op], &out[op]);
+}
+
+void kvp_lmc_latency_record(unsigned op, const char *name, uint64_t ns)
+{
+    if (op >= KVP_LMC_OP_IDS)
+        return;
+    /* The name first: a reader that sees it may copy counts still at 0, never the reverse. */
+    if (!atomic_load_explicit(&lmc_names[op], memory_order_relaxed))
+        atomic_store_explicit(&lmc_names[op], name, memory_order_release);
+    latency_add(&lmc_latency[op], ns);
+}
+
+uint32_t kvp_lmc_latency_read(struct kvp_lmc_latency_copy *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    for (unsigned op = 0; op < KVP_LMC_OP_IDS && n < cap; op++) {
+        const char *name = atomic_load_explicit(&lmc_names[op], memory_order_acquire);
+        if (!name)
+            continue;
+        out[n].op = name;
+        latency_copy(&lmc_latency[op], &out[n].h);
+        n++;
     }
+    return n;
 }
 
 const uint64_t kvp_hold_bound_ns[KVP_HOLD_BUCKETS] = {

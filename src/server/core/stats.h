@@ -224,6 +224,30 @@ void kvp_latency_record(uint16_t op, uint64_t ns);
  * zeroed). */
 void kvp_latency_read(struct kvp_latency_copy out[KVP_OP_MAX_]);
 
+/* ---- the LMCache front end's request latency: kvpool_lmcache_request_duration_seconds{op} ---- */
+
+/* LMCache operation ids below this are recorded (LMCache's own end at 103: lmc/messages.h). */
+#define KVP_LMC_OP_IDS 128
+/* Operations a snapshot reports: those recorded at least once, lowest ids first. */
+#define KVP_LMC_OP_REPORTED 32
+
+/* A copy of one LMCache operation's histogram (same buckets as kvp_latency_bound_ns). */
+struct kvp_lmc_latency_copy {
+    const char *op; /* the operation's name, as the front end gave it */
+    struct kvp_latency_copy h;
+};
+
+/*
+ * Records one LMCache request of operation id op, named name (a string that outlives the
+ * daemon), that took ns nanoseconds: from its arrival on the front end's thread to its reply
+ * handed to ZeroMQ. Ids of KVP_LMC_OP_IDS and above are ignored. No lock.
+ */
+void kvp_lmc_latency_record(unsigned op, const char *name, uint64_t ns);
+
+/* Copies the histograms of the operations recorded so far, at most cap of them, lowest ids
+ * first, into out. Returns how many. */
+uint32_t kvp_lmc_latency_read(struct kvp_lmc_latency_copy *out, uint32_t cap);
+
 /* ---- the store lock's hold time: kvpool_store_lock_hold_seconds ---- */
 
 /*

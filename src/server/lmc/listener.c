@@ -354,6 +354,7 @@ static void send_reply(struct lmc_listener *l, zmq_msg_t *m, const struct lmc_re
 
 static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, int total)
 {
+    uint64_t t0 = kvp_mono_ns();
     struct lmc_req r;
     memset(&r, 0, sizeof(r));
     if (total < 3) {
@@ -393,6 +394,8 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
     /* Sent (emptied by ZeroMQ) or not: the value message is done with. */
     zmq_msg_close(&l->value);
     zmq_msg_init(&l->value);
+    if (r.op != LMC_OP_UNKNOWN)
+        kvp_lmc_latency_record((unsigned)r.op, lmc_op_name(r.op), kvp_mono_ns() - t0);
 }
 
 static void *listener_main(void *arg)

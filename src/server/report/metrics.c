@@ -152,6 +152,36 @@ static void write_latency(FILE *f, const struct kvp_snapshot *snap)
     }
 }
 
+/* The LMCache front end's operations, those it has served at least once. */
+static void write_lmc_latency(FILE *f, const struct kvp_snapshot *snap)
+{
+    if (snap->nlmc_latency == 0)
+        return;
+    fprintf(f, "# HELP kvpool_lmcache_request_duration_seconds Time from an LMCache request's "
+               "arrival on the front end's thread to its reply handed to ZeroMQ, by operation\n"
+               "# TYPE kvpool_lmcache_request_duration_seconds histogram\n");
+    for (uint32_t i = 0; i < snap->nlmc_latency; i++) {
+        const struct kvp_latency_copy *l = &snap->lmc_latency[i].h;
+        const char *name = snap->lmc_latency[i].op;
+        uint64_t cum = 0;
+        for (int b = 0; b < KVP_LATENCY_BUCKETS; b++) {
+            cum += l->bucket[b];
+            fprintf(f,
+                    "kvpool_lmcache_request_duration_seconds_bucket{op=\"%s\",le=\"%s\"} %" PRIu64
+                    "\n",
+                    name, kvp_latency_bound_le[b], cum);
+        }
+        fprintf(f,
+                "kvpool_lmcache_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %" PRIu64
+                "\n",
+                name, l->count);
+        fprintf(f, "kvpool_lmcache_request_duration_seconds_sum{op=\"%s\"} %.9f\n", name,
+                (double)l->sum_ns / 1e9);
+        fprintf(f, "kvpool_lmcache_request_duration_seconds_count{op=\"%s\"} %" PRIu64 "\n", name,
+                l->count);
+    }
+}
+
 static void write_lock_hold(FILE *f, const struct kvp_hold_copy *h)
 {
     uint64_t cum = 0;
@@ -204,6 +234,7 @@ char *kvp_metrics_render(const struct kvp_snapshot *snap, size_t *len)
     write_clients(f, snap);
     write_map(f, kvp_counter_desc, snap->counters, KVP_NCOUNTERS, true);
     write_latency(f, snap);
+    write_lmc_latency(f, snap);
     write_lock_hold(f, &snap->lock_hold);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) {
