@@ -529,6 +529,18 @@ static bool is_ints(const struct tp_item *it)
     return it->kind == TK_INTS || it->kind == TK_TUPLE0;
 }
 
+/* Whether t is a tuple of integers equal to the registered shape. */
+static bool registered_shape(const struct tp_dec *d, const struct tp_item *t)
+{
+    const struct kvp_tpickle_layout *l = &d->exp->layout;
+    if (t->kind != TK_INTS || t->n != l->ndim)
+        return false;
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->v[i] < 0 || (uint64_t)t->v[i] != l->shape[i])
+            return false;
+    return true;
+}
+
 /*
  * The arguments of _rebuild_tensor_v2 (6) or _v3 (7): (storage, storage_offset, size, stride,
  * requires_grad, backward_hooks[, dtype]), checked against the registration.
@@ -548,10 +560,7 @@ static int tensor_args(struct tp_dec *d, const struct tp_item *a, uint32_t n, st
     if (a[1].v[0] != 0)
         return fail(d, "storage offset %lld, only 0 is accepted", (long long)a[1].v[0]);
     uint32_t rank = a[2].kind == TK_INTS ? a[2].n : 0;
-    bool same = rank == l->ndim;
-    for (uint32_t i = 0; same && i < rank; i++)
-        same = a[2].v[i] >= 0 && (uint64_t)a[2].v[i] == l->shape[i];
-    if (!same)
+    if (!registered_shape(d, &a[2]))
         return fail(d, "tensor of rank %u (first dimension %lld) is not the registered shape", rank,
                     rank ? (long long)a[2].v[0] : 0LL);
     if (a[3].kind != TK_INTS || a[3].n != l->ndim)
@@ -583,7 +592,6 @@ static int tensor_args(struct tp_dec *d, const struct tp_item *a, uint32_t n, st
  */
 static int view_args(struct tp_dec *d, const struct tp_item *a, struct tp_item *res)
 {
-    const struct kvp_tpickle_layout *l = &d->exp->layout;
     if (a[0].kind == TK_FLAT) {
         if (a[1].kind != TK_GLOBAL || a[1].g != TG_DTYPE)
             return fail(d, "view of a flat tensor as a %s, not a dtype", tp_kind_names[a[1].kind]);
@@ -593,10 +601,7 @@ static int view_args(struct tp_dec *d, const struct tp_item *a, struct tp_item *
         return 0;
     }
     uint32_t rank = a[1].kind == TK_INTS ? a[1].n : 0;
-    bool same = rank == l->ndim;
-    for (uint32_t i = 0; same && i < rank; i++)
-        same = a[1].v[i] >= 0 && (uint64_t)a[1].v[i] == l->shape[i];
-    if (!same)
+    if (!registered_shape(d, &a[1]))
         return fail(d, "view of rank %u (first dimension %lld) is not the registered shape", rank,
                     rank ? (long long)a[1].v[0] : 0LL);
     *res = (struct tp_item){.kind = TK_SHAPEARGS, .off = a[0].off, .len = a[0].len};
