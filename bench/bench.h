@@ -239,6 +239,8 @@ struct kvpb_row {
     double max_us;         /* the largest latency sample */
     double lock_max_ms;    /* the daemon's longest hold of its store lock, since it started */
     double lock_over_1ms;  /* holds of the store lock over 1 ms during the large stores */
+    double steal_pct;      /* probe rows: CPU time the hypervisor took from this VM during the
+                            * row's window (steal, /proc/stat), % of all CPU time */
     double model_hit_rate; /* hit-ratio: a byte-LRU model's hit ratio on the same trace */
     double ratio_to_model; /* hit-ratio: hit_rate / model_hit_rate */
     /* Added for the LMCache section; NAN elsewhere. */

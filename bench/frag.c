@@ -24,6 +24,9 @@
  *            first under the probe too (the control): on a 2-CPU machine the probe waits for a
  *            CPU as much as for anything else, and the control says how much.
  *
+ * Each probe window also records the CPU time the hypervisor took from the VM meanwhile (steal,
+ * from /proc/stat, % of all CPU time): a thread of a VM that is not run waits whatever it holds.
+ *
  * The store lock's longest hold comes from the daemon's /metrics
  * (kvpool_store_lock_hold_max_seconds, since the daemon started: fill and shuffle included),
  * the holds over 1 ms during the large stores from the histogram's buckets before and after.
@@ -187,6 +190,36 @@ static struct hold read_hold(kvp_client *c)
     return h;
 }
 
+/* CPU time of all CPUs so far (/proc/stat's "cpu" line), in ticks: in all, and stolen by the
+ * hypervisor (time this VM was runnable but not run). Zeros when unreadable. */
+struct ticks {
+    uint64_t total, steal;
+};
+
+static struct ticks read_ticks(void)
+{
+    struct ticks t = {0, 0};
+    unsigned long long v[8];
+    FILE *f = fopen("/proc/stat", "re");
+    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                    &v[4], &v[5], &v[6], &v[7]) == 8) {
+        for (int i = 0; i < 8; i++)
+            t.total += v[i];
+        t.steal = v[7];
+    }
+    if (f)
+        fclose(f);
+    return t;
+}
+
+/* Stolen share of the CPU time between a and b, in percent; NAN without ticks. */
+static double steal_pct(struct ticks a, struct ticks b)
+{
+    if (b.total <= a.total || b.steal < a.steal)
+        return NAN;
+    return 100.0 * (double)(b.steal - a.steal) / (double)(b.total - a.total);
+}
+
 /* ---- the probe ----------------------------------------------------------------------- */
 
 struct probe {
@@ -306,8 +339,10 @@ static void one_pool(const struct kvpb_config *cfg, const char *kvpoold, const c
     /* The probe's chunk, then its idle latency. */
     put(&pz, 0, 0, 0xfeed);
     struct probe p;
+    struct ticks t_idle = read_ticks();
     probe_run(&p, &pz, cfg->quick ? 50 : FRAG_PROBES, &idle);
     probe_join(&p);
+    double steal[3] = {steal_pct(t_idle, read_ticks()), NAN, NAN}; /* idle, control, large */
 
     /* The same refill load without the large stores first (the control: what the probe sees
      * from the CPUs being busy), then large stores under the probe, each followed by as many
@@ -315,6 +350,7 @@ static void one_pool(const struct kvpb_config *cfg, const char *kvpoold, const c
     uint64_t cycles = cfg->quick ? 20 : FRAG_CYCLES, no_space = 0, refill = 0, probe_misses = 0;
     struct hold h0 = read_hold(z.c);
     for (int with_large = 0; with_large < 2; with_large++) {
+        struct ticks t_phase = read_ticks();
         probe_run(&p, &pz, 0, with_large ? &busy : &control);
         for (uint64_t i = 0; i < cycles; i++) {
             int k = i % 2 ? FRAG_CLASSES - 3 : FRAG_CLASSES - 1; /* 8 MiB, 32 MiB */
@@ -333,6 +369,7 @@ static void one_pool(const struct kvpb_config *cfg, const char *kvpoold, const c
             }
         }
         probe_join(&p);
+        steal[1 + with_large] = steal_pct(t_phase, read_ticks());
         probe_misses += p.misses;
         if (!with_large)
             h0 = read_hold(z.c);
@@ -370,6 +407,8 @@ static void one_pool(const struct kvpb_config *cfg, const char *kvpoold, const c
     rp.max_us = busy.n ? busy.v[busy.n - 1] : NAN;
     rp.ratio_to_idle = rp.p99_us / ri.p99_us;
     rp.hit_rate = busy.n ? 1.0 - (double)probe_misses / (double)busy.n : NAN;
+    ri.steal_pct = steal[0];
+    rp.steal_pct = steal[2];
     struct kvpb_row rc = kvpb_row_blank(KVPB_T_KVPOOL, KVPB_OP_FRAG_CONTROL, KVPB_D_FRAG);
     rc.pool_bytes = size;
     rc.samples = control.n;
@@ -377,6 +416,7 @@ static void one_pool(const struct kvpb_config *cfg, const char *kvpoold, const c
     rc.p99_us = kvpb_percentile(control.v, control.n, 99.0);
     rc.max_us = control.n ? control.v[control.n - 1] : NAN;
     rc.ratio_to_idle = rc.p99_us / ri.p99_us;
+    rc.steal_pct = steal[1];
     kvpb_rows_push(rows, &ri);
     kvpb_rows_push(rows, &rc);
     kvpb_rows_push(rows, &rp);
@@ -386,10 +426,13 @@ static void one_pool(const struct kvpb_config *cfg, const char *kvpoold, const c
         " large stores (with %" PRIu64
         " small ones between) p50 %.0f us max %.0f us%s; probe lookup p99 %.0f us (idle %.0f us, "
         "%.2fx; %.0f us under the small stores alone), max %.0f us, %" PRIu64
-        " misses; store lock: longest hold %.3f ms, %.0f holds over 1 ms\n",
+        " misses; store lock: longest hold %.3f ms, %.0f holds over 1 ms; steal %.1f / %.1f / %.1f "
+        "%%"
+        " (idle / control / large)\n",
         kvpb_fmt_size(size, sz, sizeof(sz)), nkeys, fill_s, shuffle_s, cycles, refill, rl.p50_us,
         rl.max_us, no_space ? " (SOME FOUND NO SPACE: invalid)" : "", rp.p99_us, ri.p99_us,
-        rp.ratio_to_idle, rc.p99_us, rp.max_us, probe_misses, rl.lock_max_ms, rl.lock_over_1ms);
+        rp.ratio_to_idle, rc.p99_us, rp.max_us, probe_misses, rl.lock_max_ms, rl.lock_over_1ms,
+        steal[0], steal[1], steal[2]);
     fflush(stdout);
 
     sizes_close(&pz);

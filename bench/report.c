@@ -123,6 +123,7 @@ struct kvpb_row kvpb_row_blank(int transport, int op, const char *detail)
         .max_us = NAN,
         .lock_max_ms = NAN,
         .lock_over_1ms = NAN,
+        .steal_pct = NAN,
         .model_hit_rate = NAN,
         .ratio_to_model = NAN,
         .ratio_to_limit = NAN,
@@ -574,7 +575,7 @@ static void print_many(const struct kvpb_row *rows, size_t n)
 
 static void print_frag(const struct kvpb_row *rows, size_t n)
 {
-    char a[32], b[32], c[32], d[32], e[32], f[32], sz[32];
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], sz[32];
     bool any = false;
 
     for (size_t i = 0; i < n; i++) {
@@ -582,14 +583,16 @@ static void print_frag(const struct kvpb_row *rows, size_t n)
         if (row_group(r) != SEC_FRAG)
             continue;
         if (!any)
-            printf("\nFragmentation: chunks of 4 KiB-32 MiB share the pool (equal bytes per size), "
-                   "LRU order shuffled,\nthen 8 and 32 MiB stores; a probe client looks up one "
-                   "chunk once per millisecond (x idle =\nits p99 / its p99 before); lock = the "
-                   "daemon's longest store-lock hold (ms) and holds over\n1 ms during the large "
-                   "stores; hit ratio: kvpool / a byte-LRU model of the same trace\n\n"
-                   "%-8s %-18s %8s %9s %9s %9s %7s %9s %9s\n",
-                   "pool", "op", "samples", "p50 us", "p99 us", "max us", "x idle", "lock ms",
-                   ">1ms");
+            printf(
+                "\nFragmentation: chunks of 4 KiB-32 MiB share the pool (equal bytes per size), "
+                "LRU order shuffled,\nthen 8 and 32 MiB stores; a probe client looks up one "
+                "chunk once per millisecond (x idle =\nits p99 / its p99 before); lock = the "
+                "daemon's longest store-lock hold (ms) and holds over\n1 ms during the large "
+                "stores; steal = CPU time the hypervisor took meanwhile (%% of all);\nhit ratio: "
+                "kvpool / a byte-LRU model of the same trace\n\n"
+                "%-8s %-18s %8s %9s %9s %9s %7s %9s %9s %7s\n",
+                "pool", "op", "samples", "p50 us", "p99 us", "max us", "x idle", "lock ms", ">1ms",
+                "steal");
         any = true;
         if (r->op == KVPB_OP_HIT_RATIO) {
             printf("%-8s %-18s %8" PRIu64 "   kvpool %.4f, byte-LRU %.4f: %s\n",
@@ -602,11 +605,11 @@ static void print_frag(const struct kvpb_row *rows, size_t n)
                    op_label(r));
             continue;
         }
-        printf("%-8s %-18s %8" PRIu64 " %9s %9s %9s %7s %9s %9s\n",
+        printf("%-8s %-18s %8" PRIu64 " %9s %9s %9s %7s %9s %9s %7s\n",
                kvpb_fmt_size(r->pool_bytes, sz, sizeof(sz)), op_label(r), r->samples,
                num(a, 32, r->p50_us, 1), num(b, 32, r->p99_us, 1), num(c, 32, r->max_us, 1),
                ratio(d, 32, r->ratio_to_idle), num(e, 32, r->lock_max_ms, 3),
-               num(f, 32, r->lock_over_1ms, 0));
+               num(f, 32, r->lock_over_1ms, 0), num(g, 32, r->steal_pct, 1));
     }
 }
 

@@ -59,7 +59,7 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
                "gb_per_s_max,ops_per_s,p50_us,p99_us,ratio_to_memcpy,ratio_to_uds,vs_redis,"
                "hit_rate,evictions_per_op,faults_per_op,preempt_per_op,copy_share,load1,"
                "pool_bytes,ms,us_per_chunk,ratio_to_idle,ratio_to_c,rss_mib,vm_rss_mib,"
-               "rss_anon_mib,rss_file_mib,rss_shmem_mib,max_us,lock_max_ms,lock_over_1ms,"
+               "rss_anon_mib,rss_file_mib,rss_shmem_mib,max_us,lock_max_ms,lock_over_1ms,steal_pct,"
                "model_hit_rate,ratio_to_model,ratio_to_limit,vs_lmcache,server_us,"
                "vs_lmcache_free,valid\n");
     for (size_t i = 0; i < n; i++) {
@@ -95,6 +95,7 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
         csv_num(f, r->max_us, ",");
         csv_num(f, r->lock_max_ms, ",");
         csv_num(f, r->lock_over_1ms, ",");
+        csv_num(f, r->steal_pct, ",");
         csv_num(f, r->model_hit_rate, ",");
         csv_num(f, r->ratio_to_model, ",");
         csv_num(f, r->ratio_to_limit, ",");
@@ -157,6 +158,7 @@ int kvpb_report_json(const char *path, const struct kvpb_row *rows, size_t n)
         json_num(f, "max_us", r->max_us, false);
         json_num(f, "lock_max_ms", r->lock_max_ms, false);
         json_num(f, "lock_over_1ms", r->lock_over_1ms, false);
+        json_num(f, "steal_pct", r->steal_pct, false);
         json_num(f, "model_hit_rate", r->model_hit_rate, false);
         json_num(f, "ratio_to_model", r->ratio_to_model, false);
         json_num(f, "ratio_to_limit", r->ratio_to_limit, false);
