@@ -348,7 +348,7 @@ static void report(enum kvp_log_level level, const char *what, uint32_t n, const
  * older than a window another thread started since: still inside it. */
 static bool window_over(const struct kvp_log_rl *rl, uint64_t now_ms)
 {
-    return now_ms >= rl->window_start_ms && now_ms - rl->window_start_ms >= KVP_LOG_RL_WINDOW_MS;
+    return kvp_ms_since(now_ms, rl->window_start_ms) >= KVP_LOG_RL_WINDOW_MS;
 }
 
 /*

@@ -55,6 +55,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/log.h" /* kvp_ms_since() */
 #include "common/populate.h"
 #include "core/stats.h"
 
@@ -703,9 +704,8 @@ uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout
     store_lock(s);
     for (struct kvp_obj *o = s->pending.next; o != &s->pending; o = o->next) {
         /* now_ms was read before the lock: a prepare since then reserved with a later clock,
-         * and is new (the difference must not wrap around). */
-        if (o->state != KVP_OBJ_RESERVED || o->reserved_at_ms >= now_ms ||
-            now_ms - o->reserved_at_ms < timeout_ms)
+         * and is new. */
+        if (o->state != KVP_OBJ_RESERVED || kvp_ms_since(now_ms, o->reserved_at_ms) < timeout_ms)
             continue;
         /* Out of the index: the key is free for other stores. The memory stays with the owner
          * until it commits, aborts or disconnects. */

@@ -987,8 +987,8 @@ uint64_t lmc_state_tick(struct lmc_front *f)
     for (uint32_t i = 0; i < st->ninst;) {
         struct inst *in = st->inst[i];
         uint64_t limit = (uint64_t)(in->pinged ? cfg->lmcache_reap_s : cfg->lmcache_grace_s) * 1000;
-        uint64_t silent = now - in->last_seen_ms;
-        if (now < in->last_seen_ms || silent <= limit) {
+        uint64_t silent = kvp_ms_since(now, in->last_seen_ms);
+        if (silent <= limit) {
             i++;
             continue;
         }
