@@ -509,6 +509,8 @@ int kvp_server_start(struct kvp_server *s)
         .chunk_tokens = cfg->chunk_tokens,
     };
     kvp_registry_init(&s->registry, &offer);
+    /* kvpool's own front end, and LMCache's when it is on. */
+    kvp_registry_share(&s->registry, cfg->lmcache[0] ? 2 : 1);
     s->registry_ready = true;
 
     rc = kvp_refusals_start(&s->refusals);

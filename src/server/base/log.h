@@ -180,6 +180,7 @@ static inline uint64_t kvp_ms_since(uint64_t now, uint64_t then)
             kvp_log_rl_write(&kvp_rl_site_, (level), __VA_ARGS__);                           \
     } while (0)
 
+#define log_info_rl(...) kvp_log_rl(KVP_LOG_INFO, __VA_ARGS__)
 #define log_warn_rl(...) kvp_log_rl(KVP_LOG_WARN, __VA_ARGS__)
 #define log_error_rl(...) kvp_log_rl(KVP_LOG_ERROR, __VA_ARGS__)
 

@@ -35,7 +35,14 @@ void kvp_registry_init(struct kvp_registry *r, const struct kvp_offer *offer)
 {
     memset(r, 0, sizeof(*r));
     r->offer = *offer;
+    r->max_per_frontend = KVP_MAX_INSTANCES;
     pthread_mutex_init(&r->lock, NULL);
+}
+
+void kvp_registry_share(struct kvp_registry *r, uint32_t nfrontends)
+{
+    uint32_t others = nfrontends > 1 ? nfrontends - 1 : 0;
+    r->max_per_frontend = KVP_MAX_INSTANCES - KVP_REGISTRY_RESERVE * others;
 }
 
 void kvp_registry_destroy(struct kvp_registry *r)
@@ -241,16 +248,29 @@ int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint
                      inst->spec.instance_id);
         return rc;
     }
-    /* One client must not take the table from the others (--max-instances-per-client). */
-    uint32_t mine = 0;
-    for (i = 0; max_per_owner && i < KVP_MAX_INSTANCES; i++)
-        mine += r->slots[i].used && r->slots[i].inst.owner == inst->owner;
+    /* One client must not take the table from the others (--max-instances-per-client), nor
+     * one front end from the other front ends (kvp_registry_share()). */
+    uint32_t mine = 0, front = 0;
+    for (i = 0; i < KVP_MAX_INSTANCES; i++) {
+        if (!r->slots[i].used)
+            continue;
+        mine += r->slots[i].inst.owner == inst->owner;
+        front += strcmp(r->slots[i].inst.frontend, inst->frontend) == 0;
+    }
     if (max_per_owner && mine >= max_per_owner) {
         pthread_mutex_unlock(&r->lock);
         snprintf(msg, msg_size,
                  "this client has %" PRIu32 " instances registered, the most "
                  "--max-instances-per-client (%" PRIu32 ") allows",
                  mine, max_per_owner);
+        return -EDQUOT;
+    }
+    if (front >= r->max_per_frontend) {
+        pthread_mutex_unlock(&r->lock);
+        snprintf(msg, msg_size,
+                 "the %s front end has %" PRIu32 " instances registered, its share of the table "
+                 "of %d (the rest is kept for the other front ends)",
+                 inst->frontend, front, KVP_MAX_INSTANCES);
         return -EDQUOT;
     }
     for (i = 0; i < KVP_MAX_INSTANCES && r->slots[i].used; i++)

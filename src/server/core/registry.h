@@ -112,6 +112,9 @@ struct kvp_registry {
     struct kvp_offer offer;
     uint32_t count;
     uint32_t count_shm; /* of count, those on the shm transport */
+    /* The most one front end may register, so that every front end keeps room in the table
+     * (KVP_MAX_INSTANCES when there is one front end; kvp_registry_share()). */
+    uint32_t max_per_frontend;
     struct {
         bool used;
         uint16_t gen;
@@ -122,6 +125,12 @@ struct kvp_registry {
 
 void kvp_registry_init(struct kvp_registry *r, const struct kvp_offer *offer);
 void kvp_registry_destroy(struct kvp_registry *r);
+
+/* The table is shared by nfrontends front ends that register instances: each may hold at most
+ * KVP_MAX_INSTANCES - KVP_REGISTRY_RESERVE * (nfrontends - 1), the rest being kept for the
+ * others. Call before any registration. */
+#define KVP_REGISTRY_RESERVE 256u
+void kvp_registry_share(struct kvp_registry *r, uint32_t nfrontends);
 
 /*
  * Validates a registration: 0, or -EINVAL with a message naming the field in msg (-ENOMEM when
@@ -151,7 +160,8 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
  *   - identically, by the same owner: 0 with *existing = true, the existing registration
  *     copied to *inst, and one warning logged.
  * A new instance is refused with -EDQUOT when its owner already has max_per_owner (0: no
- * limit) instances, and -ENOSPC when the table is full. A refusal changes nothing in the table.
+ * limit) instances or its front end its share (kvp_registry_share()), and -ENOSPC when the
+ * table is full. A refusal changes nothing in the table.
  * Returns 0, -EEXIST, -EBUSY, -EDQUOT or -ENOSPC; msg is set on every error.
  */
 int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint32_t max_per_owner,

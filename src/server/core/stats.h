@@ -119,7 +119,20 @@
     XX(lmcache_reaped, "lmcache_reaped_instances", "", "",                                        \
        "LMCache instances unregistered because they fell silent (--lmcache-reap-timeout)")        \
     XX(lmcache_clears_refused, "lmcache_refused_clears", "", "",                                  \
-       "LMCache clear requests refused (--lmcache-clear off)")
+       "LMCache clear requests refused (--lmcache-clear off)")                                    \
+    XX(lmcache_replies_refused, "lmcache_refused_replies", "", "",                                \
+       "LMCache replies answered negatively: replies its clients had not read filled the memory " \
+       "for them (--lmcache-reply-memory)")                                                       \
+    XX(lmcache_connections_refused, "lmcache_refused_connections", "", "",                        \
+       "LMCache connections closed at the handshake (--lmcache-max-connections)")                 \
+    XX(lmcache_instances_refused, "lmcache_refused_registrations", "", "",                        \
+       "LMCache registrations refused: their client had --max-instances-per-client instances, "   \
+       "or the LMCache front end its share of the instance table")                                \
+    XX(lmcache_foreign_commits, "lmcache_foreign_commits", "", "",                                \
+       "LMCache commits refused because another connection made their prepare")                   \
+    XX(lmcache_unknown_pings, "lmcache_unknown_instance_pings", "", "",                           \
+       "pings of LMCache instances this kvpoold had not registered (a worker from before a "      \
+       "restart), answered false once so that the worker registers again")
 
 #define KVP_GAUGE_MAP(XX)                                                                     \
     XX(pool_size, "pool_capacity_bytes", "", "", "bytes of the L1 pool")                      \

@@ -44,8 +44,13 @@ struct lmc_front {
     uint8_t *(*value_alloc)(struct lmc_front *f, size_t size);
     void *value_ctx;
     bool value_external;
-    uint8_t *tokens;      /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
-    uint64_t now_ms;      /* monotonic time of the request being served */
+    uint8_t *tokens; /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
+    uint64_t now_ms; /* monotonic time of the request being served */
+    /* Who sent it: SipHash of its ZeroMQ routing identity (one per connection) under a key
+     * drawn at start-up, so that no peer can choose an identity that collides with another's.
+     * lmc_peer_of() computes it. */
+    uint64_t peer;
+    uint8_t peer_key[16]; /* crypto_shorthash_KEYBYTES */
     struct lmc_state *st; /* instances.c */
     uint64_t warned_ops;  /* bit per unsupported operation id already logged at WARN */
     bool warned_unknown;
@@ -57,6 +62,9 @@ struct lmc_front {
  * (kvp_tpickle_max_payload() of any registration, plus the bin header). ZMQ_MAXMSGSIZE.
  */
 uint64_t lmc_max_value_frame(uint64_t l1_size);
+
+/* The peer value of a request whose identity frame is id[0..len). */
+uint64_t lmc_peer_of(const struct lmc_front *f, const void *id, size_t len);
 
 /* Sets up the front end's state for server s. Returns 0 or -ENOMEM. */
 int lmc_front_init(struct lmc_front *f, struct kvp_server *s);

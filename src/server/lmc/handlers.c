@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -411,10 +412,22 @@ uint64_t lmc_tick(struct lmc_front *f)
     return lmc_state_tick(f);
 }
 
+uint64_t lmc_peer_of(const struct lmc_front *f, const void *id, size_t len)
+{
+    uint8_t h[crypto_shorthash_BYTES];
+    uint64_t v;
+    crypto_shorthash(h, id, len, f->peer_key);
+    memcpy(&v, h, sizeof(v));
+    return v;
+}
+
 int lmc_front_init(struct lmc_front *f, struct kvp_server *s)
 {
     memset(f, 0, sizeof(*f));
     f->srv = s;
+    if (sodium_init() < 0)
+        return -ENOMEM;
+    randombytes_buf(f->peer_key, sizeof(f->peer_key));
     lmc_mp_writer_init(&f->out);
     f->tokens = malloc((size_t)KVP_MAX_TOKENS * 4);
     if (!f->tokens)

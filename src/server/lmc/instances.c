@@ -53,6 +53,7 @@
 #include "core/daemon.h"
 #include "core/ops.h"
 #include "core/owner.h"
+#include "core/seg_guard.h"
 #include "core/stats.h"
 
 #define JOB_BUCKETS 1024u
@@ -60,6 +61,7 @@
 struct pending {
     uint64_t hold;      /* the core's reservation or pin-set id */
     uint8_t digest[16]; /* the key's identity */
+    uint64_t peer;      /* the connection that prepared it: only it commits (lmc_front.peer) */
     bool read;          /* a prepare_retrieve's pins, else a prepare_store's reservation */
 };
 
@@ -78,7 +80,8 @@ struct inst {
     uint32_t max_chunks;       /* chunks one pickle commit may carry (what the pool holds) */
     struct kvp_tpickle_expect exp;
     struct kvp_tpickle_template tpl;
-    int32_t rank; /* the worker_id of its requests, -1 before the first */
+    int32_t rank;  /* the worker_id of its requests, -1 before the first */
+    uint64_t peer; /* the connection that registered it last (--max-instances-per-client) */
     uint64_t last_seen_ms;
     bool pinged;
     struct pending pend[LMC_MAX_PENDING];
@@ -106,9 +109,16 @@ struct job {
     struct job *older, *newer; /* age list (sentinel: lmc_state.jobs) */
 };
 
-struct reaped {
+/* What the front end remembers of an instance id it no longer has, for the id's pings. */
+enum gone_kind {
+    GONE_REAPED,       /* reaped or dropped by kvpoold: its next ping is answered false ... */
+    GONE_TOLD,         /* ... and the ones after that true */
+    GONE_UNREGISTERED, /* unregistered by its worker: its pings are answered true */
+};
+
+struct gone {
     uint64_t iid;
-    bool told; /* its first ping after the reaping was answered false */
+    uint8_t kind; /* enum gone_kind */
 };
 
 struct lmc_state {
@@ -117,8 +127,9 @@ struct lmc_state {
     struct job *buckets[JOB_BUCKETS];
     struct job jobs; /* age list sentinel: jobs.newer is the oldest */
     uint32_t njobs;
-    struct reaped reaped[LMC_MAX_REAPED];
-    uint32_t reaped_next;
+    struct gone gone[LMC_MAX_REAPED];
+    uint32_t gone_next;
+    uint32_t seg_epoch; /* kvp_seg_guard_epoch() when the instances were last checked */
     struct lmc_slot slots[KVP_MAX_CHUNKS];
     uint32_t idx[KVP_MAX_CHUNKS];
     struct kvp_tpickle_tensor tens[KVP_MAX_CHUNKS]; /* a pickle commit's chunks in its frame */
@@ -164,10 +175,29 @@ static void drop_inst(struct lmc_state *st, struct inst *in)
     free(in);
 }
 
-static void remember_reaped(struct lmc_state *st, uint64_t iid)
+static struct gone *gone_find(struct lmc_state *st, uint64_t iid)
 {
-    st->reaped[st->reaped_next] = (struct reaped){.iid = iid};
-    st->reaped_next = (st->reaped_next + 1) % LMC_MAX_REAPED;
+    for (uint32_t i = 0; i < LMC_MAX_REAPED; i++)
+        if (st->gone[i].iid == iid && iid != 0)
+            return &st->gone[i];
+    return NULL;
+}
+
+/* Remembers that instance iid is gone (the oldest memory is forgotten when the ring is full). */
+static void remember_gone(struct lmc_state *st, uint64_t iid, enum gone_kind kind)
+{
+    struct gone *g = gone_find(st, iid);
+    if (!g) {
+        g = &st->gone[st->gone_next];
+        st->gone_next = (st->gone_next + 1) % LMC_MAX_REAPED;
+    }
+    *g = (struct gone){.iid = iid, .kind = (uint8_t)kind};
+}
+
+/* Whether LMCache workers can be offered the segment: a named POSIX one, not lost. */
+static bool shm_offered(const struct kvp_server *s)
+{
+    return s->seg.shared && !s->seg.memfd && !kvp_seg_guard_tripped();
 }
 
 /* torch's names and aliases onto kvpool's dtype names. */
@@ -195,7 +225,7 @@ static void answer_offer(struct lmc_front *f, const struct inst *in, struct lmc_
     const struct kvp_server *s = f->srv;
     /* A refused instance still gets the segment: a worker that ignores `error` then runs
      * uncached with empty slot lists instead of gathering and pickling every chunk. */
-    bool shm = s->seg.shared && !s->seg.memfd && (in->refused || in->shm);
+    bool shm = shm_offered(s) && (in->refused || in->shm);
     snprintf(a->shm_name, sizeof(a->shm_name), "%s", shm ? s->seg.name : "");
     a->pool_size = shm ? s->seg.size : 0;
     snprintf(a->error, sizeof(a->error), "%s", in->refused ? in->refusal : "");
@@ -280,6 +310,7 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
     }
     if (in) {
         in->last_seen_ms = f->now_ms;
+        in->peer = f->peer; /* its worker may have reconnected */
         if (in->refused || same_layout(&in->asked, m)) {
             log_info("Instance %" PRIu64 " already registered (non-GPU); refreshing liveness",
                      m->instance_id);
@@ -297,15 +328,27 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
         answer_offer(f, in, a);
         return;
     }
-    if (st->ninst == LMC_MAX_INSTANCES) {
+    /* One peer must not take the table from the others: at most --max-instances-per-client
+     * instances (refused ones included: they take a place here too) per connection. */
+    uint32_t mine = 0, cap = f->srv->cfg.max_instances_per_client;
+    for (uint32_t i = 0; i < st->ninst; i++)
+        mine += st->inst[i]->peer == f->peer;
+    if (st->ninst == LMC_MAX_INSTANCES || mine >= cap) {
         const struct kvp_server *s = f->srv;
-        bool shm = s->seg.shared && !s->seg.memfd;
+        bool shm = shm_offered(s);
         snprintf(a->shm_name, sizeof(a->shm_name), "%s", shm ? s->seg.name : "");
         a->pool_size = shm ? s->seg.size : 0;
-        snprintf(a->error, sizeof(a->error),
-                 "kvpoold refused the registration: %u LMCache "
-                 "instances are registered already",
-                 LMC_MAX_INSTANCES);
+        if (mine >= cap)
+            snprintf(a->error, sizeof(a->error),
+                     "kvpoold refused the registration: this connection has %u LMCache "
+                     "instances registered, the most --max-instances-per-client allows",
+                     mine);
+        else
+            snprintf(a->error, sizeof(a->error),
+                     "kvpoold refused the registration: %u LMCache instances are registered "
+                     "already",
+                     LMC_MAX_INSTANCES);
+        KVP_COUNT(lmcache_instances_refused, 1);
         log_warn_rl("LMCache instance %" PRIu64 " refused: %s", m->instance_id, a->error);
         return;
     }
@@ -317,6 +360,7 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
     in->iid = m->instance_id;
     in->asked = *m;
     in->rank = -1;
+    in->peer = f->peer;
     in->last_seen_ms = f->now_ms;
     st->inst[st->ninst++] = in;
 
@@ -335,15 +379,16 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
         spec.hidden_dim = m->hidden_dim;
         spec.use_mla = m->use_mla;
         /* LMCache workers open the segment by name: a named POSIX segment or nothing. */
-        if (f->srv->seg.shared && !f->srv->seg.memfd) {
+        if (shm_offered(f->srv)) {
             spec.transport = KVP_REG_SHM;
         } else {
             /* The chunks then travel pickled inside the messages. */
             spec.transport = KVP_REG_PICKLE;
             snprintf(spec.reason, sizeof(spec.reason), "%s",
-                     f->srv->seg.memfd ? "--shm-backend memfd: LMCache workers open the segment "
-                                         "by name"
-                                       : f->srv->shm_reason);
+                     f->srv->seg.memfd         ? "--shm-backend memfd: LMCache workers open the "
+                                                 "segment by name"
+                     : kvp_seg_guard_tripped() ? kvp_seg_guard_reason()
+                                               : f->srv->shm_reason);
         }
         kvp_owner_init(&in->owner, f->srv, "lmcache", -1, 0);
         /* No evidence either way: LMCache's protocol carries no peer credentials (and TCP has
@@ -362,6 +407,8 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
             kvp_owner_destroy(&in->owner);
             snprintf(why, sizeof(why), "%s", st->msg);
             no = why;
+            if (rc == -EDQUOT)
+                KVP_COUNT(lmcache_instances_refused, 1);
         }
     }
     if (no) {
@@ -381,6 +428,35 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
 
 static void release_job_pins_of(struct lmc_state *st, uint64_t iid);
 
+/*
+ * Once the shared segment is lost (seg_guard.h), no instance can be served through it, and an
+ * LMCache worker cannot change its transport by itself: each instance on shared memory is
+ * dropped (everything it held released) and its next ping answered false, so that the worker's
+ * heartbeat registers it again, and the registration gives it its pickle transport.
+ */
+static void check_segment(struct lmc_front *f)
+{
+    struct lmc_state *st = f->st;
+    uint32_t epoch = kvp_seg_guard_epoch();
+    if (epoch == st->seg_epoch)
+        return;
+    st->seg_epoch = epoch;
+    for (uint32_t i = 0; i < st->ninst;) {
+        struct inst *in = st->inst[i];
+        if (!in->registered || !in->shm || in->pickle) {
+            i++;
+            continue;
+        }
+        log_warn("LMCache instance %" PRIu64 " lost its shared memory (%s): dropped, and its "
+                 "next ping is answered false so that its worker registers again, on its "
+                 "pickle transport",
+                 in->iid, kvp_seg_guard_reason());
+        release_job_pins_of(st, in->iid);
+        remember_gone(st, in->iid, GONE_REAPED);
+        drop_inst(st, in); /* moves the last instance into slot i */
+    }
+}
+
 void lmc_inst_unregister(struct lmc_front *f, uint64_t iid)
 {
     struct lmc_state *st = f->st;
@@ -391,6 +467,7 @@ void lmc_inst_unregister(struct lmc_front *f, uint64_t iid)
     }
     release_job_pins_of(st, iid);
     drop_inst(st, in);
+    remember_gone(st, iid, GONE_UNREGISTERED);
     log_info("Unregistered non-CUDA context for instance ID %" PRIu64, iid);
 }
 
@@ -399,20 +476,30 @@ bool lmc_inst_ping(struct lmc_front *f, bool has, uint64_t iid)
     struct lmc_state *st = f->st;
     if (!has)
         return true;
+    check_segment(f);
     struct inst *in = find(st, iid);
     if (in) {
         in->last_seen_ms = f->now_ms;
         in->pinged = true;
         return true;
     }
-    for (uint32_t i = 0; i < LMC_MAX_REAPED; i++) {
-        struct reaped *r = &st->reaped[i];
-        if (r->iid == iid && iid != 0 && !r->told) {
-            r->told = true;
-            return false;
-        }
+    struct gone *g = gone_find(st, iid);
+    if (g && g->kind == GONE_REAPED) {
+        g->kind = GONE_TOLD;
+        return false;
     }
-    return true;
+    if (g)
+        return true;
+    /* An id this kvpoold never registered: a worker of the daemon that ran before (a crash,
+     * an upgrade). Told false once, the worker's heartbeat registers it again on the next
+     * true one; told true, it would go on with a context nobody here knows, and cache
+     * nothing. */
+    remember_gone(st, iid, GONE_TOLD);
+    KVP_COUNT(lmcache_unknown_pings, 1);
+    log_info_rl("LMCache ping of instance %" PRIu64 ", which this kvpoold has not registered (a "
+                "worker of an earlier kvpoold?): answered false so that it registers again",
+                iid);
+    return false;
 }
 
 /* ---- keys and pending pairs ---- */
@@ -453,12 +540,25 @@ static void key_src(const struct lmc_front *f, const struct lmc_key *k, uint32_t
     src->rank = rank;
 }
 
-static struct pending *pending_find(struct inst *in, const uint8_t d[16], bool read)
+/* The pending pair of the key with digest d that connection peer prepared. */
+static struct pending *pending_find(struct inst *in, const uint8_t d[16], bool read, uint64_t peer)
 {
     for (uint32_t i = 0; i < in->npend; i++)
-        if (in->pend[i].read == read && memcmp(in->pend[i].digest, d, 16) == 0)
+        if (in->pend[i].read == read && in->pend[i].peer == peer &&
+            memcmp(in->pend[i].digest, d, 16) == 0)
             return &in->pend[i];
     return NULL;
+}
+
+/* Whether another connection than peer prepared the key with digest d: a commit from peer
+ * must not end it (LMCache's worker commits on the connection it prepared on). */
+static bool pending_foreign(const struct inst *in, const uint8_t d[16], bool read, uint64_t peer)
+{
+    for (uint32_t i = 0; i < in->npend; i++)
+        if (in->pend[i].read == read && in->pend[i].peer != peer &&
+            memcmp(in->pend[i].digest, d, 16) == 0)
+            return true;
+    return false;
 }
 
 static void pending_remove(struct inst *in, struct pending *p)
@@ -469,9 +569,9 @@ static void pending_remove(struct inst *in, struct pending *p)
 /* Records a pending pair, replacing one of the same key (its hold is ended) and, when the
  * table is full, ending the oldest. */
 static void pending_add(struct lmc_state *st, struct inst *in, const uint8_t d[16], bool read,
-                        uint64_t hold)
+                        uint64_t hold, uint64_t peer)
 {
-    struct pending *old = pending_find(in, d, read);
+    struct pending *old = pending_find(in, d, read, peer);
     if (old) {
         end_pending(in, old, st);
         pending_remove(in, old);
@@ -487,6 +587,7 @@ static void pending_add(struct lmc_state *st, struct inst *in, const uint8_t d[1
     struct pending *p = &in->pend[in->npend++];
     p->hold = hold;
     p->read = read;
+    p->peer = peer;
     memcpy(p->digest, d, 16);
 }
 
@@ -494,6 +595,7 @@ static void pending_add(struct lmc_state *st, struct inst *in, const uint8_t d[1
 static struct inst *worker_inst(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                                 const char *op)
 {
+    check_segment(f);
     struct inst *in = find(f->st, iid);
     if (!in) {
         log_warn_rl("LMCache %s of unknown instance %" PRIu64
@@ -558,7 +660,7 @@ void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *
     if (res.nslots == 0)
         return; /* everything cached or being stored: the worker sends no commit */
     digest(f, k, d);
-    pending_add(st, in, d, false, res.id);
+    pending_add(st, in, d, false, res.id, f->peer);
     fill_slots(st, in, &res, out);
 }
 
@@ -580,19 +682,20 @@ static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc
                     in->iid);
         return false;
     }
-    key_src(f, k, k->worker_id, false, &src);
-    int rc = kvp_op_prepare_store(&in->owner, in->handle, &src, &res, st->msg, sizeof(st->msg));
-    if (rc) {
-        log_warn_rl("LMCache commit_store of instance %" PRIu64 " failed: %s", in->iid, st->msg);
-        return false;
-    }
+    /* Decoded and checked before anything is reserved: a reservation may evict, and a
+     * payload that does not match must cost the cache nothing. */
+    uint32_t first, nchunks = 0;
+    int rc = kvp_chunk_range(k->start, k->end, k->ntokens, f->srv->cfg.chunk_tokens, KVP_MAX_CHUNKS,
+                             &first, &nchunks, why, sizeof(why));
     struct kvp_tpickle_expect exp = in->exp;
-    exp.min_tensors = exp.max_tensors = res.nchunks;
-    if (res.nchunks > in->max_chunks) {
-        snprintf(why, sizeof(why), "%u chunks, more than the pool holds (%u)", res.nchunks,
+    exp.min_tensors = exp.max_tensors = nchunks;
+    if (rc) {
+        /* why says what is wrong with the range */
+    } else if (nchunks > in->max_chunks) {
+        snprintf(why, sizeof(why), "%u chunks, more than the pool holds (%u)", nchunks,
                  in->max_chunks);
         rc = -E2BIG;
-    } else if (res.nchunks == 0) {
+    } else if (nchunks == 0) {
         snprintf(why, sizeof(why), "the range [%u, %u) has no full chunk", k->start, k->end);
         rc = -EINVAL;
     } else {
@@ -600,13 +703,25 @@ static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc
                                 sizeof(why));
     }
     if (rc) {
-        if (res.id)
-            kvp_op_abort_store(&in->owner, in->handle, res.id, KVP_DROP_ABORT, st->msg,
-                               sizeof(st->msg));
         KVP_COUNT(lmcache_malformed, 1);
         log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit of %" PRIu64
                     " bytes refused, nothing stored: %s",
                     in->iid, len, why);
+        return false;
+    }
+    key_src(f, k, k->worker_id, false, &src);
+    rc = kvp_op_prepare_store(&in->owner, in->handle, &src, &res, st->msg, sizeof(st->msg));
+    if (rc) {
+        log_warn_rl("LMCache commit_store of instance %" PRIu64 " failed: %s", in->iid, st->msg);
+        return false;
+    }
+    if (res.nchunks != nchunks) {
+        /* The core counts the range as kvp_chunk_range() does: never reached. */
+        if (res.id)
+            kvp_op_abort_store(&in->owner, in->handle, res.id, KVP_DROP_ABORT, st->msg,
+                               sizeof(st->msg));
+        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit of %u chunks found %u", in->iid,
+                    nchunks, res.nchunks);
         return false;
     }
     if (res.no_space)
@@ -645,7 +760,14 @@ bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k
     if (!in)
         return false;
     digest(f, k, d);
-    struct pending *p = pending_find(in, d, false);
+    struct pending *p = pending_find(in, d, false, f->peer);
+    if (!p && data_len == 0 && pending_foreign(in, d, false, f->peer)) {
+        KVP_COUNT(lmcache_foreign_commits, 1);
+        log_warn_rl("LMCache commit_store of instance %" PRIu64 " refused: another connection "
+                    "prepared it (a worker commits on the connection it prepared on)",
+                    iid);
+        return false;
+    }
     if (data_len > 0) {
         /* A pickle commit. The slots a prepare reserved for it were never written. */
         if (p) {
@@ -746,7 +868,7 @@ bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_ke
         return false;
     }
     digest(f, k, d);
-    pending_add(st, in, d, true, res.id);
+    pending_add(st, in, d, true, res.id, f->peer);
     fill_slots(st, in, &res, out);
     /* This retrieve pinned what it reads: one reader of the lookup's locks is done. */
     struct job *j = job_find(st, k->request_id);
@@ -766,7 +888,14 @@ bool lmc_commit_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key
     if (!in->registered)
         return true;
     digest(f, k, d);
-    struct pending *p = pending_find(in, d, true);
+    struct pending *p = pending_find(in, d, true, f->peer);
+    if (!p && pending_foreign(in, d, true, f->peer)) {
+        KVP_COUNT(lmcache_foreign_commits, 1);
+        log_warn_rl("LMCache commit_retrieve of instance %" PRIu64 " refused: another "
+                    "connection prepared it",
+                    iid);
+        return false;
+    }
     if (p) {
         uint64_t hold = p->hold;
         pending_remove(in, p);
@@ -973,6 +1102,7 @@ uint64_t lmc_state_tick(struct lmc_front *f)
     const struct kvp_config *cfg = &f->srv->cfg;
     uint64_t now = f->now_ms;
 
+    check_segment(f);
     /* Lookup read locks nobody claimed, after LMCache's read TTL. */
     while (st->jobs.newer != &st->jobs && now - st->jobs.newer->created_ms > LMC_READ_TTL_MS)
         job_free(st, st->jobs.newer);
@@ -997,7 +1127,7 @@ uint64_t lmc_state_tick(struct lmc_front *f)
                  in->iid, (double)silent / 1000.0, in->pinged ? "True" : "False");
         KVP_COUNT(lmcache_reaped, 1);
         release_job_pins_of(st, in->iid);
-        remember_reaped(st, in->iid);
+        remember_gone(st, in->iid, GONE_REAPED);
         drop_inst(st, in); /* moves the last instance into slot i */
     }
     return period;

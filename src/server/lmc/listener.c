@@ -379,6 +379,7 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
         r.n[i] = zmq_msg_size(&m[3 + i]);
     }
     l->front.now_ms = kvp_mono_ms();
+    l->front.peer = lmc_peer_of(&l->front, zmq_msg_data(&m[0]), zmq_msg_size(&m[0]));
     lmc_mp_writer_reset(&l->front.out);
     l->front.value_external = false;
     log_debug("LMCache %s (%u payload%s)", r.op != LMC_OP_UNKNOWN ? lmc_op_name(r.op) : r.name,
