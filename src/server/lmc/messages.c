@@ -192,6 +192,32 @@ static int key_tokens(struct lmc_mp_reader *r, struct lmc_key *k, uint8_t *token
         p[3] = (uint8_t)(t >> 24);
     }
     k->ntokens = n;
+    k->token_form = LMC_TOKENS_IDS;
+    return 0;
+}
+
+/* token_bytes (0.5.7): big-endian uint32 words, turned around into the little-endian array
+ * token_ids decode to, so a 0.5.6 and a 0.5.7 worker derive the same keys. */
+static int key_token_bytes(struct lmc_mp_reader *r, struct lmc_key *k, uint8_t *tokens_le,
+                           char *why, size_t why_size)
+{
+    const uint8_t *b;
+    uint64_t len;
+    int rc = lmc_mp_read_bin(r, (uint64_t)KVP_MAX_TOKENS * 4, &b, &len);
+    if (rc)
+        return bad(rc, why, why_size, "key: token_bytes %s", rc_word(rc));
+    if (len % 4)
+        return bad(-EINVAL, why, why_size,
+                   "key: token_bytes has %llu bytes, not a whole number of 4-byte tokens",
+                   (unsigned long long)len);
+    for (uint64_t i = 0; i < len; i += 4) {
+        tokens_le[i] = b[i + 3];
+        tokens_le[i + 1] = b[i + 2];
+        tokens_le[i + 2] = b[i + 1];
+        tokens_le[i + 3] = b[i];
+    }
+    k->ntokens = (uint32_t)(len / 4);
+    k->token_form = LMC_TOKENS_BYTES;
     return 0;
 }
 
@@ -230,9 +256,17 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
             if (k->has_worker_id)
                 rc = read_u32(&r, 0, 254, &k->worker_id);
             seen |= K_WORKER;
-        } else if (key_is(name, len, "token_ids")) {
-            field = "token_ids";
-            rc = key_tokens(&r, k, tokens_le);
+        } else if (key_is(name, len, "token_ids") || key_is(name, len, "token_bytes")) {
+            bool ids = key_is(name, len, "token_ids");
+            field = ids ? "token_ids" : "token_bytes";
+            /* Either form, once: two of them could disagree on the tokens. */
+            if (seen & K_TOKENS)
+                return bad(-EINVAL, why, why_size, "key: a second token_ids or token_bytes");
+            if (ids) {
+                rc = key_tokens(&r, k, tokens_le);
+            } else if ((rc = key_token_bytes(&r, k, tokens_le, why, why_size))) {
+                return rc;
+            }
             seen |= K_TOKENS;
         } else if (key_is(name, len, "start")) {
             field = "start";
@@ -270,8 +304,10 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
         if (rc)
             return bad(rc, why, why_size, "key: %s %s", field, rc_word(rc));
     }
-    static const char *const names[] = {"model_name", "world_size", "worker_id", "token_ids",
-                                        "start",      "end",        "request_id"};
+    static const char *const names[] = {"model_name", "world_size",
+                                        "worker_id",  "token_ids (or token_bytes)",
+                                        "start",      "end",
+                                        "request_id"};
     if ((rc = close_map(&r, "key", seen, names, 7, why, why_size)))
         return rc;
     if (k->has_worker_id && k->worker_id >= k->world_size)
@@ -309,6 +345,34 @@ static int reg_groups(struct lmc_mp_reader *r, struct lmc_register *m)
         snprintf(m->unsupported, sizeof(m->unsupported),
                  "%u KV cache groups (kvpool serves one; run vLLM with "
                  "--disable-hybrid-kv-cache-manager)",
+                 n);
+    return 0;
+}
+
+/* group_layouts (0.5.7): one GroupLayout per KV cache group of a hybrid model, empty for a
+ * single-group worker. The entries are stepped over: any entry means several groups, which
+ * kvpool refuses (0.5.7's worker fills the list only for more than one group). */
+static int reg_group_layouts(struct lmc_mp_reader *r, struct lmc_register *m)
+{
+    uint32_t n;
+    int rc = lmc_mp_read_array(r, LMC_MAX_GROUPS, &n);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        enum lmc_mp_type t;
+        if ((rc = lmc_mp_peek(r, &t)))
+            return rc;
+        if (t != LMC_MP_MAP)
+            return -EINVAL;
+        if ((rc = lmc_mp_skip(r)))
+            return rc;
+    }
+    m->has_group_layouts = true;
+    m->ngroup_layouts = n;
+    if (n > 0)
+        snprintf(m->unsupported, sizeof(m->unsupported),
+                 "a hybrid model (%u KV cache groups in group_layouts): kvpool serves one group; "
+                 "run vLLM with --disable-hybrid-kv-cache-manager",
                  n);
     return 0;
 }
@@ -380,6 +444,11 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
         } else if (key_is(name, len, "engine_group_infos")) {
             field = "engine_group_infos";
             rc = reg_groups(&r, m);
+        } else if (key_is(name, len, "group_layouts")) {
+            field = "group_layouts";
+            if (m->has_group_layouts)
+                return bad(-EINVAL, why, why_size, "registration: a second group_layouts");
+            rc = reg_group_layouts(&r, m);
         } else if (key_is(name, len, "group_layout_descs")) {
             field = "group_layout_descs";
             if (!lmc_mp_try_nil(&r)) {
@@ -474,6 +543,67 @@ int lmc_decode_any(const void *frame, size_t n)
     return lmc_mp_check_one(frame, n);
 }
 
+int lmc_decode_skipped_chunks(const void *frame, size_t n, struct lmc_skipped_chunks *s, char *why,
+                              size_t why_size)
+{
+    struct lmc_mp_reader r;
+    uint32_t ngroups;
+    int rc;
+
+    memset(s, 0, sizeof(*s));
+    lmc_mp_reader_init(&r, frame, n);
+    if ((rc = lmc_mp_read_array(&r, LMC_MAX_GROUPS, &ngroups)))
+        return bad(rc, why, why_size, "skipped_chunks: not an array of at most %u groups (%s)",
+                   LMC_MAX_GROUPS, rc_word(rc));
+    for (uint32_t g = 0; g < ngroups; g++) {
+        uint32_t npos;
+        if ((rc = lmc_mp_read_array(&r, KVP_MAX_CHUNKS, &npos)))
+            return bad(rc, why, why_size,
+                       "skipped_chunks: group %u is not an array of at most %u positions (%s)", g,
+                       KVP_MAX_CHUNKS, rc_word(rc));
+        for (uint32_t i = 0; i < npos; i++) {
+            int64_t pos;
+            if ((rc = lmc_mp_read_int(&r, 0, KVP_MAX_CHUNKS - 1, &pos)))
+                return bad(rc, why, why_size, "skipped_chunks: group %u position %u %s", g, i,
+                           rc_word(rc));
+        }
+        s->npositions += npos;
+    }
+    s->ngroups = ngroups;
+    if (lmc_mp_left(&r))
+        return bad(-EPROTO, why, why_size, "skipped_chunks: %zu bytes after the array",
+                   lmc_mp_left(&r));
+    return 0;
+}
+
+int lmc_decode_extra_ranges(const void *frame, size_t n, struct lmc_range *out, uint32_t cap,
+                            uint32_t *nout, char *why, size_t why_size)
+{
+    struct lmc_mp_reader r;
+    uint32_t count;
+    int rc;
+
+    *nout = 0;
+    lmc_mp_reader_init(&r, frame, n);
+    if ((rc = lmc_mp_read_array(&r, cap, &count)))
+        return bad(rc, why, why_size, "extra_ranges: not an array of at most %u pairs (%s)", cap,
+                   rc_word(rc));
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t two;
+        if ((rc = lmc_mp_read_array(&r, 2, &two)) || (two != 2 && (rc = -EINVAL)))
+            return bad(rc, why, why_size, "extra_ranges: pair %u is not [start, end] (%s)", i,
+                       rc_word(rc));
+        if ((rc = read_u32(&r, 0, KVP_MAX_TOKENS, &out[i].start)) ||
+            (rc = read_u32(&r, 0, KVP_MAX_TOKENS, &out[i].end)))
+            return bad(rc, why, why_size, "extra_ranges: pair %u %s", i, rc_word(rc));
+    }
+    if (lmc_mp_left(&r))
+        return bad(-EPROTO, why, why_size, "extra_ranges: %zu bytes after the array",
+                   lmc_mp_left(&r));
+    *nout = count;
+    return 0;
+}
+
 void lmc_encode_register_reply(struct lmc_mp_writer *w, const char *shm_name, uint64_t pool_size,
                                const char *error)
 {
@@ -491,6 +621,42 @@ void lmc_encode_register_reply(struct lmc_mp_writer *w, const char *shm_name, ui
         lmc_mp_put_cstr(w, error);
     else
         lmc_mp_put_nil(w);
+}
+
+void lmc_encode_register_reply_to(struct lmc_mp_writer *w, const struct lmc_register *m,
+                                  const char *shm_name, uint64_t pool_size, const char *error)
+{
+    if (!m || !m->has_group_layouts) {
+        lmc_encode_register_reply(w, shm_name, pool_size, error);
+        return;
+    }
+    lmc_mp_put_map(w, 4);
+    lmc_mp_put_cstr(w, "shm_name");
+    lmc_mp_put_cstr(w, shm_name);
+    lmc_mp_put_cstr(w, "pool_size");
+    lmc_mp_put_uint(w, pool_size);
+    lmc_mp_put_cstr(w, "null_block_id");
+    lmc_mp_put_uint(w, 0);
+    lmc_mp_put_cstr(w, "error");
+    if (error)
+        lmc_mp_put_cstr(w, error);
+    else
+        lmc_mp_put_nil(w);
+}
+
+void lmc_encode_kv_events_disabled(struct lmc_mp_writer *w, uint64_t incarnation)
+{
+    lmc_mp_put_map(w, 5);
+    lmc_mp_put_cstr(w, "enabled");
+    lmc_mp_put_bool(w, false);
+    lmc_mp_put_cstr(w, "incarnation");
+    lmc_mp_put_uint(w, incarnation);
+    lmc_mp_put_cstr(w, "next_cursor");
+    lmc_mp_put_uint(w, 0);
+    lmc_mp_put_cstr(w, "lost");
+    lmc_mp_put_bool(w, false);
+    lmc_mp_put_cstr(w, "events");
+    lmc_mp_put_array(w, 0);
 }
 
 static void put_slots(struct lmc_mp_writer *w, const struct lmc_slot *slots, uint32_t n,
@@ -611,6 +777,7 @@ bool lmc_encode_negative(struct lmc_mp_writer *w, enum lmc_op op)
         lmc_mp_put_bool(w, false);
         return true;
     case LMC_OP_SERVER_MODULE_CALL:
+    case LMC_OP_SERVER_MODULE_AFFINITY_CALL:
         lmc_mp_put_map(w, 3);
         lmc_mp_put_cstr(w, "success");
         lmc_mp_put_bool(w, false);
@@ -621,7 +788,9 @@ bool lmc_encode_negative(struct lmc_mp_writer *w, enum lmc_op op)
         return true;
     default:
         /* None-typed operations (lookup, end_session, the unregistrations, clear, ...), a
-         * stream (subscribe_kv_events: a reply without a value ends it) and unknown ones. */
+         * stream (subscribe_kv_events: a reply without a value ends it) and unknown ones.
+         * negotiate_chunk_size is an int, for which no value is negative: its handler answers
+         * the chunk size. */
         return false;
     }
 }

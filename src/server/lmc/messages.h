@@ -23,11 +23,13 @@
 #include "lmc/codec.h"
 
 /* Bounds of what a client may send (docs/LMCACHE.md, "Limits"). */
-#define LMC_MAX_REQUEST_ID 255u /* bytes of a request id */
-#define LMC_MAX_SALT_CHARS 128u /* characters of a cache salt, as LMCache checks */
-#define LMC_MAX_SALT_BYTES 512u /* the same in UTF-8 bytes, at most */
-#define LMC_MAX_PAYLOADS 8u     /* payload frames after uid and operation */
-#define LMC_MAX_RECORDS 4096u   /* records in one report_block_allocation */
+#define LMC_MAX_REQUEST_ID 255u   /* bytes of a request id */
+#define LMC_MAX_SALT_CHARS 128u   /* characters of a cache salt, as LMCache checks */
+#define LMC_MAX_SALT_BYTES 512u   /* the same in UTF-8 bytes, at most */
+#define LMC_MAX_PAYLOADS 8u       /* payload frames after uid and operation */
+#define LMC_MAX_RECORDS 4096u     /* records in one report_block_allocation */
+#define LMC_MAX_GROUPS 64u        /* KV cache groups in group_layouts and skipped_chunks */
+#define LMC_MAX_EXTRA_RANGES 256u /* (start, end) pairs in one free_lookup_locks */
 
 /* The operations, by their frozen integer ids (LMCache's LEGACY_OPERATION_IDS). Operations
  * outside the table travel as their name and get ids from 100 on here. */
@@ -68,7 +70,9 @@
     X(CB_REORDER_PLAN, 100, "cb_reorder_plan")                                   \
     X(SUBSCRIBE_KV_EVENTS, 101, "subscribe_kv_events")                           \
     X(SERVER_MODULE_CALL, 102, "server_module_call")                             \
-    X(POLL_KV_EVENTS, 103, "poll_kv_events")
+    X(POLL_KV_EVENTS, 103, "poll_kv_events")                                     \
+    X(NEGOTIATE_CHUNK_SIZE, 104, "negotiate_chunk_size")                         \
+    X(SERVER_MODULE_AFFINITY_CALL, 105, "server_module_affinity_call")
 
 enum lmc_op {
     LMC_OP_UNKNOWN = 0,
@@ -85,6 +89,18 @@ enum lmc_op lmc_op_decode(const void *frame, size_t n, char *name, size_t cap);
 /* The operation's name ("?" for LMC_OP_UNKNOWN). */
 const char *lmc_op_name(enum lmc_op op);
 
+/*
+ * How a key carried its tokens: token_ids, an array of ints (LMCache 0.5.5 and 0.5.6), or
+ * token_bytes, a bin of big-endian uint32 words (0.5.7, token_codec.py). Both decode to the same
+ * little-endian array, so workers of either version find each other's chunks; the form tells
+ * which version sent the request (a 0.5.7 worker without shared memory expects a tensor
+ * envelope back, an older one a pickle).
+ */
+enum lmc_token_form {
+    LMC_TOKENS_IDS = 0,
+    LMC_TOKENS_BYTES,
+};
+
 /* IPCCacheServerKey. */
 struct lmc_key {
     char model_name[KVP_MAX_NAME + 1];
@@ -92,6 +108,7 @@ struct lmc_key {
     bool has_worker_id; /* false: nil, a scheduler's key */
     uint32_t worker_id;
     uint32_t ntokens; /* token ids, written little-endian into the caller's buffer */
+    enum lmc_token_form token_form;
     uint32_t start, end;
     char request_id[LMC_MAX_REQUEST_ID + 1];
     char salt[LMC_MAX_SALT_BYTES + 1];
@@ -103,7 +120,8 @@ struct lmc_key {
  * Decodes a key payload. tokens_le receives the token ids (KVP_MAX_TOKENS * 4 bytes). world
  * size 1..255 and worker id < world size (LMCache packs both into 8 bits of its rank), token ids
  * 0..2^32-1, start <= end, salt as LMCache checks it (at most 128 characters, none of @ / \ and
- * NUL), num_kv_readers 0..65535.
+ * NUL), num_kv_readers 0..65535. The tokens come as token_ids or as token_bytes (a bin whose
+ * length is a multiple of 4, at most KVP_MAX_TOKENS words), never both; k->token_form says which.
  */
 int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *tokens_le, char *why,
                    size_t why_size);
@@ -116,6 +134,10 @@ struct lmc_register {
     char dtype[KVP_MAX_NAME + 1];
     bool use_mla;
     uint32_t num_physical_slots; /* 0: nil, the server's chunk size */
+    /* group_layouts (LMCache 0.5.7): present in every 0.5.7 payload, empty for a single-group
+     * worker; has_group_layouts marks a 0.5.7 registration (its reply carries null_block_id). */
+    bool has_group_layouts;
+    uint32_t ngroup_layouts;
     /* Set when the payload asks for something kvpool does not serve (several KV groups, a
      * quantized layout): the registration is then refused with this reason. */
     char unsupported[160];
@@ -137,6 +159,33 @@ int lmc_decode_bin(const void *frame, size_t n, uint64_t max, const uint8_t **da
 /* Any one well-formed value (a payload that is accepted and ignored). */
 int lmc_decode_any(const void *frame, size_t n);
 
+/*
+ * prepare_store's third payload (LMCache 0.5.7), skipped_chunks: per KV cache group, the chunk
+ * positions the worker will not store. A single-group worker sends an empty array; kvpool serves
+ * one group, so the handler refuses npositions > 0 (LMCache's server refuses any non-empty one
+ * of a single-group worker). At most LMC_MAX_GROUPS groups, positions 0..KVP_MAX_CHUNKS - 1.
+ */
+struct lmc_skipped_chunks {
+    uint32_t ngroups;    /* groups sent */
+    uint32_t npositions; /* positions in all groups */
+};
+
+int lmc_decode_skipped_chunks(const void *frame, size_t n, struct lmc_skipped_chunks *s, char *why,
+                              size_t why_size);
+
+/*
+ * free_lookup_locks's third payload (LMCache 0.5.7), extra_ranges: (start, end) token pairs of
+ * the request's earlier, abandoned lookups whose read locks are to be released too. Each pair
+ * is an array of two ints in 0..KVP_MAX_TOKENS; a pair with start >= end releases nothing (as
+ * upstream) but is kept. out receives at most cap pairs (more: -E2BIG), *nout their number.
+ */
+struct lmc_range {
+    uint32_t start, end;
+};
+
+int lmc_decode_extra_ranges(const void *frame, size_t n, struct lmc_range *out, uint32_t cap,
+                            uint32_t *nout, char *why, size_t why_size);
+
 /* One SHM slot descriptor of a prepare reply. */
 struct lmc_slot {
     uint64_t offset, length;
@@ -154,6 +203,25 @@ struct lmc_slot_shape {
  * unknown fields). error NULL: nil. */
 void lmc_encode_register_reply(struct lmc_mp_writer *w, const char *shm_name, uint64_t pool_size,
                                const char *error);
+
+/*
+ * The reply to the registration m (NULL: one that did not decode), in the form its version
+ * declares: for a 0.5.7 payload (m->has_group_layouts) 0.5.7's fields shm_name, pool_size and
+ * null_block_id, then error (which 0.5.7's worker skips); otherwise lmc_encode_register_reply().
+ * null_block_id is 0, vLLM's null block and `lmcache server`'s default (--null-block-id): 0.5.7's
+ * worker uses it only to leave out all-null chunks of hybrid models, which kvpool refuses.
+ */
+void lmc_encode_register_reply_to(struct lmc_mp_writer *w, const struct lmc_register *m,
+                                  const char *shm_name, uint64_t pool_size, const char *error);
+
+/*
+ * The one KVEventBatch of a server that records no KV events (LMCache 0.5.7's
+ * subscribe_kv_events stream): {enabled: false, incarnation, next_cursor: 0, lost: false,
+ * events: []}, as `lmcache server --kv-event-log-size 0` sends it. A 0.5.7 worker that reads it
+ * falls back to publishing its own store events and does not subscribe again. incarnation: an
+ * id of this run of the server (LMCache uses its start time in nanoseconds).
+ */
+void lmc_encode_kv_events_disabled(struct lmc_mp_writer *w, uint64_t incarnation);
 
 /* PrepareStoreResponse {"context": {"slots": [...], "chunk_indices": [...]}}; n = 0 is the
  * "nothing to write" answer. no_buffers: {"context": {}} instead (the pickle transport). */
