@@ -342,7 +342,7 @@ static void test_hostile(void **state)
     refused(&w, "three", "more than 2 tensors");
     refused(&w, "tensors-map", "tensors has the wrong type");
     refused(&w, "tensor-array", "tensor 1 has the wrong type");
-    refused(&w, "tensor-extra", "tensor 1 is too long");
+    refused(&w, "tensor-extra", "tensor 1: more fields than dtype, shape and data");
     refused(&w, "no-data", "tensor 1: no data");
     refused(&w, "dtype", "tensor 1: dtype 'float16', expected float32");
     refused(&w, "dtype-bin", "tensor 1: dtype has the wrong type");

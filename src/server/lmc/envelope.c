@@ -178,6 +178,11 @@ static int dec_tensor(struct env_dec *d, uint32_t i, struct kvp_envelope_tensor 
     uint32_t nf, seen = 0;
     char where[32];
     int rc = lmc_mp_read_map(&d->r, 3, &nf);
+    if (rc == -E2BIG)
+        return say(d->why, d->why_size, -EPROTO,
+                   "tensor %u: more fields than dtype, shape and data (unknown fields are "
+                   "refused)",
+                   i);
     if (rc)
         return say(d->why, d->why_size, -EPROTO, "tensor %u %s (a map of dtype, shape and data)", i,
                    rc_word(rc));
