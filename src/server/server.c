@@ -271,16 +271,24 @@ static void unlink_own_socket(struct kvp_server *s)
 
 /*
  * --max-clients is only a promise if the descriptor limit allows it (and the HTTP endpoint's
- * KVP_HTTP_MAX_CONNECTIONS when it is on): raise the soft limit as far as needed (up to the hard
- * limit) and refuse to start when even the hard limit is too low.
+ * KVP_HTTP_MAX_CONNECTIONS when it is on, and the LMCache front end's --lmcache-max-connections
+ * with LMC_FD_SLACK for the connections it is closing): raise the soft limit as far as needed
+ * (up to the hard limit) and refuse to start when even the hard limit is too low. Each front end
+ * then stays within its own part, so that none can take the others' descriptors.
  */
 static int check_fd_limit(const struct kvp_config *cfg)
 {
     struct rlimit rl;
     struct kvp_listen_addr l;
     bool http = kvp_listen_addr_parse(cfg->http, &l) == 0 && !l.off;
-    const char *with = http ? " (with the HTTP endpoint's connections)" : "";
-    rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE + (http ? KVP_HTTP_MAX_CONNECTIONS : 0);
+    bool lmc = cfg->lmcache[0] != '\0';
+    const char *with = http && lmc ? " (with the HTTP and LMCache connections)"
+                       : http      ? " (with the HTTP endpoint's connections)"
+                       : lmc       ? " (with the LMCache connections)"
+                                   : "";
+    rlim_t need = (rlim_t)cfg->max_clients + KVP_FD_RESERVE +
+                  (http ? KVP_HTTP_MAX_CONNECTIONS : 0) +
+                  (lmc ? (rlim_t)cfg->lmcache_max_conns + LMC_FD_SLACK : 0);
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
         return 0;
     if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {

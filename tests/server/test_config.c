@@ -622,6 +622,9 @@ static const char *const restart_only[] = {
     "lmcache-reap-timeout",
     "lmcache-registration-grace",
     "lmcache-clear",
+    "lmcache-max-connections",
+    "lmcache-reply-memory",
+    "lmcache-max-message",
 };
 
 static void test_reloadable_options(void **state)

@@ -163,13 +163,61 @@ static void test_table_full(void **state)
     free_registry(r);
 }
 
+/* Registers instance id of front end front for owner; returns kvp_registry_add()'s code. */
+static int add_front(struct kvp_registry *r, uint64_t owner, const char *front, const char *id,
+                     char *msg, size_t msg_size)
+{
+    struct kvp_registration inst;
+    struct kvp_reg_spec q = good_req(id);
+    bool existing;
+    assert_rc(kvp_registry_validate(r, &q, &inst, msg, msg_size), 0);
+    assert_rc(kvp_registry_choose_transport(r, &inst, NULL, msg, msg_size), 0);
+    inst.owner = owner;
+    inst.owner_pid = PID_OF(owner);
+    snprintf(inst.frontend, sizeof(inst.frontend), "%s", front);
+    return kvp_registry_add(r, &inst, 0, &existing, msg, msg_size);
+}
+
+/* Two front ends share the table: neither can take the other's reserve. */
+static void test_frontend_share(void **state)
+{
+    (void)state;
+    struct kvp_registry *r = new_registry(&offer_shm);
+    char id[32], msg[512];
+    uint32_t share = KVP_MAX_INSTANCES - KVP_REGISTRY_RESERVE;
+
+    kvp_registry_share(r, 2);
+    for (uint32_t i = 0; i < share; i++) {
+        snprintf(id, sizeof(id), "l%u", i);
+        assert_rc(add_front(r, 100 + i, "lmcache", id, msg, sizeof(msg)), 0);
+    }
+    assert_rc(add_front(r, 9000, "lmcache", "one-more", msg, sizeof(msg)), -EDQUOT);
+    assert_non_null(strstr(msg, "the lmcache front end has 768 instances registered"));
+    /* kvpool's own front end still has its reserve, up to the whole table. */
+    for (uint32_t i = 0; i < KVP_REGISTRY_RESERVE; i++) {
+        snprintf(id, sizeof(id), "k%u", i);
+        assert_rc(add_front(r, 1, "kvpool", id, msg, sizeof(msg)), 0);
+    }
+    assert_int_equal(kvp_registry_count(r), KVP_MAX_INSTANCES);
+    assert_rc(add_front(r, 1, "kvpool", "full", msg, sizeof(msg)), -ENOSPC);
+    free_registry(r);
+
+    /* One front end alone may fill the table. */
+    r = new_registry(&offer_shm);
+    kvp_registry_share(r, 1);
+    for (uint32_t i = 0; i < KVP_MAX_INSTANCES; i++) {
+        snprintf(id, sizeof(id), "k%u", i);
+        assert_rc(add_front(r, 1 + i, "kvpool", id, msg, sizeof(msg)), 0);
+    }
+    free_registry(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_add_and_get),
-        cmocka_unit_test(test_stale_handle),
-        cmocka_unit_test(test_remove_owner),
-        cmocka_unit_test(test_table_full),
+        cmocka_unit_test(test_add_and_get),    cmocka_unit_test(test_stale_handle),
+        cmocka_unit_test(test_remove_owner),   cmocka_unit_test(test_table_full),
+        cmocka_unit_test(test_frontend_share),
     };
     return cmocka_run_group_tests(tests, quiet_log, NULL);
 }

@@ -345,6 +345,31 @@ static const struct opt_desc opts[] = {
      .help = "Whether LMCache's clear request empties the cache, as in `lmcache server`. off:\n"
              "any peer of the front end could otherwise drop every cached chunk; a clear is then\n"
              "answered as usual, changes nothing, and is logged and counted. Default: on"},
+    {.name = "lmcache-max-connections",
+     .env = "KVPOOL_LMCACHE_MAX_CONNECTIONS",
+     .arg = "N",
+     U32(lmcache_max_conns, 1, 65536),
+     .want = "a number from 1 to 65536",
+     .help = "LMCache connections open at once (1..65536); more are closed at the handshake,\n"
+             "logged and counted. Counted into the descriptor limit kvpoold raises at start-up.\n"
+             "Default: 128"},
+    {.name = "lmcache-reply-memory",
+     .env = "KVPOOL_LMCACHE_REPLY_MEMORY",
+     .arg = "SIZE",
+     SIZE(lmcache_reply_mem, 1ull << 20, 1ull << 50, 1),
+     .want = "a size from 1MiB to 1PiB, such as 256MiB",
+     .help = "Memory for LMCache replies that their clients have not read yet, all clients\n"
+             "together; one client may fill a quarter of it. Beyond that its prepares are\n"
+             "answered negatively (a miss), logged and counted, until it reads. Default: a\n"
+             "quarter of --l1-size, at least 64MiB"},
+    {.name = "lmcache-max-message",
+     .env = "KVPOOL_LMCACHE_MAX_MESSAGE",
+     .arg = "SIZE",
+     SIZE(lmcache_max_msg, 1ull << 20, 1ull << 50, 1),
+     .want = "a size from 1MiB to 1PiB, such as 256MiB",
+     .help = "Largest LMCache message accepted (a pickle commit carries a whole store): a larger\n"
+             "one closes its connection. Half-received messages take at most\n"
+             "--lmcache-max-connections times this. Default: the largest store the pool holds"},
     {.name = "help", .kind = KIND_NONE, .help = "Show this help and exit"},
     {.name = "version", .kind = KIND_NONE, .help = "Show the version and exit"},
 };
@@ -374,6 +399,7 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .lmcache_reap_s = 120,
         .lmcache_grace_s = 3600,
         .lmcache_clear = true,
+        .lmcache_max_conns = 128,
     };
     /* The clients' rule. A path too long for a socket stays "" and is reported at bind. */
     kvp_socket_path_default(cfg->socket_path, sizeof(cfg->socket_path));

@@ -51,6 +51,9 @@ struct kvp_config {
     uint32_t lmcache_reap_s;     /* silence that ends a pinged LMCache instance, 0: never */
     uint32_t lmcache_grace_s;    /* the same for an instance that never pinged */
     bool lmcache_clear;          /* --lmcache-clear: LMCache's clear empties the cache */
+    uint32_t lmcache_max_conns;  /* LMCache connections open at once */
+    uint64_t lmcache_reply_mem;  /* bytes of LMCache replies not yet sent; 0: from the pool */
+    uint64_t lmcache_max_msg;    /* largest LMCache message accepted; 0: the pool's largest */
 };
 
 /* Fills the defaults (socket path per kvp_default_socket_path rule, shm name with our pid). */

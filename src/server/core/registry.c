@@ -265,6 +265,13 @@ int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint
                  mine, max_per_owner);
         return -EDQUOT;
     }
+    for (i = 0; i < KVP_MAX_INSTANCES && r->slots[i].used; i++)
+        ;
+    if (i == KVP_MAX_INSTANCES) {
+        pthread_mutex_unlock(&r->lock);
+        snprintf(msg, msg_size, "too many instances registered (max %d)", KVP_MAX_INSTANCES);
+        return -ENOSPC;
+    }
     if (front >= r->max_per_frontend) {
         pthread_mutex_unlock(&r->lock);
         snprintf(msg, msg_size,
@@ -272,13 +279,6 @@ int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint
                  "of %d (the rest is kept for the other front ends)",
                  inst->frontend, front, KVP_MAX_INSTANCES);
         return -EDQUOT;
-    }
-    for (i = 0; i < KVP_MAX_INSTANCES && r->slots[i].used; i++)
-        ;
-    if (i == KVP_MAX_INSTANCES) {
-        pthread_mutex_unlock(&r->lock);
-        snprintf(msg, msg_size, "too many instances registered (max %d)", KVP_MAX_INSTANCES);
-        return -ENOSPC;
     }
     r->slots[i].used = true;
     if (++r->slots[i].gen == 0)

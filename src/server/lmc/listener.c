@@ -20,10 +20,31 @@
  * has gone fail with EHOSTUNREACH instead of vanishing; such a reply, and one refused because
  * the peer stopped reading (its queue is full), is counted and logged, never retried.
  *
- * Frames are bounded by ZMQ_MAXMSGSIZE: the largest legal frame is a commit's pickle of a pool's
- * worth of chunks (lmc_max_value_frame(): what kvp_tpickle_max_payload() allows any
- * registration), or a key of KVP_MAX_TOKENS token ids, whichever is larger. A larger frame
- * makes libzmq drop the peer's connection.
+ * What one peer can make the daemon hold (docs/SECURITY.md):
+ *   - Replies it does not read. Every value frame of SMALL_VALUE bytes or more is a message of
+ *     ours (reply_alloc()) counted, until libzmq frees it (sent or dropped with its peer), in
+ *     the total and in the peer's slot of PEER_SLOTS (by lmc_front.peer: peers that share a
+ *     slot share its budget). While the peer has a quarter of --lmcache-reply-memory unread,
+ *     or all peers together the whole of it, its prepares (the operations whose replies can be
+ *     large) are answered negatively before they reserve or pin anything: counted
+ *     (lmcache_replies_refused), logged at a limited rate. Smaller replies are at most SND_HWM
+ *     per peer (ZMQ_SNDHWM; beyond, a reply is lost and counted). So replies hold at most
+ *     --lmcache-reply-memory plus one reply, plus SND_HWM small ones per connection.
+ *   - Connections. libzmq has no limit of its own, so every connection's handshake asks this
+ *     thread (ZAP, RFC 27, with the NULL mechanism: no credentials, only the question), which
+ *     counts the connections open from the socket's monitor events (accepted, disconnected, by
+ *     descriptor) and refuses one beyond --lmcache-max-connections: libzmq closes it at once,
+ *     counted (lmcache_connections_refused) and logged at a limited rate. Those descriptors
+ *     are in the limit start-up raises (server.c), with LMC_FD_SLACK for connections being
+ *     closed, so LMCache peers never take the descriptors of the other front ends, and the
+ *     accept loop of libzmq never meets EMFILE (on which it would spin). A peer that never
+ *     completes the handshake is closed after HANDSHAKE_MS.
+ *   - Requests it sends. A frame larger than --lmcache-max-message (by default the largest
+ *     legal frame: a commit's pickle of a pool's worth of chunks, lmc_max_value_frame(), or a
+ *     key of KVP_MAX_TOKENS token ids, whichever is larger) makes libzmq drop the connection
+ *     as soon as the frame's header says so (ZMQ_MAXMSGSIZE); at most RCV_HWM whole messages
+ *     per connection wait to be served (ZMQ_RCVHWM: beyond, libzmq stops reading from it). So
+ *     incoming messages hold at most --lmcache-max-connections x (RCV_HWM + 1) x that size.
  *
  * Who connects: on ipc:// the socket file has kvpool's socket mode, and the credentials of every
  * connection are checked as on kvpool's own socket (set_peer_filters()); on tcp:// anyone who
@@ -45,6 +66,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -53,6 +75,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -73,6 +96,20 @@
 #define BATCH 64
 /* Free memory at the top of a heap kept for reuse before the rest goes back to the kernel. */
 #define TRIM_BYTES (256 << 20)
+/* Reply budgets by peer: slots of lmc_front.peer. */
+#define PEER_SLOTS 4096u
+/* Value frames from this size on are counted against --lmcache-reply-memory. */
+#define SMALL_VALUE 1024u
+/* Messages queued per connection: replies not sent, requests not served. */
+#define SND_HWM 256
+#define RCV_HWM 8
+/* A connection that has not finished its handshake by then is closed. */
+#define HANDSHAKE_MS 5000
+/* Where libzmq asks whether to accept a connection (RFC 27), and where the socket's monitor
+ * reports connections. */
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01"
+#define ZAP_DOMAIN "kvpool-lmcache"
+#define MONITOR_ENDPOINT "inproc://kvpool-lmcache-monitor"
 
 struct lmc_listener {
     struct kvp_server *srv;
@@ -89,18 +126,71 @@ struct lmc_listener {
     struct lmc_front front;
     bool front_ready;
     zmq_msg_t value; /* the reply's value when the front end asked for it (value_alloc) */
+
+    /* Connections (the listener thread's): ZAP handler, monitor, open descriptors, and the
+     * monitor's event counts that tell the handshaking connections from the established
+     * ones (established_conns()). */
+    void *zap, *monitor;
+    uint8_t *fd_open; /* bitmap by descriptor: open connections */
+    uint32_t fd_bits;
+    uint64_t open, accepted, settled, succeeded, approved;
+
+    /* Replies not sent yet (reply_alloc()), in bytes: decremented by libzmq's I/O thread. */
+    uint64_t reply_limit, peer_limit;
+    _Atomic uint64_t queued;
+    _Atomic uint64_t peer_queued[PEER_SLOTS];
 };
+
+/* A reply value of ours: counted until libzmq frees it. */
+struct reply_buf {
+    struct lmc_listener *l;
+    uint64_t size;
+    uint32_t slot;
+    uint8_t data[];
+};
+
+/* libzmq's free function of a reply_buf message (its I/O thread, or ours). */
+static void reply_free(void *data, void *hint)
+{
+    struct reply_buf *b = hint;
+    (void)data;
+    atomic_fetch_sub_explicit(&b->l->queued, b->size, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&b->l->peer_queued[b->slot], b->size, memory_order_relaxed);
+    free(b);
+}
+
+/* l->value becomes a counted message of size bytes for the request's peer; its data, or NULL. */
+static uint8_t *reply_alloc(struct lmc_listener *l, size_t size)
+{
+    zmq_msg_close(&l->value);
+    zmq_msg_init(&l->value);
+    struct reply_buf *b = malloc(sizeof(*b) + size);
+    if (!b)
+        return NULL;
+    *b = (struct reply_buf){.l = l, .size = size, .slot = (uint32_t)(l->front.peer % PEER_SLOTS)};
+    if (zmq_msg_init_data(&l->value, b->data, size, reply_free, b)) {
+        free(b);
+        zmq_msg_init(&l->value);
+        return NULL;
+    }
+    atomic_fetch_add_explicit(&l->queued, size, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->peer_queued[b->slot], size, memory_order_relaxed);
+    return b->data;
+}
+
+/* Whether the request's peer, or all peers, have their part of --lmcache-reply-memory unread:
+ * then its prepares are refused. */
+static bool replies_full(struct lmc_listener *l, uint64_t *mine, uint64_t *all)
+{
+    *mine = atomic_load_explicit(&l->peer_queued[l->front.peer % PEER_SLOTS], memory_order_relaxed);
+    *all = atomic_load_explicit(&l->queued, memory_order_relaxed);
+    return *mine >= l->peer_limit || *all >= l->reply_limit;
+}
 
 /* lmc_front.value_alloc: the value frame as a ZeroMQ message of size bytes. */
 static uint8_t *value_alloc(struct lmc_front *f, size_t size)
 {
-    struct lmc_listener *l = f->value_ctx;
-    zmq_msg_close(&l->value);
-    if (zmq_msg_init_size(&l->value, size)) {
-        zmq_msg_init(&l->value);
-        return NULL;
-    }
-    return zmq_msg_data(&l->value);
+    return reply_alloc(f->value_ctx, size);
 }
 
 /* Large messages reuse freed heap memory instead of fresh mappings (see the top). */
@@ -180,19 +270,58 @@ static int set_peer_filters(void *router, const struct kvp_config *cfg)
     return 0;
 }
 
+/* The largest message accepted: --lmcache-max-message, and never more than the largest legal
+ * one (a commit may carry a pool's worth of pickled chunks; a key at most KVP_MAX_TOKENS token
+ * ids of 5 bytes each, plus its other fields). */
+static uint64_t lmc_max_message(const struct kvp_config *cfg)
+{
+    uint64_t value = lmc_max_value_frame(cfg->l1_size);
+    uint64_t key = (uint64_t)KVP_MAX_TOKENS * 5 + (1 << 20);
+    uint64_t most = value > key ? value : key;
+    return cfg->lmcache_max_msg && cfg->lmcache_max_msg < most ? cfg->lmcache_max_msg : most;
+}
+
+/* The ZAP handler and the monitor of the router's connections (see the top), made before the
+ * router binds, so that no connection is ever accepted without them. */
+static int open_gatekeeping(struct lmc_listener *l)
+{
+    struct rlimit rl;
+    l->fd_bits = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+                         rl.rlim_cur < (1u << 24)
+                     ? (uint32_t)rl.rlim_cur
+                     : 1u << 24;
+    l->fd_open = calloc(l->fd_bits / 8 + 1, 1);
+    if (!l->fd_open)
+        return -ENOMEM;
+    l->zap = zmq_socket(l->zctx, ZMQ_REP);
+    if (!l->zap || zmq_bind(l->zap, ZAP_ENDPOINT))
+        return -errno;
+    if (zmq_socket_monitor(l->router, MONITOR_ENDPOINT,
+                           ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED |
+                               ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))
+        return -errno;
+    l->monitor = zmq_socket(l->zctx, ZMQ_PAIR);
+    if (!l->monitor || zmq_connect(l->monitor, MONITOR_ENDPOINT))
+        return -errno;
+    return 0;
+}
+
 static int bind_router(struct lmc_listener *l)
 {
     const struct kvp_config *cfg = &l->srv->cfg;
-    int one = 1, zero = 0;
-    /* A commit may carry a pool's worth of pickled chunks; a key at most KVP_MAX_TOKENS
-     * token ids of 5 bytes each, plus its other fields. */
-    uint64_t value = lmc_max_value_frame(cfg->l1_size);
-    uint64_t key = (uint64_t)KVP_MAX_TOKENS * 5 + (1 << 20);
-    int64_t maxmsg = (int64_t)(value > key ? value : key);
+    int one = 1, zero = 0, sndhwm = SND_HWM, rcvhwm = RCV_HWM, handshake = HANDSHAKE_MS;
+    int64_t maxmsg = (int64_t)lmc_max_message(cfg);
 
     if (zmq_setsockopt(l->router, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) ||
         zmq_setsockopt(l->router, ZMQ_LINGER, &zero, sizeof(zero)) ||
-        zmq_setsockopt(l->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)))
+        zmq_setsockopt(l->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)) ||
+        zmq_setsockopt(l->router, ZMQ_SNDHWM, &sndhwm, sizeof(sndhwm)) ||
+        zmq_setsockopt(l->router, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm)) ||
+        zmq_setsockopt(l->router, ZMQ_HANDSHAKE_IVL, &handshake, sizeof(handshake)) ||
+        zmq_setsockopt(l->router, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)))
         return -errno;
     if (!l->addr.ipc && l->addr.host[0] == '[' &&
         zmq_setsockopt(l->router, ZMQ_IPV6, &one, sizeof(one)))
@@ -233,6 +362,22 @@ static int bind_router(struct lmc_listener *l)
     return 0;
 }
 
+/* Closes every socket of l and the context (NULL ones skipped). */
+static void close_sockets(struct lmc_listener *l)
+{
+    if (l->router && l->monitor)
+        zmq_socket_monitor(l->router, NULL, 0);
+    if (l->monitor)
+        zmq_close(l->monitor);
+    if (l->zap)
+        zmq_close(l->zap);
+    if (l->router)
+        zmq_close(l->router);
+    if (l->zctx)
+        zmq_ctx_term(l->zctx);
+    free(l->fd_open);
+}
+
 int lmc_listener_open(struct kvp_server *s, struct lmc_listener **out)
 {
     struct lmc_listener *l = calloc(1, sizeof(*l));
@@ -269,9 +414,20 @@ int lmc_listener_open(struct kvp_server *s, struct lmc_listener **out)
                   zmq_strerror(-rc));
         goto out_close;
     }
+    rc = open_gatekeeping(l);
+    if (rc) {
+        log_error("Cannot start: cannot set up the LMCache front end's connection checks: %s",
+                  rc == -ENOMEM ? "out of memory" : zmq_strerror(-rc));
+        goto out_close;
+    }
     rc = bind_router(l);
     if (rc)
         goto out_close;
+    /* Default: a quarter of the pool, at least 64 MiB (--help). */
+    l->reply_limit = s->cfg.lmcache_reply_mem ? s->cfg.lmcache_reply_mem : s->cfg.l1_size / 4;
+    if (!s->cfg.lmcache_reply_mem && l->reply_limit < (64ull << 20))
+        l->reply_limit = 64ull << 20;
+    l->peer_limit = l->reply_limit / 4;
     if (!l->addr.ipc && !l->addr.loopback)
         log_warn("The LMCache front end listens on %s, which is not a loopback address: "
                  "LMCache's protocol has no authentication, so whoever reaches that port can "
@@ -281,10 +437,7 @@ int lmc_listener_open(struct kvp_server *s, struct lmc_listener **out)
     return 0;
 
 out_close:
-    if (l->router)
-        zmq_close(l->router);
-    if (l->zctx)
-        zmq_ctx_term(l->zctx);
+    close_sockets(l);
     close(l->wake_fd);
 out_free:
     free(l);
@@ -336,6 +489,14 @@ static void send_reply(struct lmc_listener *l, zmq_msg_t *m, const struct lmc_re
         /* Once the first frame is queued, ZeroMQ takes the rest of the message. */
         send_frame(l, zmq_msg_data(&m[1]), zmq_msg_size(&m[1]), true);
         send_frame(l, r->op_frame, r->op_len, has_value);
+        if (has_value && !l->front.value_external && w->len >= SMALL_VALUE) {
+            /* Counted against --lmcache-reply-memory like the large values. */
+            uint8_t *v = reply_alloc(l, w->len);
+            if (v) {
+                memcpy(v, w->buf, w->len);
+                l->front.value_external = true;
+            }
+        }
         if (has_value && l->front.value_external) {
             if (zmq_msg_send(&l->value, l->router, ZMQ_DONTWAIT) < 0)
                 log_warn_rl("LMCache front end: sending a reply of %zu bytes failed: %s",
@@ -384,7 +545,22 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
     l->front.value_external = false;
     log_debug("LMCache %s (%u payload%s)", r.op != LMC_OP_UNKNOWN ? lmc_op_name(r.op) : r.name,
               r.npayloads, r.npayloads == 1 ? "" : "s");
-    bool has_value = lmc_dispatch(&l->front, &r);
+    bool has_value;
+    uint64_t mine, all;
+    if ((r.op == LMC_OP_PREPARE_STORE || r.op == LMC_OP_PREPARE_RETRIEVE) &&
+        replies_full(l, &mine, &all)) {
+        /* Refused before it reserves or pins anything (see the top). */
+        KVP_COUNT(lmcache_requests, 1);
+        KVP_COUNT(lmcache_replies_refused, 1);
+        log_warn_rl("LMCache front end: a %s answered negatively: %s has %" PRIu64 " bytes of "
+                    "replies unread (at most %" PRIu64 " for one client, %" PRIu64
+                    " for all: --lmcache-reply-memory)",
+                    lmc_op_name(r.op), mine >= l->peer_limit ? "its client" : "every client",
+                    mine >= l->peer_limit ? mine : all, l->peer_limit, l->reply_limit);
+        has_value = lmc_encode_negative(&l->front.out, r.op);
+    } else {
+        has_value = lmc_dispatch(&l->front, &r);
+    }
     if (has_value && l->front.out.failed) {
         /* Out of memory for the reply: the negative one is a few bytes. */
         lmc_mp_writer_reset(&l->front.out);
@@ -399,13 +575,135 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
         kvp_lmc_latency_record((unsigned)r.op, lmc_op_name(r.op), kvp_mono_ns() - t0);
 }
 
+/* Marks descriptor fd open or closed; returns whether it was open. */
+static bool fd_mark(struct lmc_listener *l, int64_t fd, bool open)
+{
+    if (fd < 0 || (uint64_t)fd >= l->fd_bits)
+        return false;
+    uint8_t bit = (uint8_t)(1u << (fd % 8));
+    bool was = l->fd_open[fd / 8] & bit;
+    if (open)
+        l->fd_open[fd / 8] |= bit;
+    else
+        l->fd_open[fd / 8] &= (uint8_t)~bit;
+    return was;
+}
+
+/* Reads every event the monitor has queued: the count of open connections. */
+static void drain_monitor(struct lmc_listener *l)
+{
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, l->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t id = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&id, zmq_msg_data(&ev), sizeof(id));
+            memcpy(&value, (uint8_t *)zmq_msg_data(&ev) + 2, sizeof(value));
+        }
+        bool more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more) {
+            /* The endpoint's address: not needed. */
+            zmq_msg_init(&addr);
+            zmq_msg_recv(&addr, l->monitor, 0);
+            zmq_msg_close(&addr);
+        }
+        if (id == ZMQ_EVENT_ACCEPTED) {
+            l->accepted++;
+            l->open += !fd_mark(l, (int32_t)value, true);
+        } else if (id == ZMQ_EVENT_DISCONNECTED || id == ZMQ_EVENT_CLOSED) {
+            l->open -= fd_mark(l, (int32_t)value, false);
+        } else if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            l->settled++;
+            l->succeeded++;
+        } else if (id & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
+            l->settled++;
+        }
+    }
+}
+
+/*
+ * Connections established, or accepted by this handler and about to be: libzmq's monitor says
+ * when a descriptor opens and closes, and when a handshake ends (succeeded or failed), but not
+ * whose; every connection ends its handshake with exactly one such event. So the open ones
+ * minus those still in their handshake are established, and the approvals whose success has
+ * not been reported yet are about to be.
+ */
+static uint64_t established_conns(const struct lmc_listener *l)
+{
+    uint64_t shaking = l->accepted > l->settled ? l->accepted - l->settled : 0;
+    if (shaking > l->open)
+        shaking = l->open;
+    uint64_t coming = l->approved > l->succeeded ? l->approved - l->succeeded : 0;
+    if (coming > shaking)
+        coming = shaking;
+    return l->open - shaking + coming;
+}
+
+/* Answers one ZAP request (RFC 27): accepted while --lmcache-max-connections are not exceeded
+ * (the connection asking is one of those counted). */
+static void serve_zap(struct lmc_listener *l)
+{
+    zmq_msg_t m[8];
+    uint32_t nkept = 0;
+    bool more = true;
+    while (more) {
+        zmq_msg_t *dst = &m[nkept < 8 ? nkept : 7];
+        if (nkept >= 8)
+            zmq_msg_close(dst);
+        zmq_msg_init(dst);
+        if (zmq_msg_recv(dst, l->zap, nkept == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(dst);
+            break;
+        }
+        more = zmq_msg_more(dst);
+        if (nkept < 8)
+            nkept++;
+    }
+    if (nkept >= 2) {
+        drain_monitor(l);
+        uint32_t cap = l->srv->cfg.lmcache_max_conns;
+        uint64_t have = established_conns(l);
+        bool ok = have < cap;
+        l->approved += ok;
+        const char *code = ok ? "200" : "300";
+        const char *text = ok ? "OK" : "too many connections (--lmcache-max-connections)";
+        zmq_send(l->zap, "1.0", 3, ZMQ_SNDMORE);
+        zmq_send(l->zap, zmq_msg_data(&m[1]), zmq_msg_size(&m[1]), ZMQ_SNDMORE);
+        zmq_send(l->zap, code, 3, ZMQ_SNDMORE);
+        zmq_send(l->zap, text, strlen(text), ZMQ_SNDMORE);
+        zmq_send(l->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(l->zap, "", 0, 0);
+        if (!ok) {
+            char addr[64] = "?";
+            if (nkept >= 4)
+                snprintf(addr, sizeof(addr), "%.*s", (int)zmq_msg_size(&m[3]),
+                         (const char *)zmq_msg_data(&m[3]));
+            KVP_COUNT(lmcache_connections_refused, 1);
+            log_warn_rl("LMCache front end: refused a connection from %s: %" PRIu64
+                        " connections are open (--lmcache-max-connections %u)",
+                        addr[0] ? addr : "a local peer", have, cap);
+        }
+    }
+    for (uint32_t i = 0; i < nkept; i++)
+        zmq_msg_close(&m[i]);
+}
+
 static void *listener_main(void *arg)
 {
     struct lmc_listener *l = arg;
     kvp_thread_name("kvp-lmcache");
-    zmq_pollitem_t items[2] = {
+    zmq_pollitem_t items[4] = {
         {.socket = l->router, .events = ZMQ_POLLIN},
         {.fd = l->wake_fd, .events = ZMQ_POLLIN},
+        {.socket = l->zap, .events = ZMQ_POLLIN},
+        {.socket = l->monitor, .events = ZMQ_POLLIN},
     };
     zmq_msg_t m[MAX_FRAMES];
 
@@ -414,7 +712,7 @@ static void *listener_main(void *arg)
         uint64_t wait = lmc_tick(&l->front);
         if (wait > 1000)
             wait = 1000;
-        if (zmq_poll(items, 2, (long)wait) < 0) {
+        if (zmq_poll(items, 4, (long)wait) < 0) {
             if (errno == EINTR)
                 continue;
             log_error("LMCache front end: zmq_poll: %s; stopping", zmq_strerror(errno));
@@ -426,6 +724,16 @@ static void *listener_main(void *arg)
                 log_debug("LMCache front end: reading the wake-up descriptor: %s",
                           kvp_strerror(-errno));
         }
+        if (items[3].revents & ZMQ_POLLIN)
+            drain_monitor(l);
+        if (items[2].revents & ZMQ_POLLIN)
+            for (int i = 0; i < BATCH; i++) {
+                int ev = 0;
+                size_t len = sizeof(ev);
+                serve_zap(l);
+                if (zmq_getsockopt(l->zap, ZMQ_EVENTS, &ev, &len) || !(ev & ZMQ_POLLIN))
+                    break;
+            }
         for (int i = 0; i < BATCH && !atomic_load_explicit(&l->stop, memory_order_acquire); i++) {
             uint32_t nkept;
             int total = recv_message(l, m, &nkept);
@@ -477,8 +785,7 @@ void lmc_listener_close(struct lmc_listener *l)
     if (l->front_ready)
         lmc_front_destroy(&l->front);
     zmq_msg_close(&l->value);
-    zmq_close(l->router);
-    zmq_ctx_term(l->zctx);
+    close_sockets(l);
     if (l->ipc_bound) {
         struct stat st;
         if (lstat(l->addr.path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_dev == l->ipc_dev &&

@@ -18,6 +18,10 @@
 struct kvp_server;
 struct lmc_listener;
 
+/* Descriptors beyond --lmcache-max-connections that the front end may hold for a moment: the
+ * connections it is closing at their handshake, and libzmq's own. */
+#define LMC_FD_SLACK 64
+
 /*
  * Binds the ROUTER at s->cfg.lmcache (a non-loopback TCP address is logged at WARN; an ipc://
  * path must be in a directory private to the daemon's user, and a live socket there is
