@@ -3,8 +3,10 @@
 Nothing here speaks the protocol by itself: every request is made by LMCache's
 RequestClientFactory client and its EngineDrivenTransferContext (the classes
 vLLM's LMCacheMPConnector uses on a CPU worker), so the tests exercise the real
-worker and its real wire encoding. Used by the recorder (record_frames.py),
-the real-worker tests (test_lmcache_worker.py) and the benchmark.
+worker and its real wire encoding. AdapterWorker goes one level up: vLLM's
+own worker adapter registers, and its heartbeat registers again after a
+kvpoold restart. Used by the recorder (record_frames.py), the real-worker
+tests (test_worker.py) and the benchmark.
 
 Runs inside a virtual environment with lmcache and torch
 (scripts/lmcache-env.sh).
@@ -94,7 +96,8 @@ class Worker:
         self.block_size = block_size
         self.blocks = blocks
         self.layout = layout
-        self.req = client(url)
+        self.iid = instance_id if instance_id is not None else new_instance_id()
+        self.connect()
         self.chunk = self.req.get_chunk_size().result(timeout=TIMEOUT)
         self.experimental = self.req.get_experimental().result(timeout=TIMEOUT)
         assert self.chunk % block_size == 0, (self.chunk, block_size)
@@ -110,13 +113,24 @@ class Worker:
                 shape = (2, blocks, block_size, heads, head_size)
             t = torch.randn(shape, generator=gen, dtype=torch.float32)
             self.kv[f"layer.{i}"] = t.to(self.dtype)
-        self.iid = instance_id if instance_id is not None else new_instance_id()
         # 0.5.6 binds the instance and the client at construction; 0.5.5 takes them per call.
         self.bound = len(inspect.signature(EngineDrivenTransferContext).parameters) > 0
+        self.new_transfer_context()
+
+    def connect(self):
+        """Sets self.req, the worker's request client."""
+        self.req = client(self.url)
+
+    def new_transfer_context(self):
+        """Sets self.tc, the transfer context register() registers."""
         if self.bound:
             self.tc = EngineDrivenTransferContext(self.iid, self.req)
         else:
             self.tc = EngineDrivenTransferContext()
+
+    def transport(self):
+        """The class of the registered context: EngineDrivenContextShm or ...Pickle."""
+        return type(self.tc.engine_driven_context).__name__
 
     def register(self):
         hints = None if self.layout == "MLA" else {"kv_layout": "NHD"}
@@ -129,7 +143,7 @@ class Worker:
                 self.iid, self.kv, self.model, self.world_size, self.bic, self.req, TIMEOUT,
                 layout_hints=hints,
             )
-        return type(self.tc.engine_driven_context).__name__
+        return self.transport()
 
     def key(self, tokens, request_id, start=0, end=None, worker=True, readers=1, salt=""):
         end = len(tokens) if end is None else end
@@ -199,6 +213,65 @@ class Worker:
     def close(self):
         self.tc.close()
         close_client(self.req)
+
+
+class AdapterWorker(Worker):
+    """A Worker that is vLLM's own worker adapter underneath.
+
+    LMCacheMPWorkerAdapter (lmcache.integration.vllm.vllm_multi_process_adapter), made with the
+    arguments of vLLM's older connectors (kv world size, kv worker id, block size), which need
+    no vLLM and run on a CPU, owns the instance id, the request client and the transfer context:
+    register() is its register_kv_caches(), and start_heartbeat() starts its HeartbeatThread as
+    its first store or retrieve does, with its recover callback (_reregister_kv_caches_callback),
+    which on the heartbeat's unhealthy-to-healthy edge makes a new transfer context
+    (create_transfer_context) and registers it again. store() and retrieve() go through the
+    adapter's transfer context of the moment, as its submit_store_request() and
+    submit_retrieve_request() do. close() is the adapter's shutdown().
+    """
+
+    def __init__(self, url, heartbeat_interval=1.0, **kw):
+        self.heartbeat_interval = heartbeat_interval
+        super().__init__(url, **kw)
+
+    def connect(self):
+        from lmcache.integration.vllm.vllm_multi_process_adapter import LMCacheMPWorkerAdapter
+
+        self.zmq_ctx = zmq.Context()
+        self.adapter = LMCacheMPWorkerAdapter(
+            self.url, self.zmq_ctx, self.model, self.world_size, self.rank, self.block_size,
+            mq_timeout=TIMEOUT, heartbeat_interval=self.heartbeat_interval,
+        )
+        self.req = self.adapter.req_client
+        self.iid = self.adapter.instance_id
+
+    @property
+    def tc(self):
+        return self.adapter.transfer_ctx
+
+    def new_transfer_context(self):
+        """Nothing: the adapter makes a transfer context at each registration."""
+
+    def register(self):
+        # What vLLM's layout query gives: NHD for the paged layout, nothing for MLA.
+        hints = {} if self.layout == "MLA" else {"kv_layout": "NHD"}
+        self.adapter.register_kv_caches(self.kv, layout_hints=hints)
+        return self.transport()
+
+    def start_heartbeat(self):
+        self.adapter._ensure_heartbeat_started()
+
+    def healthy(self):
+        """The adapter's health event: cleared by a failed ping, set again after recovery."""
+        return self.adapter.is_healthy
+
+    def heartbeats(self):
+        """How many heartbeat cycles (ping, then the recover callback if due) have ended."""
+        hb = self.adapter._heartbeat
+        return hb.total_runs if hb is not None else 0
+
+    def close(self):
+        self.adapter.shutdown()
+        self.zmq_ctx.term()
 
 
 class Scheduler:

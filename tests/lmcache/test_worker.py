@@ -11,11 +11,16 @@ through LMCache's pickle transport, with no segment name and with the memfd
 backend; a worker that falls back to it; hostile pickles through the wire) or
 "devshm" (a 1 GiB pool in a private mount namespace whose /dev/shm is a 64 MiB
 tmpfs, as in a container: the capacity gate, then the pickle transport; exit
-77 where the namespace cannot be created).
+77 where the namespace cannot be created), "restart" (kvpoold stopped with
+SIGTERM and SIGKILL and started again under a live worker: vLLM's worker
+adapter registers again through its heartbeat and stores again) or "segment"
+(the shared segment truncated under kvpoold: the same worker moves to its
+pickle transport and stores again).
 
 Every request is made by LMCache's own classes (lmc_worker.py): its
 RequestClient and EngineDrivenTransferContext, through shared memory, as
-vLLM's LMCacheMPConnector makes them on a CPU worker.
+vLLM's LMCacheMPConnector makes them on a CPU worker; in the restart and
+segment groups, by vLLM's LMCacheMPWorkerAdapter itself.
 """
 
 import json
@@ -58,27 +63,48 @@ class Daemon:
         self.port = free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.shm = f"lmct{os.getpid()}_{self.port}"
-        self.log_path = os.path.join(self.dir, "kvpoold.log")
-        self.log = open(self.log_path, "wb")
         # A test's own --shm-name or --shm-backend replaces the default segment name.
         own = "--shm-name" in extra or "--shm-backend" in extra
-        args = list(prefix) + [
+        self.args = list(prefix) + [
             KVPOOLD, "--socket", os.path.join(self.dir, "kvpool.sock"), "--l1-size", "64MiB",
             "--chunk-size", str(CHUNK), "--http", "127.0.0.1:0",
         ] + ([] if own else ["--shm-name", self.shm]) + [
             "--lmcache", self.url, "--log-level", "debug",
         ] + list(extra)
-        env = dict(os.environ)
-        env.pop("KVPOOL_HTTP", None)
-        if "TSAN_OPTIONS" in env:  # a TSan build: libzmq is not instrumented (tsan.supp)
-            env["TSAN_OPTIONS"] += " suppressions=" + os.path.join(HERE, "tsan.supp")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.env = dict(os.environ)
+        self.env.pop("KVPOOL_HTTP", None)
+        if "TSAN_OPTIONS" in self.env:  # a TSan build: libzmq is not instrumented (tsan.supp)
+            self.env["TSAN_OPTIONS"] += " suppressions=" + os.path.join(HERE, "tsan.supp")
+        self.runs = 0
+        self.start()
+
+    def start(self):
+        """Starts the daemon (again: with the same arguments, and a log of its own)."""
+        self.runs += 1
+        self.log_path = os.path.join(self.dir, "kvpoold.log" if self.runs == 1
+                                     else "kvpoold.%d.log" % self.runs)
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=self.env)
         assert wait_for(lambda: "ready:" in self.text() or self.proc.poll() is not None, 60)
         assert self.proc.poll() is None, self.text()
         m = re.search(r"HTTP endpoint on [^ ]*?:(\d+)", self.text())
         self.http = int(m.group(1)) if m else None
 
+    def restart(self, sig):
+        """Stops the daemon with sig (SIGTERM: a clean exit; SIGKILL: a crash, leaving its
+        segment and its lock files) and starts it again on the same address and options."""
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(30)
+        self.log.close()
+        if sig == signal.SIGTERM:
+            self.check_exit(rc)
+        else:
+            assert rc == -sig, "kvpoold exited with %d:\n%s" % (rc, self.text())
+        self.start()
+
     def text(self):
+        """The log of the daemon's current run."""
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 
@@ -89,13 +115,22 @@ class Daemon:
     def gauge(self, name):
         return self.status()["gauges"][name]
 
-    def stop(self):
+    def counter(self, name):
+        return self.status()["counters"][name]
+
+    def check_exit(self, rc, allowed_errors=()):
+        """A clean exit, and no ERROR in the log but those matching allowed_errors."""
+        text = self.text()
+        assert rc == 0, "kvpoold exited with %d:\n%s" % (rc, text)
+        errors = [line for line in text.splitlines() if "ERROR" in line
+                  and not any(re.search(e, line) for e in allowed_errors)]
+        assert not errors, text
+
+    def stop(self, allowed_errors=()):
         self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(30)
         self.log.close()
-        text = self.text()
-        assert rc == 0, "kvpoold exited with %d:\n%s" % (rc, text)
-        assert "ERROR" not in text, text
+        self.check_exit(rc, allowed_errors)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -114,13 +149,21 @@ class Base(unittest.TestCase):
     def daemon_prefix(self):
         return ()
 
+    # Regular expressions of the ERROR lines a test expects kvpoold to log.
+    allowed_errors = ()
+
     def tearDown(self):
         for c in reversed(self.closers):
             c()
-        self.d.stop()  # and checks that kvpoold logged no ERROR
+        self.d.stop(self.allowed_errors)  # and checks that kvpoold logged no other ERROR
 
     def worker(self, **kw):
         w = Worker(self.d.url, **kw)
+        self.closers.append(w.close)
+        return w
+
+    def adapter_worker(self, **kw):
+        w = lmc_worker.AdapterWorker(self.d.url, **kw)
         self.closers.append(w.close)
         return w
 
@@ -352,6 +395,121 @@ class Liveness(Base):
         self.assertEqual(self.d.gauge("objects_committed"), 2)
 
 
+# Seconds between the heartbeats of vLLM's worker adapter in the restart and segment tests
+# (vLLM's default is 10 s; every wait there is bounded by a few of them).
+HEARTBEAT = 1.0
+
+
+class Restart(Base):
+    """kvpoold restarted under a live worker (SIGTERM, and SIGKILL: a crash that leaves its
+    segment and lock files), on the same address and options: vLLM's worker adapter, with its
+    own heartbeat, registers its instance again without being restarted, and stores again.
+
+    LMCache's worker registers again only on its heartbeat's unhealthy-to-healthy edge, and a
+    restart shorter than a heartbeat fails no ping: kvpoold answers the first ping of an
+    instance id it never registered false, once, and the next one true."""
+
+    def recover(self, sig):
+        w = self.adapter_worker(model="rs", seed=21, heartbeat_interval=HEARTBEAT)
+        s = self.scheduler()
+        self.assertEqual(w.register(), "EngineDrivenContextShm")
+        w.start_heartbeat()
+        self.assertTrue(w.store(tokens(2), "before", end=2 * CHUNK))
+        self.assertEqual(self.d.gauge("objects_committed"), 2)
+        # Restarted right after a heartbeat ended, so that no ping waits across the restart: a
+        # ping unanswered for a heartbeat would make the worker unhealthy by itself.
+        n = w.heartbeats()
+        self.assertTrue(wait_for(lambda: w.heartbeats() > n, 5 * HEARTBEAT))
+        began = time.monotonic()
+        self.d.restart(sig)
+        took = time.monotonic() - began
+        print("kvpoold restarted (%s) in %.3f s" % (signal.Signals(sig).name, took),
+              file=sys.stderr)
+        self.assertEqual(self.d.gauge("objects_committed"), 0)
+        # The next ping is answered false (unhealthy), the one after true, and the recover
+        # callback registers the instance before the worker is healthy again.
+        registered = "Registered non-GPU context for instance %d (" % w.iid
+        wait_for(lambda: registered in self.d.text() and w.healthy(), 4 * HEARTBEAT + 5)
+        toks = tokens(3, base=3000)
+        self.assertTrue(w.store(toks, "after", end=3 * CHUNK, first_block=8))
+        self.assertEqual(self.d.gauge("objects_committed"), 3,
+                         "the worker's store after the restart stored nothing: its instance "
+                         "was not registered again\n" + self.d.text()[-3000:])
+        s.lookup(w, toks, "after")
+        self.assertEqual(s.wait("after"), 3)
+        out = w.blank()
+        self.assertTrue(w.retrieve(toks, "after", out, end=3 * CHUNK, first_block=16))
+        self.assertTrue(w.blocks_equal(out, 3 * w.bic, 8, 16))
+        s.end_session("after")
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+        log = self.d.text()
+        self.assertIn("LMCache ping of instance %d, which this kvpoold has not registered"
+                      % w.iid, log)
+        self.assertEqual(self.d.counter("lmcache_unknown_pings"), 1)
+        self.assertEqual(log.count(registered), 1)
+        mine = [i for i in self.d.status()["instances"]
+                if i["instance_id"] == "lmcache-%d" % w.iid]
+        self.assertEqual([i["transport"] for i in mine], ["shm"])
+        return log
+
+    def test_sigterm(self):
+        self.recover(signal.SIGTERM)
+
+    def test_sigkill(self):
+        log = self.recover(signal.SIGKILL)
+        # The dead daemon's segment was taken over under the same name.
+        self.assertIn("Replacing stale segment /dev/shm/kvpool_l1_pool_%s" % self.d.shm, log)
+
+
+class SegmentLost(Base):
+    """The daemon's POSIX segment truncated under it (any process of its user can): kvpoold
+    moves its pool to private memory and drops every LMCache instance on shared memory, whose
+    next ping is answered false; vLLM's worker adapter registers again on its heartbeat, is
+    given no segment name (its pickle transport), and stores again."""
+
+    allowed_errors = (r"The shared segment /dev/shm/\S+ shrank to 4096 of \d+ bytes under "
+                      r"kvpoold",)
+
+    def test_instance_moves_to_pickle(self):
+        w = self.adapter_worker(model="sg", seed=31, heartbeat_interval=HEARTBEAT)
+        s = self.scheduler()
+        self.assertEqual(w.register(), "EngineDrivenContextShm")
+        w.start_heartbeat()
+        self.assertTrue(w.store(tokens(2), "before", end=2 * CHUNK))
+        self.assertEqual(self.d.gauge("objects_committed"), 2)
+        os.truncate("/dev/shm/kvpool_l1_pool_" + self.d.shm, 4096)
+        # kvpoold notices within a second; the instance's next ping is answered false, the one
+        # after true, and the worker's recover callback registers it again.
+        wait_for(lambda: w.transport() == "EngineDrivenContextPickle" and w.healthy(),
+                 4 * HEARTBEAT + 5)
+        # Checked before any store: a worker still writing its slots through its mapping of the
+        # truncated segment would die of SIGBUS.
+        self.assertEqual(w.transport(), "EngineDrivenContextPickle",
+                         "the worker was not moved off the lost segment\n"
+                         + self.d.text()[-3000:])
+        self.assertTrue(w.healthy())
+        # The chunks of the lost segment are dropped twice, the second time a second after the
+        # first (for those pinned then): what is stored before that second pass goes too.
+        self.assertTrue(wait_for(lambda: "more chunks of the lost segment" in self.d.text(), 10))
+        toks = tokens(3, base=4000)
+        self.assertTrue(w.store(toks, "after", end=3 * CHUNK, first_block=8))
+        self.assertEqual(self.d.gauge("objects_committed"), 3)
+        s.lookup(w, toks, "after")
+        self.assertEqual(s.wait("after"), 3)
+        out = w.blank()
+        self.assertTrue(w.retrieve(toks, "after", out, end=3 * CHUNK, first_block=16))
+        self.assertTrue(w.blocks_equal(out, 3 * w.bic, 8, 16))
+        s.end_session("after")
+        log = self.d.text()
+        self.assertIn("LMCache instance %d lost its shared memory (the shared segment shrank "
+                      "under kvpoold" % w.iid, log)
+        self.assertRegex(log, r"Instance lmcache-%d non-GPU context using pickle transport "
+                              r"\(the shared segment shrank under kvpoold" % w.iid)
+        mine = [i for i in self.d.status()["instances"]
+                if i["instance_id"] == "lmcache-%d" % w.iid]
+        self.assertEqual([i["transport"] for i in mine], ["pickle"])
+
+
 class PickleNoName(Base):
     """No shared memory to offer (--shm-name ""): the worker moves its chunks pickled."""
 
@@ -568,6 +726,8 @@ def main():
     groups = {
         "transfer": [Transfer],
         "liveness": [Liveness],
+        "restart": [Restart],
+        "segment": [SegmentLost],
         "pickle": [PickleNoName, PickleMemfd, PickleFallback],
         "devshm": [PickleSmallDevShm],
     }
