@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "common/msg.h"
+#include "lmc/envelope.h"
 
 #define HANDLE0 0x10000u
 #define CHUNK_BYTES 32u
@@ -487,6 +488,74 @@ static void gen_client(void)
     client_end(&r, "register-refused");
 }
 
+/*
+ * fuzz_envelope's seeds: LMCache 0.5.7 TensorEnvelopes of the encoder, with fuzz_envelope.c's
+ * registration in front (dtype index, rank - 1, 2 bytes per dimension, most tensors | 0x80 for
+ * "exactly"), and variants each wrong in one way.
+ */
+static void envelope_seed(const char *name, uint8_t dtype_idx, const char *dtype, uint32_t ndim,
+                          const uint16_t *dims, uint8_t count, uint32_t n, const char *mutation)
+{
+    struct kvp_envelope_layout l = {.dtype = dtype, .ndim = ndim};
+    struct kvp_envelope_template t;
+    uint8_t prefix[16];
+    size_t np = 0;
+    uint64_t size;
+
+    prefix[np++] = dtype_idx;
+    prefix[np++] = (uint8_t)(ndim - 1);
+    for (uint32_t i = 0; i < ndim; i++) {
+        l.shape[i] = dims[i];
+        prefix[np++] = (uint8_t)dims[i];
+        prefix[np++] = (uint8_t)(dims[i] >> 8);
+    }
+    prefix[np++] = count;
+    if (kvp_envelope_template_init(&t, &l, NULL, 0) || kvp_envelope_encoded_size(&t, n, &size) ||
+        t.chunk_bytes * n > 4096) {
+        fprintf(stderr, "cannot encode envelope/%s\n", name);
+        failures++;
+        return;
+    }
+    uint8_t chunks[4096], env[8192];
+    const uint8_t *ptrs[16];
+    for (size_t i = 0; i < sizeof(chunks); i++)
+        chunks[i] = (uint8_t)(i * 7);
+    for (uint32_t i = 0; i < n; i++)
+        ptrs[i] = chunks + i * t.chunk_bytes;
+    int64_t len = kvp_envelope_encode(&t, n, ptrs, env, sizeof(env));
+    if (len < 0) {
+        fprintf(stderr, "cannot encode envelope/%s\n", name);
+        failures++;
+        return;
+    }
+    /* "version": 1 is bytes 1..9 (fixstr "version", then the int). */
+    if (strcmp(mutation, "version2") == 0)
+        env[9] = 0x02;
+    else if (strcmp(mutation, "groups") == 0) /* "tensors" becomes "groupss", unknown */
+        memcpy(env + 11, "groupss", 7);
+    else if (strcmp(mutation, "truncated") == 0)
+        len -= 3;
+    struct kvp_wbuf w;
+    kvp_wbuf_init(&w);
+    kvp_put_bytes(&w, env, (size_t)len);
+    seed_with_prefix("envelope", name, prefix, np, &w);
+    kvp_wbuf_free(&w);
+}
+
+static void gen_envelope(void)
+{
+    static const uint16_t kv[4] = {2, 2, 4, 8}; /* [2, layers, tokens, hidden] */
+    static const uint16_t mla[3] = {2, 4, 16};  /* [layers, tokens, hidden] */
+    envelope_seed("float16_2x2x4x8_n3", 0, "float16", 4, kv, 0x80 | 3, 3, "");
+    envelope_seed("bfloat16_2x2x4x8_n2_upto4", 1, "bfloat16", 4, kv, 4, 2, "");
+    envelope_seed("float32_2x4x16_n1", 2, "float32", 3, mla, 0x80 | 1, 1, "");
+    envelope_seed("uint8_2x4x16_n0", 5, "uint8", 3, mla, 0x80 | 0, 0, "");
+    envelope_seed("float8_e4m3fn_2x2x4x8_n2", 6, "float8_e4m3fn", 4, kv, 2, 2, "");
+    envelope_seed("version2", 0, "float16", 4, kv, 3, 3, "version2");
+    envelope_seed("unknown_field", 0, "float16", 4, kv, 3, 3, "groups");
+    envelope_seed("truncated", 0, "float16", 4, kv, 3, 3, "truncated");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -503,5 +572,6 @@ int main(int argc, char **argv)
     gen_reply();
     gen_daemon();
     gen_client();
+    gen_envelope();
     return failures ? 1 : 0;
 }
