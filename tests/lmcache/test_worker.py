@@ -296,6 +296,53 @@ class Transfer(Base):
         s.end_session("w")
 
 
+class ForeignCommit(Base):
+    """A prepare belongs to the connection that made it (LMCache's worker commits on the
+    connection it prepared on): another connection naming the same instance and key can
+    neither publish an unwritten reservation nor end a retrieve's pins."""
+
+    def test_commit_from_another_connection(self):
+        x = self.worker(model="fx", seed=51)
+        s = self.scheduler()
+        self.assertEqual(x.register(), "EngineDrivenContextShm")
+        y = lmc_worker.client(self.d.url)
+        self.closers.append(lambda: lmc_worker.close_client(y))
+        ctx = x.tc.engine_driven_context
+        toks = tokens(2)
+        key = x.key(toks, "fx", end=2 * CHUNK)
+        slots, _ = ctx.prepare_store(key, x.iid)
+        self.assertEqual(len(slots), 2)
+        self.assertEqual(self.d.gauge("objects_reserved"), 2)
+        # y commits x's reservation before x wrote it: refused, nothing becomes visible.
+        self.assertIs(y.commit_store(key, x.iid, b"").result(timeout=lmc_worker.TIMEOUT),
+                      False)
+        self.assertEqual(self.d.counter("lmcache_foreign_commits"), 1)
+        self.assertEqual(self.d.gauge("objects_committed"), 0)
+        self.assertEqual(self.d.gauge("objects_reserved"), 2)
+        s.lookup(x, toks, "q1")
+        self.assertEqual(s.wait("q1"), 0)
+        self.assertIn("refused: another connection prepared it", self.d.text())
+        # x writes and commits its own reservation.
+        for i, t in enumerate(slots):
+            t.fill_(i + 1)
+        self.assertTrue(ctx.commit_store(key, x.iid, slots))
+        self.assertEqual(self.d.gauge("objects_committed"), 2)
+        s.lookup(x, toks, "q2")
+        self.assertEqual(s.wait("q2"), 2)
+        s.end_session("q2")
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+        # x's retrieve pins the chunks; y's commit_retrieve of it is refused, the pins stay.
+        rkey = x.key(toks, "fr", end=2 * CHUNK)
+        got = ctx.prepare_retrieve(rkey, x.iid)
+        self.assertEqual([float(t.float().mean()) for t in got], [1.0, 2.0])
+        self.assertEqual(self.d.gauge("objects_pinned"), 2)
+        self.assertIs(y.commit_retrieve(rkey, x.iid).result(timeout=lmc_worker.TIMEOUT), False)
+        self.assertEqual(self.d.counter("lmcache_foreign_commits"), 2)
+        self.assertEqual(self.d.gauge("objects_pinned"), 2)
+        self.assertTrue(ctx.commit_retrieve(rkey, x.iid))
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+
+
 KILLED = textwrap.dedent(
     """
     import os, signal, sys
@@ -377,7 +424,17 @@ class Liveness(Base):
         self.assertFalse(w.retrieve(toks, "u1", w.blank(), end=2 * CHUNK))
         self.assertTrue(w.req.commit_store(w.key(toks, "u1"), w.iid, b"").result(timeout=10)
                         is False)
-        self.assertTrue(w.ping())  # an unknown instance's ping, as upstream
+        # Its ping: true, as upstream (its worker let it go; nothing to register again).
+        self.assertTrue(w.ping())
+        self.assertTrue(w.ping())
+        # An id this kvpoold never registered (a worker of a kvpoold that ran before): false
+        # once, so that the worker's heartbeat registers it again, then true.
+        stranger = self.worker(model="u", seed=14)
+        self.assertFalse(stranger.ping())
+        self.assertTrue(stranger.ping())
+        self.assertEqual(self.d.counter("lmcache_unknown_pings"), 1)
+        self.assertIn("LMCache ping of instance %d, which this kvpoold has not registered"
+                      % stranger.iid, self.d.text())
         # Registered again, pinged, then silent: reaped.
         w2 = self.worker(model="u", seed=13)
         w2.register()
@@ -631,6 +688,65 @@ class PickleNoName(Base):
         self.assertEqual(self.d.gauge("objects_pinned"), 0)
 
 
+class PickleFullPool(Base):
+    """A full pool on the pickle transport: a pickle commit that does not decode is refused
+    before it reserves anything, so it evicts no committed chunk."""
+
+    def daemon_args(self):
+        return ("--shm-name", "", "--l1-size", "16MiB")
+
+    def test_refused_commit_evicts_nothing(self):
+        # 256 KiB chunks: the 16 MiB pool holds about 64.
+        big = dict(dtype="float16", layers=8, heads=8, head_size=64, blocks=64)
+        a = self.worker(model="full", seed=41, **big)
+        b = self.worker(model="full", seed=42, **big)
+        s = self.scheduler()
+        self.assertEqual(a.register(), "EngineDrivenContextPickle")
+        self.assertEqual(b.register(), "EngineDrivenContextPickle")
+        # A fills the pool with committed chunks, up to the last chunk that fits.
+        stores, committed, per = [], 0, None
+        while len(stores) < 32:
+            g = self.d.status()["gauges"]
+            n = 1 if per is None else min(8, g["pool_largest_free"] // per)
+            if n == 0:
+                break
+            toks = tokens(n, base=1 + 1000 * len(stores), extra=0)
+            first = 8 * (len(stores) % 8)
+            self.assertTrue(a.store(toks, "a%d" % len(stores), end=n * CHUNK, first_block=first))
+            stores.append((toks, first, n))
+            committed += n
+            if per is None:
+                per = self.d.gauge("pool_used")
+        self.assertEqual(self.d.gauge("objects_committed"), committed)  # none evicted yet
+        self.assertLess(self.d.gauge("pool_largest_free"), per)  # full
+        self.assertGreater(committed, 32)
+        # B's commit of 8 chunks: the real worker's pickle of 8 tensors, its last 64 bytes cut.
+        commit = b.req.commit_store
+        b.req.commit_store = lambda key, iid, data: commit(key, iid, data[:-64])
+        toks_b = tokens(8, base=90000, extra=0)
+        malformed = self.d.counter("lmcache_malformed")
+        self.assertFalse(b.store(toks_b, "b", end=8 * CHUNK))
+        del b.req.commit_store
+        self.assertEqual(self.d.counter("lmcache_malformed"), malformed + 1)
+        self.assertIn("pickle commit of", self.d.text())
+        self.assertEqual(self.d.gauge("objects_committed"), committed,
+                         "the refused commit evicted committed chunks of another worker")
+        self.assertEqual(self.d.gauge("objects_reserved"), 0)
+        # Every chunk of A is still found and reads back.
+        for i, (toks, first, n) in enumerate(stores):
+            rid = "q%d" % i
+            s.lookup(a, toks, rid)
+            self.assertEqual(s.wait(rid), n, "store %d of A" % i)
+            out = a.blank()
+            self.assertTrue(a.retrieve(toks, rid, out, end=n * CHUNK, first_block=first))
+            self.assertTrue(a.blocks_equal(out, n * a.bic, first, first))
+            s.end_session(rid)
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+        # The control: the whole pickle is stored, and its reservation had to evict.
+        self.assertTrue(b.store(toks_b, "b2", end=8 * CHUNK))
+        self.assertLessEqual(self.d.gauge("objects_committed"), committed)
+
+
 class PickleMemfd(PickleNoName):
     """A memfd segment has no name for LMCache workers to open: the pickle transport."""
 
@@ -724,11 +840,11 @@ def main():
     group = sys.argv[2]
     print("lmcache %s, test group %s" % (lmc_worker.lmcache_version(), group), flush=True)
     groups = {
-        "transfer": [Transfer],
+        "transfer": [Transfer, ForeignCommit],
         "liveness": [Liveness],
         "restart": [Restart],
         "segment": [SegmentLost],
-        "pickle": [PickleNoName, PickleMemfd, PickleFallback],
+        "pickle": [PickleNoName, PickleMemfd, PickleFallback, PickleFullPool],
         "devshm": [PickleSmallDevShm],
     }
     if group == "devshm" and not small_devshm_available():
