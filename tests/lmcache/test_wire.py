@@ -12,6 +12,9 @@ Usage (ctest label "lmcache"): /usr/bin/python3 tests/lmcache/test_wire.py KVPOO
    oversized arrays, truncated msgpack, GPU and unknown operations, stream
    control frames. Each request of 3 frames or more is answered with a
    well-typed reply, and the daemon keeps serving.
+3. The instance caps: --max-instances-per-client per connection, and the LMCache
+   front end's share of the instance table, which leaves a kvpool-protocol
+   worker (kvpool's Python binding, python/) room to register.
 """
 
 import json
@@ -86,10 +89,13 @@ class Daemon:
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 
-    def counters(self):
+    def status(self):
         url = "http://127.0.0.1:%d/api/status" % self.http
         with urllib.request.urlopen(url, timeout=10) as r:
-            return json.load(r)["counters"]
+            return json.load(r)
+
+    def counters(self):
+        return self.status()["counters"]
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -419,6 +425,93 @@ class Hostile(unittest.TestCase):
         counters = self.d.counters()
         self.assertGreater(counters["lmcache_unsupported"], 10)
         self.alive()
+
+
+def kvpool_binding():
+    """kvpool's Python binding (python/), on the libkvpool.so built next to KVPOOLD (unless
+    $KVPOOL_LIB names another)."""
+    lib = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(KVPOOLD))), "lib")
+    os.environ.setdefault("KVPOOL_LIB", lib)
+    path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import kvpool
+
+    return kvpool
+
+
+class InstanceCaps(unittest.TestCase):
+    """One connection registers at most --max-instances-per-client LMCache instances, and the
+    LMCache front end at most its share of the instance table (1024 less the 256 kept for
+    kvpool's own protocol): no peer takes the table from the others."""
+
+    def register(self, c, first, n, **layout):
+        """Registers instances first .. first+n-1 on c; returns each reply's error."""
+        errors = []
+        for i in range(first, first + n):
+            got = c.call([pack(i), pack(14), pack(dict(REG, instance_id=i, **layout))])
+            errors.append(unpack(got[2])["error"])
+        return errors
+
+    def test_per_connection(self):
+        d = Daemon(extra=("--max-instances-per-client", "8"))
+        a, b, c = Client(d.url), Client(d.url), Client(d.url)
+        try:
+            errors = self.register(a, 1000, 70)
+            self.assertEqual(errors.count(None), 8, "registrations accepted on one connection")
+            self.assertEqual(errors[:8], [None] * 8)
+            for e in errors[8:]:
+                self.assertIn("this connection has 8 LMCache instances registered, the most "
+                              "--max-instances-per-client allows", e)
+            self.assertEqual(d.counters()["lmcache_instances_refused"], 62)
+            self.assertIn("--max-instances-per-client", d.text())
+            # The accepted ones are served; another connection still registers.
+            self.assertEqual(unpack(a.call([pack(1), pack(22), pack(1007)])[2]), True)
+            self.assertEqual(self.register(b, 2000, 1), [None])
+            # Registrations refused for their layout take a place of the connection too.
+            bad = self.register(c, 3000, 2, num_physical_slots=2 * CHUNK)
+            self.assertTrue(all("chunk-size" in e for e in bad), bad)
+            errors = self.register(c, 3002, 10)
+            self.assertEqual(errors[:6], [None] * 6)
+            self.assertTrue(all("this connection has 8" in e for e in errors[6:]), errors)
+            self.assertEqual(d.counters()["lmcache_instances_refused"], 66)
+            self.assertEqual(len(d.status()["instances"]), 8 + 1 + 6)
+        finally:
+            for x in (a, b, c):
+                x.close()
+            d.stop()
+
+    def test_front_end_share(self):
+        kvpool = kvpool_binding()
+        d = Daemon(extra=("--max-instances-per-client", "1024"))
+        a = Client(d.url)
+        try:
+            errors = self.register(a, 1, 1100)
+            sock = os.path.join(d.dir, "kvpool.sock")
+            with kvpool.Client(sock) as k:
+                try:
+                    ctx = k.register("kvpool-0", model_name="w", world_size=1, worker_rank=0,
+                                     num_layers=2, hidden_dim=64, dtype="float16")
+                except kvpool.Error as e:
+                    self.fail("a kvpool worker cannot register once one LMCache peer "
+                              "registered 1,100 instances: %s" % e)
+                toks = list(range(1, CHUNK + 1))
+                self.assertEqual(ctx.store(toks, [bytes(ctx.chunk_bytes)]), 1)
+                self.assertEqual(ctx.lookup(toks), 1)
+                self.assertEqual(len(d.status()["instances"]), 768 + 1)
+            accepted = errors.count(None)
+            self.assertEqual(accepted, 768)
+            self.assertEqual(errors[:768], [None] * 768)
+            for e in errors[768:1024]:
+                self.assertIn("the lmcache front end has 768 instances registered, its share "
+                              "of the table of 1024", e)
+            # The refused registrations count towards the connection's limit too.
+            for e in errors[1024:]:
+                self.assertIn("this connection has 1024 LMCache instances registered", e)
+            self.assertEqual(d.counters()["lmcache_instances_refused"], 1100 - 768)
+        finally:
+            a.close()
+            d.stop()
 
 
 class Addresses(unittest.TestCase):
