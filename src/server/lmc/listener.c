@@ -104,7 +104,7 @@
 #define SND_HWM 256
 #define RCV_HWM 8
 /* A connection that has not finished its handshake by then is closed. */
-#define HANDSHAKE_MS 5000
+#define HANDSHAKE_MS 3000
 /* Where libzmq asks whether to accept a connection (RFC 27), and where the socket's monitor
  * reports connections. */
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
@@ -670,9 +670,13 @@ static void serve_zap(struct lmc_listener *l)
         drain_monitor(l);
         uint32_t cap = l->srv->cfg.lmcache_max_conns;
         uint64_t have = established_conns(l);
+        uint64_t shaking = l->open > have ? l->open - have : 0;
         bool ok = have < cap;
         l->approved += ok;
-        const char *code = ok ? "200" : "300";
+        /* 300, a temporary refusal, makes the peer's libzmq retry (LMCache's client backs off to
+         * a second) but keeps the connection until HANDSHAKE_MS; 400 closes it at once, and the
+         * peer never retries. So: 300 while few such connections wait, 400 to a crowd. */
+        const char *code = ok ? "200" : shaking <= LMC_FD_SLACK / 2 ? "300" : "400";
         const char *text = ok ? "OK" : "too many connections (--lmcache-max-connections)";
         zmq_send(l->zap, "1.0", 3, ZMQ_SNDMORE);
         zmq_send(l->zap, zmq_msg_data(&m[1]), zmq_msg_size(&m[1]), ZMQ_SNDMORE);
