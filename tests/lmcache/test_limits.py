@@ -164,6 +164,7 @@ class Limits(unittest.TestCase):
                            timeout=30)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("Pool:", r.stdout)
+        self.assertRegex(r.stdout, r"\nLMCache: +\d+ requests; refused: (.*, )?\d+ connections")
         url = "http://127.0.0.1:%d/healthcheck" % self.d.http
         with urllib.request.urlopen(url, timeout=10) as h:
             self.assertEqual(h.status, 200)

@@ -128,6 +128,30 @@ static void test_counts(void **state)
     json_decref(doc);
 }
 
+/* The LMCache line: requests, then only the refusals that happened, then unknown pings. */
+static void test_lmcache_line(void **state)
+{
+    (void)state;
+    char buf[COUNTS];
+    json_t *c = doc_of("{\"lmcache_requests\": 0}");
+    assert_null(lmcache_line(c, buf, sizeof(buf)));
+    json_decref(c);
+    c = doc_of("{\"lmcache_requests\": 1523, \"lmcache_replies_refused\": 12,"
+               " \"lmcache_connections_refused\": 3, \"lmcache_instances_refused\": 0,"
+               " \"lmcache_unknown_pings\": 2}");
+    assert_string_equal(lmcache_line(c, buf, sizeof(buf)),
+                        "1523 requests; refused: 12 prepares (unread replies), 3 connections; 2 "
+                        "pings of unknown instances (told to register again)");
+    json_decref(c);
+    c = doc_of("{\"lmcache_requests\": 7}");
+    assert_string_equal(lmcache_line(c, buf, sizeof(buf)), "7 requests");
+    /* A small buffer is cut, never overrun. */
+    char small[5];
+    lmcache_line(c, small, sizeof(small));
+    assert_int_equal(strlen(small), sizeof(small) - 1);
+    json_decref(c);
+}
+
 static void test_status_table(void **state)
 {
     (void)state;
@@ -168,6 +192,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counts),
         cmocka_unit_test(test_status_table),
+        cmocka_unit_test(test_lmcache_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -282,6 +282,49 @@ const char *client_counts(json_t *doc, bool with_max, char *buf, size_t size)
     return buf;
 }
 
+/*
+ * What the LMCache front end answered and refused, from the counters: "1523 requests; refused:
+ * 12 prepares (unread replies), 3 connections" (only the refusals that happened), or NULL
+ * when it has served nothing and refused nothing (off, or no LMCache client yet).
+ */
+const char *lmcache_line(json_t *counters, char *buf, size_t size)
+{
+    static const struct {
+        const char *counter, *what;
+    } refusals[] = {
+        {"lmcache_replies_refused", "prepares (unread replies)"},
+        {"lmcache_connections_refused", "connections"},
+        {"lmcache_instances_refused", "registrations"},
+        {"lmcache_foreign_commits", "commits from another connection"},
+        {"lmcache_malformed", "malformed requests"},
+    };
+    uint64_t requests = jnum(counters, "lmcache_requests"), unknown;
+    size_t len = 0, i;
+    int n, shown = 0;
+
+    for (i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++)
+        shown += jnum(counters, refusals[i].counter) > 0;
+    unknown = jnum(counters, "lmcache_unknown_pings");
+    if (requests == 0 && shown == 0)
+        return NULL;
+    n = snprintf(buf, size, "%" PRIu64 " requests", requests);
+    len = n > 0 ? (size_t)n : 0;
+    for (i = 0, shown = 0; i < sizeof(refusals) / sizeof(refusals[0]) && len < size; i++) {
+        uint64_t v = jnum(counters, refusals[i].counter);
+        if (!v)
+            continue;
+        n = snprintf(buf + len, size - len, "%s%" PRIu64 " %s", shown++ ? ", " : "; refused: ", v,
+                     refusals[i].what);
+        len += n > 0 ? (size_t)n : 0;
+    }
+    if (unknown && len < size)
+        snprintf(buf + len, size - len,
+                 "; %" PRIu64 " pings of unknown instances (told to "
+                 "register again)",
+                 unknown);
+    return buf;
+}
+
 /* The readable summary of `kvpool status`. */
 void print_status(const struct cli *x, json_t *doc)
 {
@@ -333,6 +376,8 @@ void print_status(const struct cli *x, json_t *doc)
                percent(jnum(counters, "lookup_hit_chunks"), jnum(counters, "lookup_chunks"), c,
                        sizeof(c)));
     }
+    if (counters && lmcache_line(counters, line, sizeof(line)))
+        printf("LMCache:    %s\n", line);
     if (!json_is_array(list))
         return;
     printf("Instances:  %zu (%s)\n", json_array_size(list),
