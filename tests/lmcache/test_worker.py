@@ -315,7 +315,7 @@ class ForeignCommit(Base):
         self.assertEqual(self.d.gauge("objects_reserved"), 2)
         # y commits x's reservation before x wrote it: refused, nothing becomes visible.
         self.assertIs(y.commit_store(key, x.iid, b"").result(timeout=lmc_worker.TIMEOUT),
-                      False)
+                      False, "another connection's commit_store published the reservation")
         self.assertEqual(self.d.counter("lmcache_foreign_commits"), 1)
         self.assertEqual(self.d.gauge("objects_committed"), 0)
         self.assertEqual(self.d.gauge("objects_reserved"), 2)
@@ -336,7 +336,8 @@ class ForeignCommit(Base):
         got = ctx.prepare_retrieve(rkey, x.iid)
         self.assertEqual([float(t.float().mean()) for t in got], [1.0, 2.0])
         self.assertEqual(self.d.gauge("objects_pinned"), 2)
-        self.assertIs(y.commit_retrieve(rkey, x.iid).result(timeout=lmc_worker.TIMEOUT), False)
+        self.assertIs(y.commit_retrieve(rkey, x.iid).result(timeout=lmc_worker.TIMEOUT), False,
+                      "another connection's commit_retrieve ended the retrieve's pins")
         self.assertEqual(self.d.counter("lmcache_foreign_commits"), 2)
         self.assertEqual(self.d.gauge("objects_pinned"), 2)
         self.assertTrue(ctx.commit_retrieve(rkey, x.iid))
@@ -486,7 +487,13 @@ class Restart(Base):
         # The next ping is answered false (unhealthy), the one after true, and the recover
         # callback registers the instance before the worker is healthy again.
         registered = "Registered non-GPU context for instance %d (" % w.iid
-        wait_for(lambda: registered in self.d.text() and w.healthy(), 4 * HEARTBEAT + 5)
+        unhealthy = []
+
+        def recovered():
+            unhealthy.append(not w.healthy())
+            return registered in self.d.text() and w.healthy()
+
+        wait_for(recovered, 4 * HEARTBEAT + 5)
         toks = tokens(3, base=3000)
         self.assertTrue(w.store(toks, "after", end=3 * CHUNK, first_block=8))
         self.assertEqual(self.d.gauge("objects_committed"), 3,
@@ -503,6 +510,7 @@ class Restart(Base):
         self.assertIn("LMCache ping of instance %d, which this kvpoold has not registered"
                       % w.iid, log)
         self.assertEqual(self.d.counter("lmcache_unknown_pings"), 1)
+        self.assertTrue(any(unhealthy), "the worker's heartbeat never saw a false ping")
         self.assertEqual(log.count(registered), 1)
         mine = [i for i in self.d.status()["instances"]
                 if i["instance_id"] == "lmcache-%d" % w.iid]
@@ -537,14 +545,21 @@ class SegmentLost(Base):
         os.truncate("/dev/shm/kvpool_l1_pool_" + self.d.shm, 4096)
         # kvpoold notices within a second; the instance's next ping is answered false, the one
         # after true, and the worker's recover callback registers it again.
-        wait_for(lambda: w.transport() == "EngineDrivenContextPickle" and w.healthy(),
-                 4 * HEARTBEAT + 5)
+        unhealthy = []
+
+        def recovered():
+            unhealthy.append(not w.healthy())
+            return w.transport() == "EngineDrivenContextPickle" and w.healthy()
+
+        wait_for(recovered, 4 * HEARTBEAT + 5)
         # Checked before any store: a worker still writing its slots through its mapping of the
         # truncated segment would die of SIGBUS.
         self.assertEqual(w.transport(), "EngineDrivenContextPickle",
                          "the worker was not moved off the lost segment\n"
                          + self.d.text()[-3000:])
         self.assertTrue(w.healthy())
+        self.assertTrue(any(unhealthy), "the worker's heartbeat never saw a false ping")
+        self.assertEqual(self.d.counter("lmcache_unknown_pings"), 0)  # dropped, not unknown
         # The chunks of the lost segment are dropped twice, the second time a second after the
         # first (for those pinned then): what is stored before that second pass goes too.
         self.assertTrue(wait_for(lambda: "more chunks of the lost segment" in self.d.text(), 10))
