@@ -5,10 +5,12 @@ the worker is the installed lmcache, 0.5.6 or 0.5.5):
     python tests/lmcache/test_worker.py KVPOOLD GROUP
 GROUP is "transfer" (round trips of every dtype and an MLA layout, two ranks
 of one model, two workers sharing a prefix, two models that must not see each
-other's chunks), "liveness" (a worker killed in the middle of a store, calls
-of an unregistered and of a reaped instance) or "pickle" (the same round trips
+other's chunks, commits from a connection that did not prepare), "liveness"
+(a worker killed in the middle of a store, calls of an unregistered, of a
+reaped and of a never registered instance) or "pickle" (the same round trips
 through LMCache's pickle transport, with no segment name and with the memfd
-backend; a worker that falls back to it; hostile pickles through the wire) or
+backend; a worker that falls back to it; hostile pickles through the wire; a
+malformed pickle commit on a full pool) or
 "devshm" (a 1 GiB pool in a private mount namespace whose /dev/shm is a 64 MiB
 tmpfs, as in a container: the capacity gate, then the pickle transport; exit
 77 where the namespace cannot be created), "restart" (kvpoold stopped with
