@@ -428,15 +428,19 @@ class Hostile(unittest.TestCase):
 
 
 def kvpool_binding():
-    """kvpool's Python binding (python/), on the libkvpool.so built next to KVPOOLD (unless
-    $KVPOOL_LIB names another)."""
-    lib = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(KVPOOLD))), "lib")
-    os.environ.setdefault("KVPOOL_LIB", lib)
+    """kvpool's Python binding (python/), on the libkvpool.so built next to KVPOOLD, unless
+    $KVPOOL_LIB names another or that build is a sanitizer build (which this interpreter
+    cannot load): then on the one the binding finds itself (the source tree's other builds)."""
     path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
     if path not in sys.path:
         sys.path.insert(0, path)
     import kvpool
+    from kvpool import _lib
 
+    lib = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(KVPOOLD))), "lib",
+                       "libkvpool.so")
+    if "KVPOOL_LIB" not in os.environ and os.path.exists(lib) and not _lib._sanitizer_build(lib):
+        os.environ["KVPOOL_LIB"] = lib
     return kvpool
 
 
