@@ -324,20 +324,24 @@ static void test_transport_label(void **state)
 
     fx_server_start(&s, false);
     assert_rc(kvp_snapshot_take(&s, 0, &snap), 0);
-    assert_true(snap.ninstance_groups + 3 <= KVP_SNAP_GROUPS);
+    assert_true(snap.ninstance_groups + 4 <= KVP_SNAP_GROUPS);
     struct kvp_instance_group *g = &snap.instance_groups[snap.ninstance_groups];
     g[0] = (struct kvp_instance_group){.frontend = "lmcache",
                                        .transport = KVP_REG_PICKLE,
                                        .count = 3};
     g[1] = (struct kvp_instance_group){.frontend = "lmcache", .transport = 77, .count = 1};
     g[2] = (struct kvp_instance_group){.frontend = "a\"b\\c", .transport = KVP_REG_SHM, .count = 1};
-    snap.ninstance_groups += 3;
+    g[3] = (struct kvp_instance_group){.frontend = "lmcache",
+                                       .transport = KVP_REG_ENVELOPE,
+                                       .count = 2};
+    snap.ninstance_groups += 4;
     char *t = kvp_metrics_render(&snap, &len);
     kvp_snapshot_free(&snap);
     assert_non_null(t);
     check_format(t);
     assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"pickle\"}") == 3);
     assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"unknown\"}") == 1);
+    assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"envelope\"}") == 2);
     assert_true(sample(t, "kvpool_instances{front_end=\"a\\\"b\\\\c\",transport=\"shm\"}") == 1);
     assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
     free(t);

@@ -150,7 +150,7 @@ static void test_validate_errors_name_the_field(void **state)
     expect_invalid(r, &q, "use_mla");
 
     q = good_req("w0");
-    q.transport = 4;
+    q.transport = KVP_REG_ENVELOPE + 1;
     expect_invalid(r, &q, "transport");
     free_registry(r);
 }
@@ -332,6 +332,37 @@ static void test_transport_pickle(void **state)
     assert_string_equal(inst.reason, NO_SHM_REASON);
 }
 
+/* Envelope (LMCache 0.5.7's tensor envelope, asked by its front end) is kept as asked too, and
+ * a transport beyond it is refused. */
+static void test_transport_envelope(void **state)
+{
+    (void)state;
+    struct kvp_registration inst;
+    char msg[512];
+
+    assert_rc(choose(&offer_shm, KVP_REG_ENVELOPE, "SHM disabled by configuration", &inst, msg,
+                     sizeof(msg)),
+              0);
+    assert_int_equal(inst.transport, KVP_REG_ENVELOPE);
+    assert_string_equal(inst.reason, "SHM disabled by configuration");
+    assert_string_equal(kvp_reg_transport_name(inst.transport), "envelope");
+    assert_true(kvp_reg_transport_in_band(KVP_REG_ENVELOPE));
+    assert_true(kvp_reg_transport_in_band(KVP_REG_PICKLE));
+    assert_false(kvp_reg_transport_in_band(KVP_REG_INLINE));
+    assert_false(kvp_reg_transport_in_band(KVP_REG_SHM));
+    assert_rc(choose(&offer_inline, KVP_REG_ENVELOPE, "", &inst, msg, sizeof(msg)), 0);
+    assert_int_equal(inst.transport, KVP_REG_ENVELOPE);
+    assert_string_equal(inst.reason, NO_SHM_REASON);
+
+    struct kvp_registry *r = new_registry(&offer_shm);
+    struct kvp_reg_spec q = good_req("w5");
+    q.transport = KVP_REG_ENVELOPE;
+    assert_rc(kvp_registry_validate(r, &q, &inst, msg, sizeof(msg)), 0);
+    q.transport = KVP_REG_ENVELOPE + 1;
+    expect_invalid(r, &q, "4 (envelope)");
+    free_registry(r);
+}
+
 /* An instance on shm whose worker could not map the segment after all moves to pickle, once,
  * and only at its owner's request. */
 static void test_leave_shm(void **state)
@@ -398,6 +429,7 @@ int main(void)
         cmocka_unit_test(test_transport_auto_is_inline),
         cmocka_unit_test(test_transport_daemon_without_shm),
         cmocka_unit_test(test_transport_pickle),
+        cmocka_unit_test(test_transport_envelope),
         cmocka_unit_test(test_leave_shm),
     };
     return cmocka_run_group_tests(tests, quiet_log, NULL);

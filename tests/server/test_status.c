@@ -369,8 +369,8 @@ static void test_second_front_end(void **state)
 
 /*
  * Transports are named, never folded into "inline": an instance on LMCache's pickle transport
- * (no registration asks for it yet, so the snapshot is completed by hand) is "pickle" with its
- * reason, and a value without a name is "unknown" rather than a crash or a wrong name.
+ * (the snapshot is completed by hand) is "pickle" with its reason, one on its envelope transport
+ * "envelope", and a value without a name is "unknown" rather than a crash or a wrong name.
  */
 static void test_transport_names(void **state)
 {
@@ -382,8 +382,9 @@ static void test_transport_names(void **state)
     fx_register(&s, "p", 1, KVP_REG_INLINE, NULL);
     fx_register(&s, "x", 2, KVP_REG_INLINE, NULL);
     fx_register(&s, "i", 3, KVP_REG_INLINE, NULL);
+    fx_register(&s, "e", 4, KVP_REG_INLINE, NULL);
     assert_rc(kvp_snapshot_take(&s, KVP_SNAP_LISTS, &snap), 0);
-    assert_int_equal(snap.ninstances, 3);
+    assert_int_equal(snap.ninstances, 4);
     for (uint32_t n = 0; n < snap.ninstances; n++) {
         struct kvp_registration *r = &snap.instances[n].reg;
         if (strcmp(r->spec.instance_id, "p") == 0) {
@@ -392,6 +393,9 @@ static void test_transport_names(void **state)
             snprintf(r->reason, sizeof(r->reason), "no shared memory in the worker");
         } else if (strcmp(r->spec.instance_id, "x") == 0) {
             r->transport = 200;
+        } else if (strcmp(r->spec.instance_id, "e") == 0) {
+            r->transport = KVP_REG_ENVELOPE;
+            snprintf(r->frontend, sizeof(r->frontend), "lmcache");
         }
     }
     json_t *st = parse(kvp_status_json_render(&s, &snap));
@@ -402,11 +406,13 @@ static void test_transport_names(void **state)
                         "no shared memory in the worker");
     assert_string_equal(str(instance(st, "x"), "transport"), "unknown");
     assert_string_equal(str(instance(st, "i"), "transport"), "inline");
+    assert_string_equal(str(instance(st, "e"), "transport"), "envelope");
     json_decref(st);
 
     assert_string_equal(kvp_reg_transport_name(KVP_REG_SHM), "shm");
     assert_string_equal(kvp_reg_transport_name(KVP_REG_INLINE), "inline");
     assert_string_equal(kvp_reg_transport_name(KVP_REG_PICKLE), "pickle");
+    assert_string_equal(kvp_reg_transport_name(KVP_REG_ENVELOPE), "envelope");
     assert_string_equal(kvp_reg_transport_name(255), "unknown");
     fx_server_stop(&s);
 }

@@ -94,8 +94,9 @@ int kvp_op_unregister(struct kvp_owner *o, uint32_t handle, char *msg, size_t ms
 int kvp_op_leave_shm(struct kvp_owner *o, uint32_t handle, uint8_t transport, const char *reason,
                      char *msg, size_t msg_size)
 {
-    if (transport != KVP_REG_INLINE && transport != KVP_REG_PICKLE)
-        return fail(msg, msg_size, -EINVAL, "an instance leaves shm for inline or pickle only");
+    if (transport != KVP_REG_INLINE && !kvp_reg_transport_in_band(transport))
+        return fail(msg, msg_size, -EINVAL,
+                    "an instance leaves shm for inline, pickle or envelope only");
     int rc = kvp_registry_leave_shm(&o->srv->registry, handle, o->id, transport, reason);
     if (rc < 0)
         return fail(msg, msg_size, rc, "unknown instance handle 0x%08" PRIx32, handle);

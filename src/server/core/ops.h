@@ -133,8 +133,8 @@ int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec, const 
 
 /*
  * o's instance handle stops using the shared-memory segment: its worker turned out unable to
- * map it and moves its chunks through the front end (transport KVP_REG_INLINE or
- * KVP_REG_PICKLE, with reason for the reports). Returns 1 (moved, logged), 0 (not on shm) or
+ * map it and moves its chunks through the front end (transport KVP_REG_INLINE, KVP_REG_PICKLE
+ * or KVP_REG_ENVELOPE, with reason for the reports). Returns 1 (moved, logged), 0 (not on shm) or
  * -ENOENT.
  */
 int kvp_op_leave_shm(struct kvp_owner *o, uint32_t handle, uint8_t transport, const char *reason,

@@ -81,8 +81,8 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spe
         BAD("hidden_dim must be >= 1");
     if (req->use_mla > 1)
         BAD("use_mla must be 0 or 1");
-    if (req->transport > KVP_REG_PICKLE)
-        BAD("transport must be 0 (auto), 1 (shm), 2 (inline) or 3 (pickle)");
+    if (req->transport > KVP_REG_ENVELOPE)
+        BAD("transport must be 0 (auto), 1 (shm), 2 (inline), 3 (pickle) or 4 (envelope)");
     const struct kvp_dtype *dt = kvp_dtype_find(req->dtype);
     if (!dt)
         BAD("dtype '%s' is not supported (known: %s)", req->dtype, kvp_dtype_names());
@@ -115,10 +115,10 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
 {
     const struct kvp_reg_spec *req = &inst->spec;
 
-    if (req->transport == KVP_REG_PICKLE) {
-        /* The front end moves the chunks inside its own messages (LMCache's pickle transport):
-         * nothing to decide, the segment is never the worker's. */
-        inst->transport = KVP_REG_PICKLE;
+    if (kvp_reg_transport_in_band(req->transport)) {
+        /* The front end moves the chunks inside its own messages (LMCache's pickle or envelope
+         * transport): nothing to decide, the segment is never the worker's. */
+        inst->transport = req->transport;
         snprintf(inst->reason, sizeof(inst->reason), "%s",
                  req->reason[0]          ? req->reason
                  : !r->offer.shm_enabled ? r->offer.shm_reason
@@ -424,17 +424,27 @@ int kvp_registry_leave_shm(struct kvp_registry *r, uint32_t handle, uint64_t own
     return 1;
 }
 
+bool kvp_reg_transport_in_band(uint8_t transport)
+{
+    return transport == KVP_REG_PICKLE || transport == KVP_REG_ENVELOPE;
+}
+
 const char *kvp_reg_transport_name(uint8_t transport)
 {
-    static const char *const names[] = {
-        [KVP_REG_AUTO] = "auto",
-        [KVP_REG_SHM] = "shm",
-        [KVP_REG_INLINE] = "inline",
-        [KVP_REG_PICKLE] = "pickle",
-    };
-    if (transport >= sizeof(names) / sizeof(names[0]) || !names[transport])
+    switch (transport) {
+    case KVP_REG_AUTO:
+        return "auto";
+    case KVP_REG_SHM:
+        return "shm";
+    case KVP_REG_INLINE:
+        return "inline";
+    case KVP_REG_PICKLE:
+        return "pickle";
+    case KVP_REG_ENVELOPE:
+        return "envelope";
+    default:
         return "unknown";
-    return names[transport];
+    }
 }
 
 /* Order of the groups: by front end, then transport. */

@@ -24,20 +24,27 @@
 
 /*
  * How an instance's chunks travel. A registration asks for AUTO, SHM or INLINE; the registry
- * settles on SHM or INLINE (kvp_registry_choose_transport()). PICKLE is LMCache's pickle
- * transport (the chunks travel inside the front end's messages, docs/LMCACHE.md): only a front
- * end that serves it asks for it, and it is kept as asked. The reports name every value through
- * kvp_reg_transport_name(), so a value added here is shown by its own name everywhere.
+ * settles on SHM or INLINE (kvp_registry_choose_transport()). PICKLE and ENVELOPE are LMCache's
+ * transports without shared memory, where the chunks travel inside the front end's messages
+ * (docs/LMCACHE.md): a torch pickle up to LMCache 0.5.6, a msgpack tensor envelope from 0.5.7 on.
+ * Only a front end that serves them asks for them, and they are kept as asked. The reports name
+ * every value through kvp_reg_transport_name(), so a value added here is shown by its own name
+ * everywhere.
  */
 enum kvp_reg_transport {
     KVP_REG_AUTO = 0,
     KVP_REG_SHM = 1,
     KVP_REG_INLINE = 2,
     KVP_REG_PICKLE = 3,
+    KVP_REG_ENVELOPE = 4,
 };
 
-/* The name of a transport in the reports and logs: "auto", "shm", "inline", "pickle", or
- * "unknown" for a value without one. Never NULL; a static string. */
+/* Whether chunks of this transport travel inside a front end's own messages (PICKLE,
+ * ENVELOPE): the front end reserves and copies them itself. */
+bool kvp_reg_transport_in_band(uint8_t transport);
+
+/* The name of a transport in the reports and logs: "auto", "shm", "inline", "pickle",
+ * "envelope", or "unknown" for a value without one. Never NULL; a static string. */
 const char *kvp_reg_transport_name(uint8_t transport);
 
 /*
@@ -68,7 +75,7 @@ struct kvp_registration {
     struct kvp_reg_spec spec;
     struct kvp_chunk_layout layout;
     uint32_t dtype_size;
-    uint8_t transport; /* KVP_REG_SHM, KVP_REG_INLINE or KVP_REG_PICKLE */
+    uint8_t transport; /* KVP_REG_SHM, KVP_REG_INLINE, KVP_REG_PICKLE or KVP_REG_ENVELOPE */
     char reason[KVP_MAX_REASON + 1];
     /* The key chain's seed for requests without a salt, computed once at registration
      * (kvp_registration_key_ns() with no salt). */
@@ -193,7 +200,7 @@ uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint6
 
 /*
  * Instance handle of owner stops using the segment (its worker could not map it after all): an
- * instance on the shm transport moves to transport (KVP_REG_INLINE or KVP_REG_PICKLE) with
+ * instance on the shm transport moves to transport (KVP_REG_INLINE, or an in-band one) with
  * reason, logged, so that a commit through the segment is refused from now on. Returns 1 when
  * it moved, 0 when it was not on shm, -ENOENT (unknown, or another owner's).
  */

@@ -13,7 +13,8 @@
  *
  * Every instance and every client is reported with the front end that registered or serves it
  * ("front_end": "kvpool", "lmcache"; owner.h), and every transport by its own name
- * (kvp_reg_transport_name(): "shm", "inline", "pickle", ...), never folded into another.
+ * (kvp_reg_transport_name(): "shm", "inline", "pickle", "envelope", ...), never folded into
+ * another.
  *
  * Strings that come from workers (instance ids, model names, reasons) are not guaranteed to be
  * UTF-8, which JSON requires: such a string is reported with every non-ASCII byte replaced by
