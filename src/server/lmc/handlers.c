@@ -103,7 +103,8 @@ static bool h_register(struct lmc_front *f, const struct lmc_req *r)
     if (lmc_decode_register(r->p[0], r->n[0], &m, why, sizeof(why)))
         return register_malformed(f, why);
     lmc_inst_register(f, &m, &a);
-    lmc_encode_register_reply(&f->out, a.shm_name, a.pool_size, a.error[0] ? a.error : NULL);
+    /* In the form of the worker's version: 0.5.7's reply has null_block_id. */
+    lmc_encode_register_reply_to(&f->out, &m, a.shm_name, a.pool_size, a.error[0] ? a.error : NULL);
     return true;
 }
 
@@ -157,17 +158,20 @@ static bool h_commit_store(struct lmc_front *f, const struct lmc_req *r)
 }
 
 /*
- * The hit of a pickle-mode instance, {"success": true, "data": <pickle>, "context": {}}, the
- * pickle written by the encoder straight from the pinned slots into the value frame (the
- * transport's buffer when value_alloc is set, else f->out): one copy of each chunk.
+ * The hit of an in-band instance, {"success": true, "data": <chunks>, "context": {}}: the chunks
+ * in a tensor envelope for a 0.5.7 worker, in a pickle for an older one, written by the encoder
+ * straight from the pinned slots into the value frame (the transport's buffer when value_alloc
+ * is set, else f->out): one copy of each chunk.
  */
-static bool put_pickle_retrieve(struct lmc_front *f, const struct lmc_slots *s)
+static bool put_in_band_retrieve(struct lmc_front *f, const struct lmc_slots *s)
 {
     struct lmc_mp_writer *w = &f->out;
     uint64_t size;
     uint8_t tail[16];
 
-    if (kvp_tpickle_encoded_size(s->tpl, s->n, &size) || size > UINT32_MAX)
+    int rc = s->envelope ? kvp_envelope_encoded_size(s->etpl, s->n, &size)
+                         : kvp_tpickle_encoded_size(s->tpl, s->n, &size);
+    if (rc || size > UINT32_MAX)
         return false;
     lmc_mp_put_map(w, 3);
     lmc_mp_put_cstr(w, "success");
@@ -195,7 +199,9 @@ static bool put_pickle_retrieve(struct lmc_front *f, const struct lmc_slots *s)
         if (!data)
             return false;
     }
-    if (kvp_tpickle_encode(s->tpl, s->n, s->chunks, data, (size_t)size) != (int64_t)size) {
+    int64_t wrote = s->envelope ? kvp_envelope_encode(s->etpl, s->n, s->chunks, data, (size_t)size)
+                                : kvp_tpickle_encode(s->tpl, s->n, s->chunks, data, (size_t)size);
+    if (wrote != (int64_t)size) {
         f->value_external = false;
         return false;
     }
@@ -212,9 +218,9 @@ static bool h_prepare_retrieve(struct lmc_front *f, const struct lmc_req *r)
     if (!worker_args(f, r, &k, &iid, why, sizeof(why)))
         return malformed(f, r, why);
     bool hit = lmc_prepare_retrieve(f, iid, &k, &s);
-    if (hit && s.pickle) {
-        hit = put_pickle_retrieve(f, &s);
-        lmc_retrieve_pickle_end(f, hit); /* the reply holds the bytes now: unpinned */
+    if (hit && s.in_band) {
+        hit = put_in_band_retrieve(f, &s);
+        lmc_retrieve_in_band_end(f, hit); /* the reply holds the bytes now: unpinned */
         if (hit)
             return true;
         log_warn_rl("LMCache prepare_retrieve of instance %" PRIu64 ": no memory for a reply of "

@@ -30,6 +30,17 @@
  * so a job is always done when query or wait see it: they return its hit count (a chunk
  * count) once and 0 afterwards, and for unknown ids.
  *
+ * Transports. An instance is offered the shared segment when there is a named one; otherwise its
+ * chunks travel inside the messages ("in band"), in the form of its worker's version: a torch
+ * pickle up to LMCache 0.5.6 (torch_pickle.h), a tensor envelope from 0.5.7 on (envelope.h; a
+ * registration with group_layouts is a 0.5.7 one). Only a commit shows what the worker really
+ * does: a commit that carries chunks from an instance offered the segment means its worker
+ * could not map it, and moves the instance to the in-band transport of the commit's form for
+ * good. Each in-band commit is decoded by its own first byte (kvp_envelope_sniff()), and each
+ * in-band retrieve answers in the form the key shows the worker reads: a 0.5.7 key carries
+ * token_bytes, an older one token_ids. So the version is decided per message, and workers of
+ * every version share one daemon, and their chunks (the keys do not depend on the form).
+ *
  * Liveness. Registration, pings with the instance's id and every prepare and commit refresh an
  * instance; a ping also marks it as pinging. lmc_state_tick() reaps an instance silent longer
  * than --lmcache-reap-timeout (pinged) or --lmcache-registration-grace (never pinged): the
@@ -55,6 +66,12 @@
 #include "core/owner.h"
 #include "core/seg_guard.h"
 #include "core/stats.h"
+#include "lmc/envelope.h"
+
+/* The largest in-band commit is bounded by one value for both forms (lmc_max_value_frame()). */
+_Static_assert(KVP_ENVELOPE_TENSOR_OVERHEAD <= KVP_TPICKLE_TENSOR_OVERHEAD &&
+                   KVP_ENVELOPE_STREAM_OVERHEAD <= KVP_TPICKLE_STREAM_OVERHEAD,
+               "an envelope's overheads exceed the pickle's that bound a frame");
 
 #define JOB_BUCKETS 1024u
 
@@ -75,11 +92,14 @@ struct inst {
     struct kvp_registration reg;
     struct lmc_register asked; /* what the worker sent, to compare a re-registration */
     bool shm;                  /* the segment was offered */
-    bool pickle;               /* its chunks travel pickled: offered no segment, or fell back */
+    bool in_band;              /* its chunks travel in the messages: no segment, or fell back */
     bool tpl_ok;               /* tpl and exp describe its chunk */
-    uint32_t max_chunks;       /* chunks one pickle commit may carry (what the pool holds) */
+    bool etpl_ok;              /* etpl and eexp too */
+    uint32_t max_chunks;       /* chunks one in-band commit may carry (what the pool holds) */
     struct kvp_tpickle_expect exp;
     struct kvp_tpickle_template tpl;
+    struct kvp_envelope_expect eexp;
+    struct kvp_envelope_template etpl;
     int32_t rank;  /* the worker_id of its requests, -1 before the first */
     uint64_t peer; /* the connection that registered it last (--max-instances-per-client) */
     uint64_t last_seen_ms;
@@ -132,10 +152,12 @@ struct lmc_state {
     uint32_t seg_epoch; /* kvp_seg_guard_epoch() when the instances were last checked */
     struct lmc_slot slots[KVP_MAX_CHUNKS];
     uint32_t idx[KVP_MAX_CHUNKS];
-    struct kvp_tpickle_tensor tens[KVP_MAX_CHUNKS]; /* a pickle commit's chunks in its frame */
-    const uint8_t *chunks[KVP_MAX_CHUNKS];          /* a pickle retrieve's chunks in the pool */
-    struct inst *rin;                               /* whose pickle retrieve is pinned ... */
-    struct kvp_op_slots rres;                       /* ... and what it pinned */
+    struct kvp_tpickle_tensor tens[KVP_MAX_CHUNKS];   /* a pickle commit's chunks in its frame */
+    struct kvp_envelope_tensor etens[KVP_MAX_CHUNKS]; /* an envelope commit's */
+    const uint8_t *src[KVP_MAX_CHUNKS];               /* either, in range order */
+    const uint8_t *chunks[KVP_MAX_CHUNKS];            /* an in-band retrieve's chunks in the pool */
+    struct inst *rin;                                 /* whose in-band retrieve is pinned ... */
+    struct kvp_op_slots rres;                         /* ... and what it pinned */
     uint64_t next_reap_ms;
     char msg[KVP_MAX_ERRMSG + 1];
 };
@@ -269,16 +291,18 @@ static const char *refusal(struct lmc_front *f, const struct lmc_register *m, ch
     return NULL;
 }
 
-/* The pickle transport's view of an instance's chunk: what a commit must carry, how many
- * chunks at most (what the pool can hold, and KVP_MAX_CHUNKS), the reply's pieces. */
-static void pickle_setup(struct lmc_front *f, struct inst *in)
+/* The in-band transports' view of an instance's chunk: what a commit must carry, how many
+ * chunks at most (what the pool can hold, and KVP_MAX_CHUNKS), the replies' pieces, for the
+ * pickle and for the envelope. */
+static void in_band_setup(struct lmc_front *f, struct inst *in)
 {
     struct kvp_tpickle_layout *l = &in->exp.layout;
+    struct kvp_envelope_layout *el = &in->eexp.layout;
     char why[160];
-    l->dtype = in->reg.spec.dtype;
-    l->ndim = in->reg.layout.ndim;
+    l->dtype = el->dtype = in->reg.spec.dtype;
+    l->ndim = el->ndim = in->reg.layout.ndim;
     for (uint32_t i = 0; i < l->ndim; i++)
-        l->shape[i] = in->reg.layout.shape[i];
+        l->shape[i] = el->shape[i] = in->reg.layout.shape[i];
     uint64_t fit = f->srv->cfg.l1_size / in->reg.layout.bytes;
     in->max_chunks = fit < KVP_MAX_CHUNKS ? (uint32_t)fit : KVP_MAX_CHUNKS;
     in->tpl_ok = kvp_tpickle_template_init(&in->tpl, l, why, sizeof(why)) == 0;
@@ -286,12 +310,18 @@ static void pickle_setup(struct lmc_front *f, struct inst *in)
         log_warn("LMCache instance %" PRIu64 ": its chunks have no pickle form (%s); pickle "
                  "commits will be refused",
                  in->iid, why);
+    in->etpl_ok = kvp_envelope_template_init(&in->etpl, el, why, sizeof(why)) == 0;
+    if (!in->etpl_ok)
+        log_warn("LMCache instance %" PRIu64 ": its chunks have no tensor envelope form (%s); "
+                 "envelope commits will be refused",
+                 in->iid, why);
 }
 
 uint64_t lmc_max_value_frame(uint64_t l1_size)
 {
     /* n chunks of b bytes fit the pool (n * b <= l1_size) and n <= KVP_MAX_CHUNKS, so any
-     * registration's kvp_tpickle_max_payload() is at most this; 5: a bin32 header. */
+     * registration's kvp_tpickle_max_payload() is at most this, and so is its
+     * kvp_envelope_max_payload() (smaller overheads, asserted above); 5: a bin32 header. */
     return 5 + KVP_TPICKLE_STREAM_OVERHEAD + l1_size +
            (uint64_t)KVP_MAX_CHUNKS * KVP_TPICKLE_TENSOR_OVERHEAD;
 }
@@ -382,8 +412,9 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
         if (shm_offered(f->srv)) {
             spec.transport = KVP_REG_SHM;
         } else {
-            /* The chunks then travel pickled inside the messages. */
-            spec.transport = KVP_REG_PICKLE;
+            /* The chunks then travel inside the messages, as the worker's version sends them:
+             * a 0.5.7 registration (it has group_layouts) in a tensor envelope. */
+            spec.transport = m->has_group_layouts ? KVP_REG_ENVELOPE : KVP_REG_PICKLE;
             snprintf(spec.reason, sizeof(spec.reason), "%s",
                      f->srv->seg.memfd         ? "--shm-backend memfd: LMCache workers open the "
                                                  "segment by name"
@@ -401,8 +432,8 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
             in->registered = true;
             in->handle = in->reg.handle;
             in->shm = in->reg.transport == KVP_REG_SHM && !f->srv->seg.memfd;
-            in->pickle = in->reg.transport == KVP_REG_PICKLE;
-            pickle_setup(f, in);
+            in->in_band = kvp_reg_transport_in_band(in->reg.transport);
+            in_band_setup(f, in);
         } else {
             kvp_owner_destroy(&in->owner);
             snprintf(why, sizeof(why), "%s", st->msg);
@@ -422,8 +453,13 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
     answer_offer(f, in, a);
     log_info("Registered non-GPU context for instance %" PRIu64 " (model=%s, world_size=%u)",
              m->instance_id, m->model_name, m->world_size);
-    /* The registry logged "Instance lmcache-<id> non-GPU context using ... transport (...)". */
-    log_info("Using %s non-GPU transfer strategy", a->shm_name[0] ? "shm" : "pickle");
+    /* The registry logged "Instance lmcache-<id> non-GPU context using ... transport (...)";
+     * this is the strategy line of `lmcache server` of the worker's version. */
+    if (m->has_group_layouts)
+        log_info("Using %s engine-driven transfer strategy",
+                 a->shm_name[0] ? "shm" : "safe inline");
+    else
+        log_info("Using %s non-GPU transfer strategy", a->shm_name[0] ? "shm" : "pickle");
 }
 
 static void release_job_pins_of(struct lmc_state *st, uint64_t iid);
@@ -432,7 +468,8 @@ static void release_job_pins_of(struct lmc_state *st, uint64_t iid);
  * Once the shared segment is lost (seg_guard.h), no instance can be served through it, and an
  * LMCache worker cannot change its transport by itself: each instance on shared memory is
  * dropped (everything it held released) and its next ping answered false, so that the worker's
- * heartbeat registers it again, and the registration gives it its pickle transport.
+ * heartbeat registers it again, and the registration gives it its in-band transport (pickle, or
+ * the envelope for a 0.5.7 worker).
  */
 static void check_segment(struct lmc_front *f)
 {
@@ -443,14 +480,15 @@ static void check_segment(struct lmc_front *f)
     st->seg_epoch = epoch;
     for (uint32_t i = 0; i < st->ninst;) {
         struct inst *in = st->inst[i];
-        if (!in->registered || !in->shm || in->pickle) {
+        if (!in->registered || !in->shm || in->in_band) {
             i++;
             continue;
         }
         log_warn("LMCache instance %" PRIu64 " lost its shared memory (%s): dropped, and its "
                  "next ping is answered false so that its worker registers again, on its "
-                 "pickle transport",
-                 in->iid, kvp_seg_guard_reason());
+                 "%s transport",
+                 in->iid, kvp_seg_guard_reason(),
+                 in->asked.has_group_layouts ? "envelope" : "pickle");
         release_job_pins_of(st, in->iid);
         remember_gone(st, in->iid, GONE_REAPED);
         drop_inst(st, in); /* moves the last instance into slot i */
@@ -642,8 +680,8 @@ void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *
     struct inst *in = worker_inst(f, iid, k, "prepare_store");
     if (!in)
         return;
-    if (in->pickle || !in->shm) {
-        /* Its commit carries the chunks and reserves then, as upstream's pickle strategy. */
+    if (in->in_band || !in->shm) {
+        /* Its commit carries the chunks and reserves then, as upstream's in-band strategies. */
         out->no_buffers = true;
         return;
     }
@@ -664,22 +702,54 @@ void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *
     fill_slots(st, in, &res, out);
 }
 
-/* A pickle commit of instance in: the range's chunks reserved, decoded from data, copied into
- * their slots, published. True when every chunk is stored (or already was, or is being stored
- * by another worker). */
-static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc_key *k,
-                          const uint8_t *data, uint64_t len)
+/* Decodes an in-band commit's data (a pickle, or an envelope when envelope) against the
+ * instance's chunk, exactly nchunks tensors, into st->src. Returns 0, or a negative errno with
+ * the reason in why. */
+static int in_band_decode(struct lmc_state *st, const struct inst *in, bool envelope,
+                          const uint8_t *data, uint64_t len, uint32_t nchunks, char *why,
+                          size_t why_size)
+{
+    uint32_t n = 0;
+    int rc;
+    if (envelope) {
+        struct kvp_envelope_expect exp = in->eexp;
+        exp.min_tensors = exp.max_tensors = nchunks;
+        rc = kvp_envelope_decode(data, (size_t)len, &exp, st->etens, KVP_MAX_CHUNKS, &n, why,
+                                 why_size);
+        for (uint32_t i = 0; rc == 0 && i < n; i++)
+            st->src[i] = st->etens[i].data;
+    } else {
+        struct kvp_tpickle_expect exp = in->exp;
+        exp.min_tensors = exp.max_tensors = nchunks;
+        rc = kvp_tpickle_decode(data, (size_t)len, &exp, st->tens, KVP_MAX_CHUNKS, &n, why,
+                                why_size);
+        for (uint32_t i = 0; rc == 0 && i < n; i++)
+            st->src[i] = st->tens[i].data;
+    }
+    if (rc == 0 && n != nchunks) {
+        /* The decoders hold min_tensors = max_tensors: never reached. */
+        snprintf(why, why_size, "%u tensors for %u chunks", n, nchunks);
+        rc = -EPROTO;
+    }
+    return rc;
+}
+
+/* An in-band commit of instance in (a pickle, or an envelope when envelope): the range's chunks
+ * decoded from data, reserved, copied into their slots, published. True when every chunk is
+ * stored (or already was, or is being stored by another worker). */
+static bool in_band_commit(struct lmc_front *f, struct inst *in, const struct lmc_key *k,
+                           bool envelope, const uint8_t *data, uint64_t len)
 {
     struct lmc_state *st = f->st;
     struct kvp_op_slots res, io;
     struct kvp_key_src src;
     char why[200];
-    uint32_t n = 0;
+    const char *form = envelope ? "tensor envelope" : "pickle";
 
-    if (!in->tpl_ok) {
-        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit refused (its dtype has no "
-                    "pickle form)",
-                    in->iid);
+    if (envelope ? !in->etpl_ok : !in->tpl_ok) {
+        log_warn_rl("LMCache instance %" PRIu64 ": a %s commit refused (its dtype has no %s "
+                    "form)",
+                    in->iid, form, form);
         return false;
     }
     /* Decoded and checked before anything is reserved: a reservation may evict, and a
@@ -687,8 +757,6 @@ static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc
     uint32_t first, nchunks = 0;
     int rc = kvp_chunk_range(k->start, k->end, k->ntokens, f->srv->cfg.chunk_tokens, KVP_MAX_CHUNKS,
                              &first, &nchunks, why, sizeof(why));
-    struct kvp_tpickle_expect exp = in->exp;
-    exp.min_tensors = exp.max_tensors = nchunks;
     if (rc) {
         /* why says what is wrong with the range */
     } else if (nchunks > in->max_chunks) {
@@ -699,14 +767,13 @@ static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc
         snprintf(why, sizeof(why), "the range [%u, %u) has no full chunk", k->start, k->end);
         rc = -EINVAL;
     } else {
-        rc = kvp_tpickle_decode(data, (size_t)len, &exp, st->tens, KVP_MAX_CHUNKS, &n, why,
-                                sizeof(why));
+        rc = in_band_decode(st, in, envelope, data, len, nchunks, why, sizeof(why));
     }
     if (rc) {
         KVP_COUNT(lmcache_malformed, 1);
-        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit of %" PRIu64
+        log_warn_rl("LMCache instance %" PRIu64 ": a %s commit of %" PRIu64
                     " bytes refused, nothing stored: %s",
-                    in->iid, len, why);
+                    in->iid, form, len, why);
         return false;
     }
     key_src(f, k, k->worker_id, false, &src);
@@ -720,8 +787,8 @@ static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc
         if (res.id)
             kvp_op_abort_store(&in->owner, in->handle, res.id, KVP_DROP_ABORT, st->msg,
                                sizeof(st->msg));
-        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit of %u chunks found %u", in->iid,
-                    nchunks, res.nchunks);
+        log_warn_rl("LMCache instance %" PRIu64 ": a %s commit of %u chunks found %u", in->iid,
+                    form, nchunks, res.nchunks);
         return false;
     }
     if (res.no_space)
@@ -738,16 +805,16 @@ static bool pickle_commit(struct lmc_front *f, struct inst *in, const struct lmc
                                    (uint64_t)nslots * res.chunk_bytes, &io, st->msg,
                                    sizeof(st->msg));
     if (rc) {
-        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit failed: %s", in->iid, st->msg);
+        log_warn_rl("LMCache instance %" PRIu64 ": a %s commit failed: %s", in->iid, form, st->msg);
         return false;
     }
     /* One copy, from the received frame into the reserved slots. */
     for (uint32_t j = 0; j < nslots; j++)
-        memcpy(io.iov[j].iov_base, st->tens[st->idx[j]].data, io.iov[j].iov_len);
+        memcpy(io.iov[j].iov_base, st->src[st->idx[j]], io.iov[j].iov_len);
     rc = kvp_op_commit_store(&in->owner, in->handle, res.id, KVP_VIA_INLINE, st->msg,
                              sizeof(st->msg));
     if (rc < 0)
-        log_warn_rl("LMCache instance %" PRIu64 ": a pickle commit failed: %s", in->iid, st->msg);
+        log_warn_rl("LMCache instance %" PRIu64 ": a %s commit failed: %s", in->iid, form, st->msg);
     return rc >= 0 && (uint32_t)rc == nslots && res.no_space == 0;
 }
 
@@ -769,22 +836,25 @@ bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k
         return false;
     }
     if (data_len > 0) {
-        /* A pickle commit. The slots a prepare reserved for it were never written. */
+        /* The chunks themselves: LMCache 0.5.7's tensor envelope (a msgpack map), or an older
+         * worker's pickle. The slots a prepare reserved for it were never written. */
+        bool envelope = kvp_envelope_sniff(data, (size_t)data_len);
+        uint8_t form = envelope ? KVP_REG_ENVELOPE : KVP_REG_PICKLE;
         if (p) {
             end_pending(in, p, st);
             pending_remove(in, p);
         }
-        if (!in->pickle) {
-            /* Offered the segment, it could not map it: its pickle transport from now on. */
+        if (!in->in_band) {
+            /* Offered the segment, it could not map it: in band from now on. */
             char why[KVP_MAX_REASON + 1];
             snprintf(why, sizeof(why), "could not map %s", f->srv->seg.name);
-            log_warn("LMCache instance %" PRIu64 " fell back to the pickle transport (could not "
+            log_warn("LMCache instance %" PRIu64 " fell back to the %s transport (could not "
                      "map %s: check its uid, --shm-mode and a shared /dev/shm)",
-                     iid, f->srv->seg.name);
-            kvp_op_leave_shm(&in->owner, in->handle, KVP_REG_PICKLE, why, st->msg, sizeof(st->msg));
-            in->pickle = true;
+                     iid, kvp_reg_transport_name(form), f->srv->seg.name);
+            kvp_op_leave_shm(&in->owner, in->handle, form, why, st->msg, sizeof(st->msg));
+            in->in_band = true;
         }
-        return pickle_commit(f, in, k, data, data_len);
+        return in_band_commit(f, in, k, envelope, data, data_len);
     }
     if (!p)
         return false;
@@ -797,14 +867,16 @@ bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k
 static struct job *job_find(struct lmc_state *st, const char *rid);
 static void job_claim(struct lmc_state *st, struct job *j, uint32_t rank);
 
-/* A pickle instance's prepare_retrieve: every chunk of the range pinned (or a miss) until
- * lmc_retrieve_pickle_end(), after the handler encoded them into its reply. */
-static bool pickle_retrieve(struct lmc_front *f, struct inst *in, const struct lmc_key *k,
-                            const struct kvp_key_src *src, struct lmc_slots *out)
+/* An in-band instance's prepare_retrieve: every chunk of the range pinned (or a miss) until
+ * lmc_retrieve_in_band_end(), after the handler encoded them into its reply: a tensor envelope
+ * for a 0.5.7 worker (its key has token_bytes), a pickle for an older one. */
+static bool in_band_retrieve(struct lmc_front *f, struct inst *in, const struct lmc_key *k,
+                             const struct kvp_key_src *src, struct lmc_slots *out)
 {
     struct lmc_state *st = f->st;
     struct kvp_op_slots *res = &st->rres;
-    if (!in->tpl_ok)
+    bool envelope = k->token_form == LMC_TOKENS_BYTES;
+    if (envelope ? !in->etpl_ok : !in->tpl_ok)
         return false;
     int rc = kvp_op_retrieve_inline_begin(&in->owner, in->handle, src, res, st->msg,
                                           sizeof(st->msg));
@@ -821,16 +893,18 @@ static bool pickle_retrieve(struct lmc_front *f, struct inst *in, const struct l
         st->chunks[j] = res->iov[j].iov_base;
     st->rin = in;
     out->n = res->nslots;
-    out->pickle = true;
+    out->in_band = true;
+    out->envelope = envelope;
     out->chunks = st->chunks;
     out->tpl = &in->tpl;
+    out->etpl = &in->etpl;
     struct job *j = job_find(st, k->request_id);
     if (j)
         job_claim(st, j, k->worker_id);
     return true;
 }
 
-void lmc_retrieve_pickle_end(struct lmc_front *f, bool sent)
+void lmc_retrieve_in_band_end(struct lmc_front *f, bool sent)
 {
     struct lmc_state *st = f->st;
     if (!st->rin)
@@ -852,8 +926,8 @@ bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_ke
     if (!in)
         return false;
     key_src(f, k, k->worker_id, false, &src);
-    if (in->pickle)
-        return pickle_retrieve(f, in, k, &src, out);
+    if (in->in_band)
+        return in_band_retrieve(f, in, k, &src, out);
     if (!in->shm)
         return false;
     int rc = kvp_op_prepare_retrieve(&in->owner, in->handle, &src, &res, st->msg, sizeof(st->msg));

@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "lmc/envelope.h"
 #include "lmc/front.h"
 #include "lmc/messages.h"
 #include "lmc/torch_pickle.h"
@@ -53,24 +54,28 @@ struct lmc_slots {
     struct lmc_slot *slots; /* LMC state scratch: valid until the next request */
     uint32_t *chunk_indices;
     struct lmc_slot_shape shape;
-    bool no_buffers; /* prepare_store: answer {} (a pickle-mode instance) */
-    /* prepare_retrieve of a pickle-mode instance: the chunks to encode (n of them, pinned
-     * until lmc_retrieve_pickle_end()) with the instance's reply template. */
-    bool pickle;
+    bool no_buffers; /* prepare_store: answer {} (an in-band instance) */
+    /* prepare_retrieve of an in-band instance: the chunks to encode (n of them, pinned until
+     * lmc_retrieve_in_band_end()) in a tensor envelope (envelope: etpl) or a pickle (tpl). */
+    bool in_band;
+    bool envelope;
     const uint8_t *const *chunks;
     const struct kvp_tpickle_template *tpl;
+    const struct kvp_envelope_template *etpl;
 };
 
 void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                        struct lmc_slots *out);
-/* A commit: data_len 0 publishes the pending prepare's slots; otherwise data is a pickle of the
- * range's chunks (never unpickled: torch_pickle.h recognises it), copied into fresh slots. */
+/* A commit: data_len 0 publishes the pending prepare's slots; otherwise data carries the range's
+ * chunks, a tensor envelope (LMCache 0.5.7, envelope.h) or a pickle (older workers; never
+ * unpickled: torch_pickle.h recognises it), decoded, then copied into fresh slots. */
 bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                       const uint8_t *data, uint64_t data_len);
 bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
                           struct lmc_slots *out);
-/* Ends a pickle prepare_retrieve's pins once its reply is built (sent: counted as retrieved). */
-void lmc_retrieve_pickle_end(struct lmc_front *f, bool sent);
+/* Ends an in-band prepare_retrieve's pins once its reply is built (sent: counted as
+ * retrieved). */
+void lmc_retrieve_in_band_end(struct lmc_front *f, bool sent);
 bool lmc_commit_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k);
 
 void lmc_lookup(struct lmc_front *f, const struct lmc_key *k);

@@ -771,7 +771,7 @@ int lmc_listener_start(struct lmc_listener *l)
     bool shm = s->seg.shared && !s->seg.memfd;
     log_info("LMCache front end listening on %s (chunk size %u tokens; %s%s)", l->url,
              s->cfg.chunk_tokens, shm ? "shared memory " : "no named shared memory: ",
-             shm ? s->seg.name : "workers use their pickle transport");
+             shm ? s->seg.name : "workers use their pickle or envelope transport");
     return 0;
 }
 
