@@ -113,7 +113,8 @@
     XX(lmcache_unsupported, "lmcache_unsupported_requests", "", "",                               \
        "LMCache requests of an operation kvpoold does not serve (GPU, CacheBlend, P2P, unknown)") \
     XX(lmcache_dropped, "lmcache_dropped_messages", "", "",                                       \
-       "LMCache messages that could not be answered (fewer than 3 frames, stream control)")       \
+       "LMCache messages that could not be answered (fewer than 3 frames, stream control of "     \
+       "no open stream)")                                                                         \
     XX(lmcache_replies_lost, "lmcache_replies_lost", "", "",                                      \
        "LMCache replies not delivered (the client had gone or stopped reading)")                  \
     XX(lmcache_reaped, "lmcache_reaped_instances", "", "",                                        \
@@ -132,7 +133,10 @@
        "LMCache commits refused because another connection made their prepare")                   \
     XX(lmcache_unknown_pings, "lmcache_unknown_instance_pings", "", "",                           \
        "pings of LMCache instances this kvpoold had not registered (a worker from before a "      \
-       "restart), answered false once so that the worker registers again")
+       "restart), answered false once so that the worker registers again")                        \
+    XX(lmcache_kv_event_subscriptions, "lmcache_kv_event_subscriptions", "", "",                  \
+       "LMCache KV event subscriptions (0.5.7), each answered that kvpoold records no KV "        \
+       "events, then ended")
 
 #define KVP_GAUGE_MAP(XX)                                                                     \
     XX(pool_size, "pool_capacity_bytes", "", "", "bytes of the L1 pool")                      \

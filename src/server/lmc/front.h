@@ -54,6 +54,12 @@ struct lmc_front {
     struct lmc_state *st; /* instances.c */
     uint64_t warned_ops;  /* bit per unsupported operation id already logged at WARN */
     bool warned_unknown;
+    /* Set by a handler whose reply opens a stream (subscribe_kv_events): the listener then
+     * keeps the request's identity, uid and operation frames to end the stream with later. */
+    bool stream_opened;
+    /* This run of the front end, for LMCache's KV event stream: the wall clock at start-up in
+     * nanoseconds, as `lmcache server` gives its own incarnation. */
+    uint64_t incarnation;
 };
 
 /*

@@ -3,12 +3,16 @@
  * (instances.c, over the core's operations), encode the reply (docs/LMCACHE.md is the
  * contract).
  *
- * The dispatch table gives each served operation the payload counts LMCache 0.5.5 and 0.5.6
- * send (ping, clear and end_session have a shorter older form). Every request is answered:
+ * The dispatch table gives each served operation the payload counts LMCache 0.5.5, 0.5.6 and
+ * 0.5.7 send (ping, clear and end_session have a shorter older form; 0.5.7 adds a third payload
+ * to prepare_store and free_lookup_locks, and two operations sent by name,
+ * negotiate_chunk_size and subscribe_kv_events). The version is decided per request, from what
+ * the request carries, never per connection: one daemon serves workers of every version at
+ * once. Every request is answered:
  *   - a served operation whose payloads do not decode, or whose count is wrong, gets its
  *     operation's negative reply (messages.c) and one rate-limited WARN naming the problem;
- *   - an operation kvpoold does not serve (GPU transfers, CacheBlend, P2P, the KV event stream,
- *     server modules, an unknown id or name) gets the negative reply its type allows, a WARN
+ *   - an operation kvpoold does not serve (GPU transfers, CacheBlend, P2P, server modules, an
+ *     unknown id or name) gets the negative reply its type allows, a WARN
  *     the first time it is seen (GPU registrations: an ERROR that names the fix), and is
  *     counted. Payloads of those are never decoded: a GPU registration carries pickled ext
  *     values that kvpoold must not touch.
@@ -19,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/log.h"
 #include "core/daemon.h"
@@ -53,6 +58,65 @@ static bool h_get_chunk_size(struct lmc_front *f, const struct lmc_req *r)
 {
     (void)r;
     lmc_mp_put_uint(&f->out, f->srv->cfg.chunk_tokens);
+    return true;
+}
+
+/*
+ * LMCache 0.5.7's connector asks for the chunk size by name with the alignment its model needs
+ * (vLLM's block size). kvpoold's chunk size is --chunk-size, fixed (its keys are chunked by it),
+ * so the answer is always that size: `lmcache server` raises and sends nothing when the size it
+ * chose does not fit, and the worker waits out its timeout; the connector checks the answer
+ * itself and stops with its own message. Never anything but the size, not even for a request
+ * that does not decode: the connector would call int() on None.
+ */
+static bool h_negotiate_chunk_size(struct lmc_front *f, const struct lmc_req *r)
+{
+    uint32_t C = f->srv->cfg.chunk_tokens;
+    int64_t align;
+    if (r->npayloads == 1 && lmc_decode_int(r->p[0], r->n[0], 1, INT32_MAX, &align) == 0) {
+        if (C % (uint64_t)align) {
+            uint64_t up = ((uint64_t)C + (uint64_t)align - 1) / (uint64_t)align * (uint64_t)align;
+            log_warn_rl("An LMCache worker needs a chunk size that is a multiple of %" PRId64
+                        ", and kvpoold's is %u: answered %u, which its connector refuses; start "
+                        "kvpoold with --chunk-size %" PRIu64 " (or another multiple of %" PRId64
+                        ")",
+                        align, C, C, up, align);
+        }
+    } else if (r->npayloads == 1) {
+        KVP_COUNT(lmcache_malformed, 1);
+        log_warn_rl("LMCache negotiate_chunk_size request malformed (required_chunk_alignment is "
+                    "not an int of 1..2^31-1): answered with the chunk size");
+    }
+    lmc_mp_put_uint(&f->out, C);
+    return true;
+}
+
+/*
+ * LMCache 0.5.7's KV event stream. kvpoold records no KV events (yet), so a subscription gets
+ * what `lmcache server --kv-event-log-size 0` sends: one KVEventBatch with enabled false. The
+ * worker then falls back to publishing its own store events and never subscribes again. The
+ * stream is ended by the listener once the worker has acknowledged that batch (ending it
+ * before makes the worker drop the batch and subscribe again a second later, forever).
+ */
+static bool h_subscribe_kv_events(struct lmc_front *f, const struct lmc_req *r)
+{
+    uint64_t iid;
+    char model[KVP_MAX_NAME + 1];
+    int64_t cursor, max_events;
+    if (lmc_decode_instance_id(r->p[0], r->n[0], &iid))
+        return malformed(f, r, "instance_id is not a non-negative int");
+    if (lmc_decode_request_id(r->p[1], r->n[1], model, sizeof(model)))
+        return malformed(f, r, "model_name is not a str of at most 127 bytes");
+    if (lmc_decode_int(r->p[2], r->n[2], 0, INT64_MAX, &cursor))
+        return malformed(f, r, "cursor is not an int >= 0");
+    if (lmc_decode_int(r->p[3], r->n[3], 1, 1024, &max_events))
+        return malformed(f, r, "max_events is not an int of 1..1024");
+    KVP_COUNT(lmcache_kv_event_subscriptions, 1);
+    log_info_rl("LMCache instance %" PRIu64 " (model %s) subscribed to KV events: answered that "
+                "kvpoold records none (enabled: false), so its worker publishes its own",
+                iid, model);
+    lmc_encode_kv_events_disabled(&f->out, f->incarnation);
+    f->stream_opened = true;
     return true;
 }
 
@@ -138,6 +202,21 @@ static bool h_prepare_store(struct lmc_front *f, const struct lmc_req *r)
     struct lmc_slots s;
     if (!worker_args(f, r, &k, &iid, why, sizeof(why)))
         return malformed(f, r, why);
+    if (r->npayloads == 3) {
+        /* LMCache 0.5.7: per KV cache group, the chunk positions the worker will not store.
+         * A single-group worker sends none; anything else belongs to a hybrid model, which
+         * kvpool does not serve (and `lmcache server` refuses it for a single group). */
+        struct lmc_skipped_chunks sk;
+        if (lmc_decode_skipped_chunks(r->p[2], r->n[2], &sk, why, sizeof(why)))
+            return malformed(f, r, why);
+        if (sk.ngroups > 1 || sk.npositions > 0) {
+            log_warn_rl("LMCache prepare_store of instance %" PRIu64 " skips %u chunk positions "
+                        "in %u KV cache groups: kvpool serves one group; answered that there "
+                        "is nothing to write",
+                        iid, sk.npositions, sk.ngroups);
+            return lmc_encode_negative(&f->out, r->op);
+        }
+    }
     lmc_prepare_store(f, iid, &k, &s);
     lmc_encode_prepare_store_reply(&f->out, s.slots, s.chunk_indices, s.n, &s.shape, s.no_buffers);
     return true;
@@ -263,8 +342,27 @@ static bool h_lookup(struct lmc_front *f, const struct lmc_req *r)
     return scheduler_call(f, r, lmc_lookup);
 }
 
+/*
+ * free_lookup_locks. LMCache 0.5.7 adds extra_ranges, the (start, end) token ranges its
+ * scheduler's earlier lookups of the request locked before it abandoned them (a re-lookup after
+ * vLLM's prefix cache shrank). kvpoold already released those: a lookup of a request ends the
+ * locks of the request's previous lookup when it replaces it. So the ranges are checked and
+ * release nothing more, and the locks of the request's current lookup stay for its retrieves
+ * unless the key's own range is not empty, as upstream.
+ */
 static bool h_free_lookup_locks(struct lmc_front *f, const struct lmc_req *r)
 {
+    if (r->npayloads == 3) {
+        struct lmc_range ranges[LMC_MAX_EXTRA_RANGES];
+        uint32_t n;
+        char why[160];
+        if (lmc_decode_extra_ranges(r->p[2], r->n[2], ranges, LMC_MAX_EXTRA_RANGES, &n, why,
+                                    sizeof(why)))
+            return malformed(f, r, why);
+        log_debug("LMCache free_lookup_locks with %u extra range%s (released with the lookups "
+                  "that replaced them)",
+                  n, n == 1 ? "" : "s");
+    }
     return scheduler_call(f, r, lmc_free_lookup_locks);
 }
 
@@ -331,17 +429,19 @@ static const struct handler table[] = {
     {LMC_OP_PING, 0, 1, h_ping},
     {LMC_OP_REGISTER_ENGINE_DRIVEN, 1, 1, h_register},
     {LMC_OP_UNREGISTER_ENGINE_DRIVEN, 1, 1, h_unregister},
-    {LMC_OP_PREPARE_STORE, 2, 2, h_prepare_store},
+    {LMC_OP_PREPARE_STORE, 2, 3, h_prepare_store},
     {LMC_OP_COMMIT_STORE, 3, 3, h_commit_store},
     {LMC_OP_PREPARE_RETRIEVE, 2, 2, h_prepare_retrieve},
     {LMC_OP_COMMIT_RETRIEVE, 2, 2, h_commit_retrieve},
     {LMC_OP_LOOKUP, 2, 2, h_lookup},
     {LMC_OP_QUERY_PREFETCH_STATUS, 1, 1, h_query},
     {LMC_OP_WAIT_PREFETCH_STATUS, 2, 2, h_query},
-    {LMC_OP_FREE_LOOKUP_LOCKS, 2, 2, h_free_lookup_locks},
+    {LMC_OP_FREE_LOOKUP_LOCKS, 2, 3, h_free_lookup_locks},
     {LMC_OP_END_SESSION, 1, 2, h_end_session},
     {LMC_OP_CLEAR, 0, 1, h_clear},
     {LMC_OP_REPORT_BLOCK_ALLOCATION, 3, 3, h_report_block_allocation},
+    {LMC_OP_NEGOTIATE_CHUNK_SIZE, 1, 1, h_negotiate_chunk_size},
+    {LMC_OP_SUBSCRIBE_KV_EVENTS, 4, 4, h_subscribe_kv_events},
 };
 
 /* An operation kvpoold does not serve: its negative reply, and a WARN the first time. */
@@ -398,9 +498,9 @@ bool lmc_dispatch(struct lmc_front *f, const struct lmc_req *r)
                          h->max);
             if (r->op == LMC_OP_REGISTER_ENGINE_DRIVEN)
                 return register_malformed(f, why);
-            if (h->max == 0) {
-                /* get_chunk_size, get_experimental, noop: a value of their type is only
-                 * useful if it is the real one. */
+            if (h->max == 0 || r->op == LMC_OP_NEGOTIATE_CHUNK_SIZE) {
+                /* get_chunk_size, negotiate_chunk_size, get_experimental, noop: a value of
+                 * their type is only useful if it is the real one. */
                 KVP_COUNT(lmcache_malformed, 1);
                 log_warn_rl("LMCache %s request malformed (%s): answered as usual",
                             lmc_op_name(r->op), why);
@@ -429,8 +529,11 @@ uint64_t lmc_peer_of(const struct lmc_front *f, const void *id, size_t len)
 
 int lmc_front_init(struct lmc_front *f, struct kvp_server *s)
 {
+    struct timespec now;
     memset(f, 0, sizeof(*f));
     f->srv = s;
+    clock_gettime(CLOCK_REALTIME, &now);
+    f->incarnation = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
     if (sodium_init() < 0)
         return -ENOMEM;
     randombytes_buf(f->peer_key, sizeof(f->peer_key));

@@ -6,8 +6,18 @@
  * [value], uid and op echoed byte for byte, or the three frames alone for a None reply. Every
  * request of three frames or more is answered exactly once (handlers.c decides what); a message
  * of fewer than three frames cannot be answered and is dropped (counted, logged at a limited
- * rate), and so is a stream control message (an empty op frame: LMCache's ack or cancel of an
- * event stream, which this server never opens).
+ * rate).
+ *
+ * Streams. LMCache 0.5.7's subscribe_kv_events opens a stream: the reply is its first value, and
+ * the worker answers each value with a control message, [identity][uid][""]["ack"] (send the
+ * next) or ["cancel"] (stop); [identity][uid][op] without a value ends the stream from the
+ * server's side. kvpoold's only stream answers one value (kvpoold records no KV events), so the
+ * listener keeps the frames of each open stream (struct open_stream) and sends that end when
+ * the worker's ack or cancel arrives, and never before: a worker whose stream ends before it
+ * has acknowledged the value drops the value and subscribes again a second later, forever. The
+ * table is bounded (MAX_STREAMS, STREAMS_PER_PEER per identity): a stream pushed out of it is
+ * ended at once. A control message of no open stream is dropped (counted, logged at a limited
+ * rate).
  *
  * Thread: one thread owns the socket (ZeroMQ sockets are not thread-safe) and serves every
  * request itself, in arrival order, so requests of one peer are handled first in, first out,
@@ -103,6 +113,9 @@
 /* Messages queued per connection: replies not sent, requests not served. */
 #define SND_HWM 256
 #define RCV_HWM 8
+/* Open streams kept (see the top), in all and per routing identity. */
+#define MAX_STREAMS 256u
+#define STREAMS_PER_PEER 4u
 /* A connection that has not finished its handshake by then is closed. */
 #define HANDSHAKE_MS 3000
 /* Where libzmq asks whether to accept a connection (RFC 27), and where the socket's monitor
@@ -110,6 +123,15 @@
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define ZAP_DOMAIN "kvpool-lmcache"
 #define MONITOR_ENDPOINT "inproc://kvpool-lmcache-monitor"
+
+/* The frames that end an open stream: [identity][uid][op], as its request had them. */
+struct open_stream {
+    uint64_t seq; /* order of opening; 0: a free entry */
+    uint8_t id_len, uid_len, op_len;
+    uint8_t id[255]; /* a ZeroMQ routing identity is 1 to 255 bytes */
+    uint8_t uid[16]; /* a msgpack int: 9 bytes at most */
+    uint8_t op[64];  /* "subscribe_kv_events" as a msgpack str: 20 bytes */
+};
 
 struct lmc_listener {
     struct kvp_server *srv;
@@ -134,6 +156,10 @@ struct lmc_listener {
     uint8_t *fd_open; /* bitmap by descriptor: open connections */
     uint32_t fd_bits;
     uint64_t open, accepted, settled, succeeded, approved;
+
+    /* Open streams (the listener thread's). */
+    struct open_stream streams[MAX_STREAMS];
+    uint64_t stream_seq;
 
     /* Replies not sent yet (reply_alloc()), in bytes: decremented by libzmq's I/O thread. */
     uint64_t reply_limit, peer_limit;
@@ -513,6 +539,101 @@ static void send_reply(struct lmc_listener *l, zmq_msg_t *m, const struct lmc_re
                                     : zmq_strerror(-rc));
 }
 
+/* The entry of the stream whose request came from identity id with uid frame uid, or NULL. */
+static struct open_stream *stream_find(struct lmc_listener *l, zmq_msg_t *id, zmq_msg_t *uid)
+{
+    for (uint32_t i = 0; i < MAX_STREAMS; i++) {
+        struct open_stream *o = &l->streams[i];
+        if (o->seq && o->id_len == zmq_msg_size(id) && o->uid_len == zmq_msg_size(uid) &&
+            memcmp(o->id, zmq_msg_data(id), o->id_len) == 0 &&
+            memcmp(o->uid, zmq_msg_data(uid), o->uid_len) == 0)
+            return o;
+    }
+    return NULL;
+}
+
+/* Ends stream o from the server's side ([identity][uid][op], no value) and forgets it. */
+static void stream_end(struct lmc_listener *l, struct open_stream *o)
+{
+    if (send_frame(l, o->id, o->id_len, true) == 0) {
+        send_frame(l, o->uid, o->uid_len, true);
+        send_frame(l, o->op, o->op_len, false);
+    } else {
+        log_debug("LMCache front end: the end of a stream was not delivered (its client has "
+                  "gone)");
+    }
+    o->seq = 0;
+}
+
+/* Keeps the frames of the stream request r opened, ending the oldest stream of the same
+ * identity, or of all, to make room. */
+static void stream_open(struct lmc_listener *l, zmq_msg_t *m, const struct lmc_req *r)
+{
+    size_t id_len = zmq_msg_size(&m[0]), uid_len = zmq_msg_size(&m[1]);
+    struct open_stream *o = stream_find(l, &m[0], &m[1]);
+    if (!o && (id_len > sizeof(o->id) || uid_len > sizeof(o->uid) || r->op_len > sizeof(o->op))) {
+        /* No real client sends such frames; LMCache's worker cancels the stream itself. */
+        log_debug("LMCache front end: a stream with frames too long to keep is not ended");
+        return;
+    }
+    if (!o) {
+        struct open_stream *free_slot = NULL, *oldest = NULL, *mine = NULL;
+        uint32_t nmine = 0;
+        for (uint32_t i = 0; i < MAX_STREAMS; i++) {
+            struct open_stream *e = &l->streams[i];
+            if (!e->seq) {
+                if (!free_slot)
+                    free_slot = e;
+                continue;
+            }
+            if (!oldest || e->seq < oldest->seq)
+                oldest = e;
+            if (e->id_len == id_len && memcmp(e->id, zmq_msg_data(&m[0]), id_len) == 0) {
+                nmine++;
+                if (!mine || e->seq < mine->seq)
+                    mine = e;
+            }
+        }
+        if (nmine >= STREAMS_PER_PEER) {
+            stream_end(l, mine);
+            o = mine;
+        } else if (free_slot) {
+            o = free_slot;
+        } else {
+            log_warn_rl("LMCache front end: %u event streams are open; ending the oldest",
+                        MAX_STREAMS);
+            stream_end(l, oldest);
+            o = oldest;
+        }
+    }
+    o->seq = ++l->stream_seq;
+    o->id_len = (uint8_t)id_len;
+    o->uid_len = (uint8_t)uid_len;
+    o->op_len = (uint8_t)r->op_len;
+    memcpy(o->id, zmq_msg_data(&m[0]), id_len);
+    memcpy(o->uid, zmq_msg_data(&m[1]), uid_len);
+    memcpy(o->op, r->op_frame, r->op_len);
+}
+
+/* A stream control message ([identity][uid][""][action]): the worker's ack or cancel of an open
+ * stream ends it (see the top); anything else is dropped. */
+static void serve_control(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, int total)
+{
+    struct open_stream *o = stream_find(l, &m[0], &m[1]);
+    bool action = total == 4 && nkept == 4 &&
+                  ((zmq_msg_size(&m[3]) == 3 && memcmp(zmq_msg_data(&m[3]), "ack", 3) == 0) ||
+                   (zmq_msg_size(&m[3]) == 6 && memcmp(zmq_msg_data(&m[3]), "cancel", 6) == 0));
+    if (o && action) {
+        log_debug("LMCache front end: a stream's %.*s: ended", (int)zmq_msg_size(&m[3]),
+                  (const char *)zmq_msg_data(&m[3]));
+        stream_end(l, o);
+        return;
+    }
+    KVP_COUNT(lmcache_dropped, 1);
+    log_debug("LMCache front end: ignored a stream control message (%s)",
+              o ? "neither ack nor cancel" : "no such stream open");
+}
+
 static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, int total)
 {
     uint64_t t0 = kvp_mono_ns();
@@ -528,9 +649,8 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
     r.op_frame = zmq_msg_data(&m[2]);
     r.op_len = zmq_msg_size(&m[2]);
     if (r.op_len == 0) {
-        /* LMCache's stream control (ack, cancel) for an event stream: none is ever open. */
-        KVP_COUNT(lmcache_dropped, 1);
-        log_debug("LMCache front end: ignored a stream control message");
+        /* LMCache's stream control (ack, cancel) of an event stream. */
+        serve_control(l, m, nkept, total);
         return;
     }
     r.op = lmc_op_decode(r.op_frame, r.op_len, r.name, sizeof(r.name));
@@ -543,6 +663,7 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
     l->front.peer = lmc_peer_of(&l->front, zmq_msg_data(&m[0]), zmq_msg_size(&m[0]));
     lmc_mp_writer_reset(&l->front.out);
     l->front.value_external = false;
+    l->front.stream_opened = false;
     log_debug("LMCache %s (%u payload%s)", r.op != LMC_OP_UNKNOWN ? lmc_op_name(r.op) : r.name,
               r.npayloads, r.npayloads == 1 ? "" : "s");
     bool has_value;
@@ -568,6 +689,8 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
         has_value = lmc_encode_negative(&l->front.out, r.op) && !l->front.out.failed;
     }
     send_reply(l, m, &r, has_value);
+    if (has_value && l->front.stream_opened)
+        stream_open(l, m, &r);
     /* Sent (emptied by ZeroMQ) or not: the value message is done with. */
     zmq_msg_close(&l->value);
     zmq_msg_init(&l->value);
