@@ -261,6 +261,9 @@ static void check_slots(struct lmc_mp_reader *r)
 /* The reply of op: its type, and for prepares the slots. */
 static void check_reply(enum lmc_op op, bool has, const struct lmc_mp_writer *w)
 {
+    /* The chunk size is never None: LMCache's connector calls int() on the answer. */
+    if (op == LMC_OP_GET_CHUNK_SIZE || op == LMC_OP_NEGOTIATE_CHUNK_SIZE)
+        FUZZ_CHECK(has);
     if (!has) {
         FUZZ_CHECK(w->len == 0);
         return;
@@ -277,9 +280,13 @@ static void check_reply(enum lmc_op op, bool has, const struct lmc_mp_writer *w)
         FUZZ_CHECK(t == LMC_MP_BOOL);
         break;
     case LMC_OP_GET_CHUNK_SIZE:
+    case LMC_OP_NEGOTIATE_CHUNK_SIZE:
     case LMC_OP_QUERY_PREFETCH_STATUS:
     case LMC_OP_WAIT_PREFETCH_STATUS:
         FUZZ_CHECK(t == LMC_MP_INT);
+        break;
+    case LMC_OP_SUBSCRIBE_KV_EVENTS:
+        FUZZ_CHECK(t == LMC_MP_MAP); /* the KVEventBatch that says no events are recorded */
         break;
     case LMC_OP_PREPARE_STORE:
     case LMC_OP_PREPARE_RETRIEVE: {
