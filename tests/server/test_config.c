@@ -582,6 +582,10 @@ static void test_lmcache(void **state)
     assert_string_equal(a.host, "127.0.0.1");
     assert_rc(kvp_lmc_addr_parse("tcp://localhost:1", &a), 0);
     assert_true(a.loopback);
+    /* LMCache's default host: bound as 127.0.0.1 (ZeroMQ takes a name for an interface's). */
+    assert_string_equal(a.url, "tcp://127.0.0.1:1");
+    assert_rc(kvp_lmc_addr_parse("tcp://*:5556", &a), 0);
+    assert_string_equal(a.url, "tcp://*:5556");
     assert_rc(kvp_lmc_addr_parse("tcp://[::1]:7", &a), 0);
     assert_true(a.loopback);
     assert_string_equal(a.host, "[::1]");
@@ -589,11 +593,46 @@ static void test_lmcache(void **state)
     assert_false(a.loopback);
     assert_rc(kvp_lmc_addr_parse("tcp://*:5555", &a), 0);
     assert_false(a.loopback);
-    assert_rc(kvp_lmc_addr_parse("tcp://127.example.com:5555", &a), 0);
-    assert_false(a.loopback); /* a name that starts like a loopback address is not one */
+    /* Other host names are refused at option parsing with what to write instead. */
+    assert_rc(kvp_lmc_addr_parse("tcp://127.example.com:5555", &a), -EINVAL);
+    assert_true(kvp_lmc_addr_named_host("tcp://127.example.com:5555", &a));
+    assert_false(kvp_lmc_addr_named_host("tcp://localhost:5555", &a));
+    assert_false(kvp_lmc_addr_named_host("tcp://10.0.0.1:5555", &a));
+    parse(&r, "--lmcache", "tcp://gpu-node-3:5556", NULL);
+    expect_einval(&r, "lmcache", "not a host name", "tcp://127.0.0.1:5556", "tcp://0.0.0.0:5556",
+                  NULL);
+    run_free(&r);
+    parse(&r, "--lmcache", "tcp://localhost:5556", NULL);
+    expect_ok(&r);
+    run_free(&r);
     assert_rc(kvp_lmc_addr_parse("ipc:///tmp/x/lmc:5555", &a), 0);
     assert_true(a.ipc);
     assert_string_equal(a.path, "/tmp/x/lmc:5555");
+    assert_string_equal(a.url, "ipc:///tmp/x/lmc:5555");
+}
+
+/* A size with a decimal unit is refused with the binary one it probably meant. */
+static void test_size_unit_hint(void **state)
+{
+    (void)state;
+    struct run r;
+    parse(&r, "--l1-size", "16GB", NULL);
+    expect_einval(&r, "l1-size", "did you mean 16GiB?", NULL);
+    run_free(&r);
+    parse(&r, "--lmcache-reply-memory", "300MB", NULL);
+    expect_einval(&r, "lmcache-reply-memory", "did you mean 300MiB?", NULL);
+    run_free(&r);
+    parse(&r, "--l2-queue", "2tb", NULL);
+    expect_einval(&r, "l2-queue", "did you mean 2TiB?", NULL);
+    run_free(&r);
+    /* Not a number with a unit: only what a size looks like. */
+    parse(&r, "--l1-size", "lots", NULL);
+    expect_einval(&r, "l1-size", "expected a size", NULL);
+    assert_null(strstr(r.err, "did you mean"));
+    run_free(&r);
+    parse(&r, "--l1-size", "16GiB", NULL);
+    expect_ok(&r);
+    run_free(&r);
 }
 
 /* ---- SIGHUP: what a reload may change ---- */
@@ -741,6 +780,7 @@ int main(void)
         T(test_long_socket_path),
         T(test_log_format),
         T(test_lmcache),
+        T(test_size_unit_hint),
         T(test_reloadable_options),
         T(test_compare_and_take),
     };

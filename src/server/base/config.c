@@ -562,14 +562,22 @@ static void show_http(const struct kvp_config *cfg, char *out, size_t size)
 
 static int parse_lmcache(struct kvp_config *cfg, const char *val, char *why, size_t why_size)
 {
-    (void)why;
-    (void)why_size;
+    struct kvp_lmc_addr a;
     if (strcmp(val, "off") == 0 || val[0] == '\0') {
         cfg->lmcache[0] = '\0';
         return 0;
     }
-    if (strlen(val) >= sizeof(cfg->lmcache) || kvp_lmc_addr_parse(val, NULL))
+    if (strlen(val) >= sizeof(cfg->lmcache))
         return -EINVAL;
+    if (kvp_lmc_addr_parse(val, &a)) {
+        if (kvp_lmc_addr_named_host(val, &a))
+            snprintf(why, why_size,
+                     "ZeroMQ listens on an address, not a host name: write tcp://127.0.0.1:%u "
+                     "(this host only; localhost means the same), tcp://0.0.0.0:%u (every "
+                     "interface) or tcp://ADDRESS:%u",
+                     a.port, a.port, a.port);
+        return -EINVAL;
+    }
     snprintf(cfg->lmcache, sizeof(cfg->lmcache), "%s", val);
     return 0;
 }
@@ -599,6 +607,34 @@ static void show_l2(const struct kvp_config *cfg, char *out, size_t size)
 }
 
 /* ---- one row's value ---- */
+
+/*
+ * A size written with a decimal unit (16GB, 512M, 2tb): "expected ... (did you mean 16GiB?
+ * sizes are binary: KiB, MiB, GiB, TiB)" in why; nothing when val is not of that form.
+ */
+static void binary_unit_hint(const char *val, const char *want, char *why, size_t why_size)
+{
+    static const char *const units[][2] = {
+        {"K", "KiB"}, {"M", "MiB"}, {"G", "GiB"}, {"T", "TiB"}, {"P", "PiB"}};
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(val, &end, 10);
+    if (errno || end == val || val[0] == '-')
+        return;
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcasecmp(end, units[i][0]) != 0 &&
+            (strncasecmp(end, units[i][0], 1) != 0 || strcasecmp(end + 1, "B") != 0))
+            continue;
+        snprintf(why, why_size,
+                 "expected %s (did you mean %lluGiB? sizes are binary: KiB, MiB, GiB, TiB)", want,
+                 n);
+        /* The suggestion keeps the user's number and letter. */
+        char *gib = strstr(why, "GiB?");
+        if (gib)
+            memcpy(gib, units[i][1], 3);
+        return;
+    }
+}
 
 /*
  * Parses val as row o's value into cfg. Returns 0, or -EINVAL with why set to what is wrong:
@@ -633,6 +669,8 @@ static int set_value(struct kvp_config *cfg, const struct opt_desc *o, const cha
             v64 = (v64 + o->round - 1) / o->round * o->round;
             memcpy(field, &v64, sizeof(v64));
             rc = 0;
+        } else {
+            binary_unit_hint(val, o->want, why, why_size);
         }
         break;
     case KIND_BOOL:

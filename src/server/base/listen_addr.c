@@ -88,6 +88,9 @@ static bool is_ipv4(const char *s)
            c < 256 && d < 256;
 }
 
+/* The tcp:// address s into a (host and port checked for their characters only). */
+static int parse_tcp(const char *s, struct kvp_lmc_addr *a);
+
 int kvp_lmc_addr_parse(const char *s, struct kvp_lmc_addr *out)
 {
     struct kvp_lmc_addr a;
@@ -99,45 +102,75 @@ int kvp_lmc_addr_parse(const char *s, struct kvp_lmc_addr *out)
         a.ipc = true;
         snprintf(a.path, sizeof(a.path), "%s", p);
     } else if (strncmp(s, "tcp://", 6) == 0) {
-        const char *p = s + 6, *colon;
-        if (p[0] == '[') {
-            const char *close = strchr(p, ']');
-            if (!close || close[1] != ':')
-                return -EINVAL;
-            colon = close + 1;
-        } else {
-            colon = strrchr(p, ':');
-            if (!colon)
-                return -EINVAL;
-        }
-        size_t hlen = (size_t)(colon - p);
-        if (hlen == 0 || hlen >= sizeof(a.host))
+        if (parse_tcp(s, &a))
             return -EINVAL;
-        memcpy(a.host, p, hlen);
-        a.host[hlen] = '\0';
-        if (a.host[0] != '[') {
-            for (const char *c = a.host; *c; c++)
-                if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
-                      (*c >= '0' && *c <= '9') || *c == '.' || *c == '-' || *c == '*'))
-                    return -EINVAL;
-        } else {
-            for (const char *c = a.host + 1; *c && *c != ']'; c++)
-                if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') ||
-                      (*c >= 'A' && *c <= 'F') || *c == ':' || *c == '.'))
-                    return -EINVAL;
-        }
-        char *end;
-        errno = 0;
-        unsigned long port = strtoul(colon + 1, &end, 10);
-        if (errno || *end || colon[1] < '0' || colon[1] > '9' || port < 1 || port > 65535)
+        /* ZeroMQ binds addresses and interface names, never host names: localhost is
+         * 127.0.0.1, any other name is refused (kvp_lmc_addr_named_host()). */
+        bool name = a.host[0] != '[' && !is_ipv4(a.host) && strcmp(a.host, "*") != 0;
+        if (name && strcmp(a.host, "localhost") != 0)
             return -EINVAL;
-        a.port = (unsigned)port;
-        a.loopback = strcmp(a.host, "localhost") == 0 || strcmp(a.host, "[::1]") == 0 ||
+        snprintf(a.url, sizeof(a.url), "tcp://%s:%u", name ? "127.0.0.1" : a.host, a.port);
+        a.loopback = name || strcmp(a.host, "[::1]") == 0 ||
                      (is_ipv4(a.host) && strncmp(a.host, "127.", 4) == 0);
     } else {
         return -EINVAL;
     }
+    if (a.ipc)
+        snprintf(a.url, sizeof(a.url), "ipc://%s", a.path);
     if (out)
         *out = a;
+    return 0;
+}
+
+bool kvp_lmc_addr_named_host(const char *s, struct kvp_lmc_addr *out)
+{
+    struct kvp_lmc_addr a;
+    memset(&a, 0, sizeof(a));
+    if (strncmp(s, "tcp://", 6) != 0 || parse_tcp(s, &a) || a.host[0] == '[' || is_ipv4(a.host) ||
+        strcmp(a.host, "*") == 0 || strcmp(a.host, "localhost") == 0)
+        return false;
+    if (out)
+        *out = a;
+    return true;
+}
+
+static int parse_tcp(const char *s, struct kvp_lmc_addr *out)
+{
+    struct kvp_lmc_addr a;
+    memset(&a, 0, sizeof(a));
+    const char *p = s + 6, *colon;
+    if (p[0] == '[') {
+        const char *close = strchr(p, ']');
+        if (!close || close[1] != ':')
+            return -EINVAL;
+        colon = close + 1;
+    } else {
+        colon = strrchr(p, ':');
+        if (!colon)
+            return -EINVAL;
+    }
+    size_t hlen = (size_t)(colon - p);
+    if (hlen == 0 || hlen >= sizeof(a.host))
+        return -EINVAL;
+    memcpy(a.host, p, hlen);
+    a.host[hlen] = '\0';
+    if (a.host[0] != '[') {
+        for (const char *c = a.host; *c; c++)
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                  (*c >= '0' && *c <= '9') || *c == '.' || *c == '-' || *c == '*'))
+                return -EINVAL;
+    } else {
+        for (const char *c = a.host + 1; *c && *c != ']'; c++)
+            if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f') ||
+                  (*c >= 'A' && *c <= 'F') || *c == ':' || *c == '.'))
+                return -EINVAL;
+    }
+    char *end;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (errno || *end || colon[1] < '0' || colon[1] > '9' || port < 1 || port > 65535)
+        return -EINVAL;
+    a.port = (unsigned)port;
+    *out = a;
     return 0;
 }

@@ -32,7 +32,8 @@ int kvp_listen_addr_parse(const char *spec, struct kvp_listen_addr *out);
 struct kvp_lmc_addr {
     bool ipc;       /* ipc:///PATH, else tcp://HOST:PORT */
     char path[108]; /* ipc: the socket file (an absolute path that fits sun_path) */
-    char host[64];  /* tcp: an IPv4 address, a host name, localhost, *, or [IPv6] */
+    char host[64];  /* tcp: an IPv4 address, localhost, *, or [IPv6] */
+    char url[300];  /* what ZeroMQ binds: the address, with localhost as 127.0.0.1 */
     unsigned port;  /* tcp: 1..65535 */
     bool loopback;  /* tcp: 127.0.0.0/8, localhost or [::1]: served without a warning */
 };
@@ -42,5 +43,9 @@ struct kvp_lmc_addr {
  * -EINVAL.
  */
 int kvp_lmc_addr_parse(const char *spec, struct kvp_lmc_addr *out);
+
+/* Whether spec is a tcp:// address whose host is a name other than localhost (refused by
+ * kvp_lmc_addr_parse(): ZeroMQ would take it for an interface); out gets its port. */
+bool kvp_lmc_addr_named_host(const char *spec, struct kvp_lmc_addr *out);
 
 #endif /* KVP_LISTEN_ADDR_H */

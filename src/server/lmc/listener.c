@@ -16,8 +16,8 @@
  * the worker's ack or cancel arrives, and never before: a worker whose stream ends before it
  * has acknowledged the value drops the value and subscribes again a second later, forever. The
  * table is bounded (MAX_STREAMS, STREAMS_PER_PEER per identity): a stream pushed out of it is
- * ended at once. A control message of no open stream is dropped (counted, logged at a limited
- * rate).
+ * ended at once. The cancel of a stream that is over needs nothing; any other control message
+ * of no open stream is dropped (counted).
  *
  * Thread: one thread owns the socket (ZeroMQ sockets are not thread-safe) and serves every
  * request itself, in arrival order, so requests of one peer are handled first in, first out,
@@ -421,7 +421,8 @@ int lmc_listener_open(struct kvp_server *s, struct lmc_listener **out)
         free(l);
         return -EINVAL;
     }
-    snprintf(l->url, sizeof(l->url), "%s", s->cfg.lmcache);
+    /* localhost as 127.0.0.1: ZeroMQ takes a name for an interface's. */
+    snprintf(l->url, sizeof(l->url), "%s", l->addr.url);
     l->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (l->wake_fd < 0) {
         rc = -errno;
@@ -616,17 +617,22 @@ static void stream_open(struct lmc_listener *l, zmq_msg_t *m, const struct lmc_r
 }
 
 /* A stream control message ([identity][uid][""][action]): the worker's ack or cancel of an open
- * stream ends it (see the top); anything else is dropped. */
+ * stream ends it (see the top). A cancel of a stream that is over needs nothing (LMCache's worker
+ * cancels the stream it has read to the end); anything else is dropped. */
 static void serve_control(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, int total)
 {
     struct open_stream *o = stream_find(l, &m[0], &m[1]);
-    bool action = total == 4 && nkept == 4 &&
-                  ((zmq_msg_size(&m[3]) == 3 && memcmp(zmq_msg_data(&m[3]), "ack", 3) == 0) ||
-                   (zmq_msg_size(&m[3]) == 6 && memcmp(zmq_msg_data(&m[3]), "cancel", 6) == 0));
-    if (o && action) {
-        log_debug("LMCache front end: a stream's %.*s: ended", (int)zmq_msg_size(&m[3]),
-                  (const char *)zmq_msg_data(&m[3]));
+    bool ack = total == 4 && nkept == 4 && zmq_msg_size(&m[3]) == 3 &&
+               memcmp(zmq_msg_data(&m[3]), "ack", 3) == 0;
+    bool cancel = total == 4 && nkept == 4 && zmq_msg_size(&m[3]) == 6 &&
+                  memcmp(zmq_msg_data(&m[3]), "cancel", 6) == 0;
+    if (o && (ack || cancel)) {
+        log_debug("LMCache front end: a stream's %s: ended", ack ? "ack" : "cancel");
         stream_end(l, o);
+        return;
+    }
+    if (cancel) {
+        log_debug("LMCache front end: the cancel of a stream that is over");
         return;
     }
     KVP_COUNT(lmcache_dropped, 1);
