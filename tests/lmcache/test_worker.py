@@ -345,6 +345,32 @@ class ForeignCommit(Base):
         self.assertTrue(ctx.commit_retrieve(rkey, x.iid))
         self.assertEqual(self.d.gauge("objects_pinned"), 0)
 
+    def test_in_band_commit_from_another_connection(self):
+        """Chunks in the message from another connection cannot move x's instance off shared
+        memory (which would leave x storing into slots nobody reads)."""
+        import pickle
+        import torch
+
+        x = self.worker(model="fb", dtype="float32", seed=52)
+        self.assertEqual(x.register(), "EngineDrivenContextShm")
+        y = lmc_worker.client(self.d.url)
+        self.closers.append(lambda: lmc_worker.close_client(y))
+        toks = tokens(2)
+        key = x.key(toks, "fb", end=2 * CHUNK)
+        chunks = [torch.randn((2, 2, CHUNK, 128), dtype=torch.float32) for _ in range(2)]
+        self.assertIs(y.commit_store(key, x.iid, pickle.dumps(chunks))
+                      .result(timeout=lmc_worker.TIMEOUT), False,
+                      "another connection's pickle commit was taken for x's")
+        self.assertEqual(self.d.counter("lmcache_foreign_commits"), 1)
+        self.assertEqual(self.d.gauge("objects_committed"), 0)
+        mine = [i for i in self.d.status()["instances"]
+                if i["instance_id"] == "lmcache-%d" % x.iid]
+        self.assertEqual(mine[0]["transport"], "shm")
+        self.assertNotIn("fell back", self.d.text())
+        # x still stores through shared memory.
+        self.assertTrue(x.store(toks, "fb2", end=2 * CHUNK))
+        self.assertEqual(self.d.gauge("objects_committed"), 2)
+
 
 KILLED = textwrap.dedent(
     """

@@ -844,6 +844,17 @@ bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k
             end_pending(in, p, st);
             pending_remove(in, p);
         }
+        if (!in->in_band && f->peer != in->peer) {
+            /* Only the worker itself moves its instance off shared memory: a commit of
+             * another connection would leave the real worker storing into slots nobody
+             * reads. */
+            KVP_COUNT(lmcache_foreign_commits, 1);
+            log_warn_rl("LMCache commit_store of instance %" PRIu64 " refused: its chunks came "
+                        "in the message from another connection than the one that registered "
+                        "it on shared memory",
+                        iid);
+            return false;
+        }
         if (!in->in_band) {
             /* Offered the segment, it could not map it: in band from now on. */
             char why[KVP_MAX_REASON + 1];
