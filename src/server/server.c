@@ -343,7 +343,10 @@ static void *expiry_main(void *arg)
 {
     struct kvp_server *s = arg;
     kvp_thread_name("kvp-expiry");
-    bool clear_again = false; /* the chunks pinned when the segment was lost are still there */
+    /* The chunks pinned when the segment was lost are still there, reserved before lost_ms;
+     * the ones stored since, in private memory, are sound. */
+    bool clear_again = false;
+    uint64_t lost_ms = 0;
 
     pthread_mutex_lock(&s->expiry_lock);
     while (!atomic_load(&s->stopping)) {
@@ -359,11 +362,12 @@ static void *expiry_main(void *arg)
         kvp_seg_guard_check();
         if (clear_again) {
             struct kvp_clear_result r;
-            kvp_store_clear(&s->store, &r);
+            kvp_store_clear_older(&s->store, lost_ms, &r);
             clear_again = false;
             log_debug("Dropped %" PRIu64 " more chunks of the lost segment", r.dropped);
         }
         if (kvp_seg_guard_take_report(&size_now)) {
+            lost_ms = kvp_mono_ms();
             segment_lost(s, size_now);
             clear_again = true;
         }

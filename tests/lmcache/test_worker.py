@@ -589,7 +589,8 @@ class SegmentLost(Base):
         self.assertTrue(any(unhealthy), "the worker's heartbeat never saw a false ping")
         self.assertEqual(self.d.counter("lmcache_unknown_pings"), 0)  # dropped, not unknown
         # The chunks of the lost segment are dropped twice, the second time a second after the
-        # first (for those pinned then): what is stored before that second pass goes too.
+        # first (for those pinned then); what is stored after the loss stays
+        # (server/test_store, test_clear_older). The stores below come after both passes.
         self.assertTrue(wait_for(lambda: "more chunks of the lost segment" in self.d.text(), 10))
         toks = tokens(3, base=4000)
         self.assertTrue(w.store(toks, "after", end=3 * CHUNK, first_block=8))

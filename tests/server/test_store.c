@@ -687,6 +687,39 @@ static void test_clear_keeps_pinned_and_reserved(void **state)
     kvp_store_destroy(&s);
 }
 
+/* A clear of what was reserved before a moment keeps what was stored since, however recently
+ * each was used, and the walk ends although the kept objects go to the LRU's front. */
+static void test_clear_older(void **state)
+{
+    (void)state;
+    struct kvp_store s;
+    struct kvp_clear_result r;
+    struct prep p;
+    init_store(&s, 8);
+    const uint32_t old_ids[] = {0, 1, 2}, new_ids[] = {3, 4};
+    store_each(&s, old_ids, 3, NULL); /* reserved at 0 */
+    for (uint32_t i = 0; i < 2; i++) {
+        prepare(&s, &new_ids[i], 1, 500, &p);
+        assert_rc(kvp_store_commit(&s, p.objs, 1), 1);
+    }
+    /* The old ones used last: the walk meets the new ones first. */
+    assert_true(present(&s, 0) && present(&s, 1) && present(&s, 2));
+
+    kvp_store_clear_older(&s, 500, &r);
+    assert_int_equal(r.dropped, 3);
+    assert_int_equal(r.bytes, 3 * CHUNK);
+    for (uint32_t id = 0; id < 3; id++)
+        assert_false(present(&s, id));
+    assert_true(present(&s, 3) && present(&s, 4));
+    assert_int_equal(gauges(&s).committed, 2);
+    /* Nothing left that old: a second one drops nothing; a plain clear drops the rest. */
+    kvp_store_clear_older(&s, 500, &r);
+    assert_int_equal(r.dropped, 0);
+    kvp_store_clear(&s, &r);
+    assert_int_equal(r.dropped, 2);
+    kvp_store_destroy(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -707,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_cached_chunk_not_evicted_by_same_request),
         cmocka_unit_test(test_clear_keeps_pinned_and_reserved),
         cmocka_unit_test(test_clear_is_sliced),
+        cmocka_unit_test(test_clear_older),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

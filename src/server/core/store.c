@@ -725,7 +725,10 @@ uint32_t kvp_store_expire(struct kvp_store *s, uint64_t now_ms, uint64_t timeout
  * clear began: an object a lookup or commit refreshes meanwhile moves to the front with a later
  * clock and ends the walk, so a clear under steady stores still ends.
  */
-void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
+/* kvp_store_clear() of the objects reserved before before_ms (UINT64_MAX: all). The walk takes
+ * the LRU's tail each time, so that letting the lock go never leaves it a stale cursor: a kept
+ * object is touched to the front, past the walk's end. */
+static void do_clear(struct kvp_store *s, uint64_t before_ms, struct kvp_clear_result *res)
 {
     *res = (struct kvp_clear_result){0};
     store_lock(s);
@@ -734,6 +737,10 @@ void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
     uint64_t began = s->clock;
     while (s->lru.prev != &s->lru && s->lru.prev->last_use <= began) {
         struct kvp_obj *o = s->lru.prev;
+        if (o->reserved_at_ms >= before_ms) {
+            do_touch(s, o);
+            continue;
+        }
         res->dropped++;
         res->bytes += o->length;
         s->evictable_pages -= npages_of(o->length);
@@ -743,6 +750,16 @@ void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
         do_yield(s);
     }
     store_unlock(s);
+}
+
+void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res)
+{
+    do_clear(s, UINT64_MAX, res);
+}
+
+void kvp_store_clear_older(struct kvp_store *s, uint64_t before_ms, struct kvp_clear_result *res)
+{
+    do_clear(s, before_ms, res);
 }
 
 void kvp_store_extend(struct kvp_store *s, uint64_t avail)

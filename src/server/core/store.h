@@ -157,4 +157,8 @@ struct kvp_clear_result {
  */
 void kvp_store_clear(struct kvp_store *s, struct kvp_clear_result *res);
 
+/* kvp_store_clear() of the objects reserved before before_ms (the clock of kvp_store_prepare()'s
+ * now_ms) only: those reserved since are kept, and moved to the LRU's front. */
+void kvp_store_clear_older(struct kvp_store *s, uint64_t before_ms, struct kvp_clear_result *res);
+
 #endif /* KVP_STORE_H */
