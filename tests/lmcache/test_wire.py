@@ -518,6 +518,22 @@ class InstanceCaps(unittest.TestCase):
             a.close()
             d.stop()
 
+    def test_refused_registrations_make_room(self):
+        """Refused registrations are remembered, not kept: 16 connections with 64 each fill
+        the front end's table of 1024, and a valid registration still finds a place."""
+        d = Daemon()
+        peers = [Client(d.url) for _ in range(17)]
+        try:
+            for n, c in enumerate(peers[:16]):
+                bad = self.register(c, 10000 + 64 * n, 64, num_physical_slots=2 * CHUNK)
+                self.assertTrue(all("chunk-size" in e for e in bad), bad[:2])
+            self.assertEqual(self.register(peers[16], 1, 1), [None])
+            self.assertEqual(len(d.status()["instances"]), 1)
+        finally:
+            for c in peers:
+                c.close()
+            d.stop()
+
 
 class Addresses(unittest.TestCase):
     def test_ipc(self):

@@ -361,8 +361,17 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
     /* One peer must not take the table from the others: at most --max-instances-per-client
      * instances (refused ones included: they take a place here too) per connection. */
     uint32_t mine = 0, cap = f->srv->cfg.max_instances_per_client;
-    for (uint32_t i = 0; i < st->ninst; i++)
-        mine += st->inst[i]->peer == f->peer;
+    struct inst *oldest_refused = NULL;
+    for (uint32_t i = 0; i < st->ninst; i++) {
+        struct inst *o = st->inst[i];
+        mine += o->peer == f->peer;
+        if (o->refused && (!oldest_refused || o->last_seen_ms < oldest_refused->last_seen_ms))
+            oldest_refused = o;
+    }
+    /* A refused registration is only remembered (it holds nothing in the core): the oldest
+     * one makes room for a new registration rather than keep it out. */
+    if (st->ninst == LMC_MAX_INSTANCES && mine < cap && oldest_refused)
+        drop_inst(st, oldest_refused);
     if (st->ninst == LMC_MAX_INSTANCES || mine >= cap) {
         const struct kvp_server *s = f->srv;
         bool shm = shm_offered(s);
