@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "kvpool.h"
+#include "units.h"
 
 #define EXIT_DAEMON 1  /* the daemon refused the request, or it failed once connected */
 #define EXIT_CONNECT 2 /* the daemon cannot be reached */
@@ -71,7 +72,6 @@ json_t *jobj(json_t *o, const char *key);                       /* member object
 bool jget(json_t *o, const char *key, uint64_t *v);             /* member non-negative integer */
 uint64_t jnum(json_t *o, const char *key);                      /* member integer, or 0 */
 const char *jstr(json_t *o, const char *key, const char *def);  /* member string, or def */
-const char *human_bytes(double v, char *buf, size_t size);      /* 1536 -> "1.50 KiB" */
 const char *human_duration(uint64_t s, char *buf, size_t size); /* 7384 -> "2h 03m" */
 const char *percent(uint64_t part, uint64_t whole, char *buf, size_t size); /* "12.5%" */
 int64_t now_us(void); /* monotonic microseconds */

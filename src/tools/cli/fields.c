@@ -1,5 +1,6 @@
 /*
- * fields.c - reading the daemon's status JSON, and writing numbers in human units.
+ * fields.c - reading the daemon's status JSON, and writing numbers in human units (sizes with
+ * units.h's kvp_human_bytes()).
  *
  * Design. The status JSON's field names are an interface (docs/HTTP.md), but another daemon
  * version may lack a field or add one: a field this program does not know is ignored, and one
@@ -37,21 +38,6 @@ const char *jstr(json_t *o, const char *key, const char *def)
 {
     const char *s = json_string_value(json_object_get(o, key));
     return s ? s : def;
-}
-
-/* Binary units, three significant digits. */
-const char *human_bytes(double v, char *buf, size_t size)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    int u = 0;
-
-    while (v >= 1024 && u < 6) {
-        v /= 1024;
-        u++;
-    }
-    int prec = u == 0 ? 0 : v < 10 ? 2 : v < 100 ? 1 : 0;
-    snprintf(buf, size, "%.*f %s", prec, v, unit[u]);
-    return buf;
 }
 
 /* The two largest units. */

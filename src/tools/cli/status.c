@@ -46,12 +46,12 @@ void print_pool(json_t *pool)
     uint64_t u = jnum(pool, "used_bytes"), c = jnum(pool, "capacity_bytes");
 
     printf("%s of %s used (%s), %" PRIu64 " objects (%" PRIu64 " pinned, %" PRIu64 " reserved)",
-           human_bytes((double)u, used, sizeof(used)), human_bytes((double)c, cap, sizeof(cap)),
-           percent(u, c, pct, sizeof(pct)), jnum(pool, "objects"), jnum(pool, "pinned_objects"),
-           jnum(pool, "reserved_objects"));
+           kvp_human_bytes((double)u, used, sizeof(used)),
+           kvp_human_bytes((double)c, cap, sizeof(cap)), percent(u, c, pct, sizeof(pct)),
+           jnum(pool, "objects"), jnum(pool, "pinned_objects"), jnum(pool, "reserved_objects"));
     if (json_is_true(json_object_get(pool, "warming")))
         printf(", %s of %s reserved so far",
-               human_bytes((double)jnum(pool, "reserved_bytes"), res, sizeof(res)), cap);
+               kvp_human_bytes((double)jnum(pool, "reserved_bytes"), res, sizeof(res)), cap);
 }
 
 /*
@@ -84,7 +84,7 @@ bool l2_line(json_t *doc, char *buf, size_t size)
     term_safe(reason, sizeof(reason), jstr(l2, "reason", ""));
     snprintf(buf, size, "%s %s%s%s (backlog %" PRIu64 " chunks, %s)", url, state,
              reason[0] ? ": " : "", reason, jnum(l2, "backlog_chunks"),
-             human_bytes((double)jnum(l2, "backlog_bytes"), backlog, sizeof(backlog)));
+             kvp_human_bytes((double)jnum(l2, "backlog_bytes"), backlog, sizeof(backlog)));
     return true;
 }
 
@@ -126,7 +126,7 @@ static void cell(json_t *inst, enum col col, char *buf, size_t size)
         term_safe(buf, size, jstr(inst, "dtype", "-"));
         break;
     case C_CHUNK:
-        human_bytes((double)jnum(inst, "chunk_bytes"), buf, size);
+        kvp_human_bytes((double)jnum(inst, "chunk_bytes"), buf, size);
         break;
     case C_PID:
         if (jget(inst, "pid", &v))
@@ -135,10 +135,10 @@ static void cell(json_t *inst, enum col col, char *buf, size_t size)
             snprintf(buf, size, "-");
         break;
     case C_STORED:
-        human_bytes((double)jnum(inst, "stored_bytes"), buf, size);
+        kvp_human_bytes((double)jnum(inst, "stored_bytes"), buf, size);
         break;
     case C_RETRIEVED:
-        human_bytes((double)jnum(inst, "retrieved_bytes"), buf, size);
+        kvp_human_bytes((double)jnum(inst, "retrieved_bytes"), buf, size);
         break;
     case C_FRONT_END:
         term_safe(buf, size, jstr(inst, "front_end", "-"));
@@ -347,12 +347,12 @@ void print_status(const struct cli *x, json_t *doc)
         const char *backend = jstr(shm, "backend", "-");
         if (strcmp(backend, "memfd") == 0) {
             printf("SHM:        enabled, memfd segment of %s (passed to workers over the socket)\n",
-                   human_bytes((double)jnum(shm, "segment_size"), a, sizeof(a)));
+                   kvp_human_bytes((double)jnum(shm, "segment_size"), a, sizeof(a)));
         } else {
             term_safe(reason, sizeof(reason), jstr(shm, "name", "-"));
             printf("SHM:        enabled, %s segment /dev/shm/%s of %s\n",
                    term_safe(word, sizeof(word), backend), reason,
-                   human_bytes((double)jnum(shm, "segment_size"), a, sizeof(a)));
+                   kvp_human_bytes((double)jnum(shm, "segment_size"), a, sizeof(a)));
         }
     } else {
         term_safe(reason, sizeof(reason), jstr(shm, "disabled_reason", "-"));
@@ -371,8 +371,8 @@ void print_status(const struct cli *x, json_t *doc)
         uint64_t got = jnum(counters, "retrieve_bytes_shm") +
                        jnum(counters, "retrieve_bytes_inline");
         printf("Totals:     %s stored, %s retrieved, %" PRIu64 " evictions, lookup hit ratio %s\n",
-               human_bytes((double)stored, a, sizeof(a)), human_bytes((double)got, b, sizeof(b)),
-               jnum(counters, "evictions"),
+               kvp_human_bytes((double)stored, a, sizeof(a)),
+               kvp_human_bytes((double)got, b, sizeof(b)), jnum(counters, "evictions"),
                percent(jnum(counters, "lookup_hit_chunks"), jnum(counters, "lookup_chunks"), c,
                        sizeof(c)));
     }

@@ -102,7 +102,7 @@ static const char *fmt_byte_rate(double r, char *buf, size_t size)
     if (r < 0)
         snprintf(buf, size, "-");
     else
-        snprintf(buf, size, "%s/s", human_bytes(r, tmp, sizeof(tmp)));
+        snprintf(buf, size, "%s/s", kvp_human_bytes(r, tmp, sizeof(tmp)));
     return buf;
 }
 
