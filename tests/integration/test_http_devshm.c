@@ -67,9 +67,32 @@ static void test_gate_reason_in_status(void **state)
     assert_true(kvpt_metric(r.body, "kvpool_pool_capacity_bytes", &found) == (1ull << 30) && found);
     kvpt_http_free(&r);
 
+    /* Healthy (a probe must not restart it), but degraded, with what to do about it. */
     assert_rc(kvpt_http_request(port, "GET", "/api/healthcheck", &r), 0);
     assert_int_equal(r.status, 200);
+    json_error_t jerr;
+    json_t *h = json_loads(r.body, 0, &jerr);
+    assert_non_null(h);
+    assert_string_equal(json_string_value(json_object_get(h, "status")), "healthy");
+    assert_true(json_is_true(json_object_get(h, "degraded")));
+    const char *why = json_string_value(json_array_get(json_object_get(h, "reasons"), 0));
+    assert_non_null(why);
+    assert_string_equal(why, "SHM disabled: /dev/shm has 64.0 MiB free, the pool needs 1.00 GiB: "
+                             "give /dev/shm at least 1.00 GiB (docker run --shm-size; in "
+                             "Kubernetes an emptyDir with medium Memory), or set --l1-size to at "
+                             "most 63.0 MiB; workers copy their chunks through the socket");
+    json_decref(h);
     kvpt_http_free(&r);
+    /* The status says the same. */
+    st = kvpt_http_json(port, "/api/status", &code);
+    assert_non_null(st);
+    json_t *health = json_object_get(st, "health");
+    assert_true(json_is_true(json_object_get(health, "degraded")));
+    const char *again = json_string_value(json_array_get(json_object_get(health, "reasons"), 0));
+    assert_non_null(again);
+    assert_non_null(strstr(again, "SHM disabled: /dev/shm has 64.0 MiB free"));
+    assert_null(strstr(again + 1, "SHM disabled")); /* said once */
+    json_decref(st);
     kvp_client_close(c);
     kvpt_daemon_stop(&d);
 }

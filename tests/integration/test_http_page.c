@@ -144,6 +144,8 @@ static void test_page_shows_why_shm_is_off(void **state)
     char row[4096];
     assert_non_null(strstr(dom, "<span id=\"shm-state\" class=\"off\">SHM disabled</span>"));
     assert_non_null(strstr(dom, "<span id=\"shm-reason\">SHM disabled by configuration</span>"));
+    /* Turned off by the configuration: not degraded. */
+    assert_non_null(strstr(dom, "<div class=\"box\" id=\"health-box\" hidden=\"\">"));
     row_of(dom, "page-no-shm", row, sizeof(row));
     assert_non_null(strstr(row, "data-transport=\"inline\">inline</td>"));
     assert_non_null(strstr(row, "SHM disabled by configuration"));
@@ -170,6 +172,9 @@ static void test_page_shows_l2_down(void **state)
         strstr(dom, "<span id=\"l2-state\" class=\"off\" data-state=\"down\">L2 down</span>"));
     assert_non_null(strstr(dom, "<span id=\"l2-reason\">connect: "));
     assert_non_null(strstr(dom, "<h2 id=\"l2-title\">L2 tier</h2>"));
+    /* The daemon is degraded, and the page says why at the top. */
+    assert_non_null(strstr(dom, "<div class=\"box\" id=\"health-box\">"));
+    assert_non_null(strstr(dom, "<li class=\"health-reason\">l2 down: connect: "));
     free(dom);
     kvpt_daemon_stop(&d);
 }

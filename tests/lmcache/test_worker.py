@@ -453,6 +453,15 @@ class Liveness(Base):
         self.assertFalse(w.retrieve(toks, "u1", w.blank(), end=2 * CHUNK))
         self.assertTrue(w.req.commit_store(w.key(toks, "u1"), w.iid, b"").result(timeout=10)
                         is False)
+        # Counted (the store, the retrieve with its commit, the commit), and the health check
+        # says so for a minute (healthy, but degraded).
+        self.assertEqual(self.d.counter("unknown_instance_requests"), 4)
+        with urllib.request.urlopen("http://127.0.0.1:%d/healthcheck" % self.d.http) as r:
+            health = json.load(r)
+        self.assertEqual((health["status"], health["degraded"]), ("healthy", True))
+        self.assertIn("requests name instances this kvpoold has not registered (4 so far",
+                      health["reasons"][0])
+        self.assertEqual(self.d.status()["health"], health)
         # Its ping: true, as upstream (its worker let it go; nothing to register again).
         self.assertTrue(w.ping())
         self.assertTrue(w.ping())

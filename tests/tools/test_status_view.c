@@ -128,6 +128,26 @@ static void test_counts(void **state)
     json_decref(doc);
 }
 
+/* A degraded daemon's reasons, a line each; nothing for a daemon doing its whole job. */
+static void test_health_lines(void **state)
+{
+    (void)state;
+    json_t *doc = doc_of("{\"health\": {\"status\": \"healthy\", \"degraded\": true,"
+                         " \"reasons\": [\"SHM disabled: /dev/shm has 64.0 MiB free\","
+                         " \"l2 down: \\u001b[2J\"]}}");
+    const char *out = status_text(doc);
+    char line[512];
+    line_with(out, "Health:", line, sizeof(line));
+    assert_string_equal(line, "Health:     degraded: SHM disabled: /dev/shm has 64.0 MiB free");
+    line_with(out, "l2 down", line, sizeof(line));
+    assert_string_equal(line, "            l2 down: \\x1b[2J");
+    json_decref(doc);
+    doc = doc_of("{\"health\": {\"status\": \"healthy\", \"degraded\": false,"
+                 " \"reasons\": []}}");
+    assert_null(strstr(status_text(doc), "Health:"));
+    json_decref(doc);
+}
+
 /* The LMCache line: requests, then only the refusals that happened, then unknown pings. */
 static void test_lmcache_line(void **state)
 {
@@ -193,6 +213,7 @@ int main(void)
         cmocka_unit_test(test_counts),
         cmocka_unit_test(test_status_table),
         cmocka_unit_test(test_lmcache_line),
+        cmocka_unit_test(test_health_lines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

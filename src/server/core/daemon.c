@@ -1,7 +1,7 @@
 /*
  * daemon.c - the helpers that every module of the daemon shares (daemon.h): thread creation with
- * the stop signals blocked, and the clocks. The context itself, struct kvp_server, is built and
- * torn down by server.c.
+ * the stop signals blocked, the clocks, and the note of a request of an unknown instance. The
+ * context itself, struct kvp_server, is built and torn down by server.c.
  */
 #include "core/daemon.h"
 
@@ -11,6 +11,13 @@
 #include <time.h>
 
 #include "base/log.h"
+#include "core/stats.h"
+
+void kvp_note_unknown_instance(struct kvp_server *s)
+{
+    KVP_COUNT(unknown_instance_requests, 1);
+    atomic_store_explicit(&s->unknown_instance_ms, kvp_mono_ms(), memory_order_relaxed);
+}
 
 void kvp_stop_signals_block(sigset_t *old)
 {

@@ -52,6 +52,10 @@ struct kvp_server {
     struct kvp_http *http;    /* the HTTP endpoint (http.c), NULL with --http off */
     struct kvp_l2 *l2;        /* the L2 tier (l2.h), NULL with --l2 off */
     struct lmc_listener *lmc; /* the LMCache front end (lmc/listener.h), NULL without --lmcache */
+    /* kvp_mono_ms() when a request last named an instance this daemon has not registered (0:
+     * never): a worker that did not register again after a restart (kvp_note_unknown_instance,
+     * read by the health check). */
+    _Atomic uint64_t unknown_instance_ms;
 
     int lock_fd; /* <socket>.lock, flocked for our lifetime */
     int listen_fd;
@@ -108,5 +112,9 @@ int kvp_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void
 /* Names the calling thread (at most 15 bytes: "kvp-lmcache"), as top -H, ps -L, perf and
  * /proc/PID/task/TID/comm show it. Best effort: a failure changes nothing else. */
 void kvp_thread_name(const char *name);
+
+/* A request of s named an instance this daemon has not registered: counted
+ * (unknown_instance_requests) and remembered for the health check. Any thread. */
+void kvp_note_unknown_instance(struct kvp_server *s);
 
 #endif /* KVP_DAEMON_H */

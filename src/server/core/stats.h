@@ -131,6 +131,9 @@
        "or the LMCache front end its share of the instance table")                                \
     XX(lmcache_foreign_commits, "lmcache_foreign_commits", "", "",                                \
        "LMCache commits refused because another connection made their prepare")                   \
+    XX(unknown_instance_requests, "unknown_instance_requests", "", "",                            \
+       "requests that named an instance this kvpoold has not registered (a worker that did not "  \
+       "register again after a restart)")                                                         \
     XX(lmcache_unknown_pings, "lmcache_unknown_instance_pings", "", "",                           \
        "pings of LMCache instances this kvpoold had not registered (a worker from before a "      \
        "restart), answered false once so that the worker registers again")                        \

@@ -645,6 +645,7 @@ static struct inst *worker_inst(struct lmc_front *f, uint64_t iid, const struct 
     check_segment(f);
     struct inst *in = find(f->st, iid);
     if (!in) {
+        kvp_note_unknown_instance(f->srv);
         log_warn_rl("LMCache %s of unknown instance %" PRIu64
                     " (never registered, unregistered or reaped): answered negatively",
                     op, iid);
@@ -976,8 +977,10 @@ bool lmc_commit_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key
     struct lmc_state *st = f->st;
     uint8_t d[16];
     struct inst *in = find(st, iid);
-    if (!in)
+    if (!in) {
+        kvp_note_unknown_instance(f->srv);
         return false;
+    }
     in->last_seen_ms = f->now_ms;
     if (!in->registered)
         return true;

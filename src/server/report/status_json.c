@@ -24,6 +24,7 @@
  */
 #include "report/status_json.h"
 
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,8 +35,11 @@
 
 #include <jansson.h>
 
+#include "common/seg_header.h"
+#include "common/units.h"
 #include "common/wire.h"
 #include "core/daemon.h"
+#include "core/seg_guard.h"
 #include "core/snapshot.h"
 #include "core/stats.h"
 #include "l2/l2.h"
@@ -266,26 +270,107 @@ static char *starting_json(struct kvp_server *s)
     return text;
 }
 
+/* How long after a request of an unknown instance the daemon reports itself degraded. */
+#define UNKNOWN_WINDOW_MS 60000u
+
+/* Why shared memory is off although the configuration asked for it, in words that name the
+ * remedy; "" when it is on or was turned off by the configuration. */
+static void shm_health(const struct kvp_server *s, char *out, size_t size)
+{
+    const struct kvp_gate_seen *g = &s->gate;
+    const char *reason = s->shm_reason;
+    char have[32], need[32], fit[32];
+
+    out[0] = '\0';
+    if (kvp_seg_guard_tripped()) {
+        snprintf(out, size,
+                 "SHM disabled: the shared segment shrank under kvpoold (another process "
+                 "truncated it); workers copy their chunks through the socket until kvpoold is "
+                 "restarted");
+        return;
+    }
+    if (s->seg.shared || !g->probed)
+        return;
+    if (strncmp(reason, "SHM disabled: ", 14) == 0)
+        reason += 14;
+    if (g->probe.err) {
+        snprintf(out, size, "SHM disabled: %s; workers copy their chunks through the socket",
+                 reason);
+        return;
+    }
+    uint64_t want = s->cfg.l1_size + KVP_SEG_HEADER;
+    uint64_t most = g->probe.free_bytes > KVP_SEG_HEADER ? g->probe.free_bytes - KVP_SEG_HEADER : 0;
+    most = most / (1u << 20) * (1u << 20);
+    kvp_human_bytes((double)g->probe.free_bytes, have, sizeof(have));
+    kvp_human_bytes((double)want, need, sizeof(need));
+    kvp_human_bytes((double)most, fit, sizeof(fit));
+    if (g->memory)
+        snprintf(out, size,
+                 "SHM disabled: %s of memory available, the pool needs %s: set --l1-size to at "
+                 "most %s, or give kvpoold more memory; workers copy their chunks through the "
+                 "socket",
+                 have, need, fit);
+    else
+        snprintf(out, size,
+                 "SHM disabled: /dev/shm has %s free, the pool needs %s: give /dev/shm at least "
+                 "%s (docker run --shm-size; in Kubernetes an emptyDir with medium Memory), or "
+                 "set --l1-size to at most %s; workers copy their chunks through the socket",
+                 have, need, need, fit);
+}
+
+/* The health check's reasons: each part of the daemon that does not do its whole job. */
+static json_t *health_reasons(struct doc *d, struct kvp_server *s)
+{
+    json_t *reasons = json_array();
+    char reason[KVP_L2_REASON_MAX + 512];
+
+    if (s->l2) {
+        struct kvp_l2_gauges g;
+        kvp_l2_get_gauges(s->l2, &g);
+        if (!g.up) {
+            snprintf(reason, sizeof(reason), "l2 %s: %s", kvp_l2_state_name(g.state), g.reason);
+            append(d, reasons, jstr(reason));
+        }
+    }
+    shm_health(s, reason, sizeof(reason));
+    if (reason[0])
+        append(d, reasons, jstr(reason));
+    uint64_t last = atomic_load_explicit(&s->unknown_instance_ms, memory_order_relaxed);
+    uint64_t now = kvp_mono_ms();
+    if (last && now - last < UNKNOWN_WINDOW_MS) {
+        snprintf(reason, sizeof(reason),
+                 "requests name instances this kvpoold has not registered (%" PRIu64
+                 " so far, the last %" PRIu64 " s ago): workers of an earlier kvpoold that did "
+                 "not register again; LMCache workers do on their next heartbeats, restart one "
+                 "that does not",
+                 atomic_load_explicit(&kvp_counters.unknown_instance_requests,
+                                      memory_order_relaxed),
+                 (now - last) / 1000);
+        append(d, reasons, jstr(reason));
+    }
+    return reasons;
+}
+
+/* "health": what GET /api/healthcheck answers while the daemon serves. */
+static json_t *health_object(struct doc *d, struct kvp_server *s)
+{
+    json_t *o = json_object();
+    json_t *reasons = health_reasons(d, s);
+    bool degraded = json_array_size(reasons) > 0;
+    put(d, o, "status", json_string("healthy"));
+    put(d, o, "degraded", json_boolean(degraded));
+    put(d, o, "reasons", reasons);
+    return o;
+}
+
 char *kvp_status_health_degraded(struct kvp_server *s)
 {
-    struct kvp_l2_gauges g;
-    char reason[KVP_L2_REASON_MAX + 32];
     struct doc d = {.bad = false};
-
-    if (!s->l2)
-        return NULL;
-    kvp_l2_get_gauges(s->l2, &g);
-    if (g.up)
-        return NULL;
-    snprintf(reason, sizeof(reason), "l2 %s: %s", kvp_l2_state_name(g.state), g.reason);
-    json_t *root = json_object();
-    json_t *reasons = json_array();
-    append(&d, reasons, jstr(reason));
-    put(&d, root, "status", json_string("healthy"));
-    put(&d, root, "degraded", json_true());
-    put(&d, root, "reasons", reasons);
-    char *text = d.bad ? NULL : json_dumps(root, JSON_PRESERVE_ORDER);
-    json_decref(root);
+    json_t *health = health_object(&d, s);
+    char *text = NULL;
+    if (!d.bad && json_is_true(json_object_get(health, "degraded")))
+        text = json_dumps(health, JSON_PRESERVE_ORDER);
+    json_decref(health);
     return text;
 }
 
@@ -320,6 +405,7 @@ char *kvp_status_json_render(struct kvp_server *s, const struct kvp_snapshot *sn
     put(&d, root, "chunk_tokens", jint(s->cfg.chunk_tokens));
     put(&d, root, "socket", jstr(s->cfg.socket_path));
     put(&d, root, "pool", pool_object(&d, snap));
+    put(&d, root, "health", health_object(&d, s));
     put(&d, root, "shm", shm_object(&d, s));
     put(&d, root, "l2", l2_object(&d, s, snap));
     put(&d, root, "instances", instances);

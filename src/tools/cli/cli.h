@@ -109,6 +109,8 @@ void print_pool(json_t *pool);
 /* The L2 tier's line after its label into buf: "redis://host:6379 up (backlog 3 chunks, 24.0
  * KiB)", "... down: <reason> (...)", or "off". Returns false when the status has no "l2". */
 bool l2_line(json_t *doc, char *buf, size_t size);
+/* "Health:     degraded: <reason>", a line per reason, when the daemon says it is degraded. */
+void print_health(json_t *doc);
 /* The summary of `kvpool status`. */
 void print_status(const struct cli *x, json_t *doc);
 /* Bytes of the texts transport_counts() and client_counts() make. */

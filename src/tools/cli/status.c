@@ -36,6 +36,22 @@ void print_headline(const struct cli *x, json_t *doc)
            term_safe(st, sizeof(st), jstr(doc, "state", "-")), jnum(doc, "pid"), up);
 }
 
+/* "Health:     degraded: <reason>" for each reason of a degraded daemon; nothing when it does
+ * its whole job (or does not report it). */
+void print_health(json_t *doc)
+{
+    json_t *health = jobj(doc, "health"), *r;
+    char reason[TERM_ESCAPED_MAX(1024)];
+    size_t i;
+    if (!health || !json_is_true(json_object_get(health, "degraded")))
+        return;
+    json_array_foreach(json_object_get(health, "reasons"), i, r)
+    {
+        term_safe(reason, sizeof(reason), json_is_string(r) ? json_string_value(r) : "?");
+        printf("%s%s\n", i ? "            " : "Health:     degraded: ", reason);
+    }
+}
+
 /*
  * "3.00 MiB of 4.00 MiB used (75.0%), 48 objects (2 pinned, 1 reserved)", and while the daemon
  * still reserves the pool in the background ", 256 MiB of 4.00 GiB reserved so far".
@@ -334,6 +350,7 @@ void print_status(const struct cli *x, json_t *doc)
     char a[32], b[32], c[32], reason[CELL], word[WORD], line[L2_LINE], counts[COUNTS];
 
     print_headline(x, doc);
+    print_health(doc);
     if (!pool) {
         /* A daemon still starting has no pool yet: say why, and nothing more. */
         term_safe(reason, sizeof(reason), jstr(doc, "reason", "-"));
