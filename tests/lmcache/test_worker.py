@@ -209,8 +209,19 @@ class Transfer(Base):
         owner = [c for c in st["clients"]["list"] if c["id"] == mine[0]["client_id"]]
         self.assertEqual([c["front_end"] for c in owner], ["lmcache"])
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.d.http) as r:
-            self.assertIn('kvpool_instances{front_end="lmcache",transport="shm"} 1',
-                          r.read().decode())
+            metrics = r.read().decode()
+        self.assertIn('kvpool_instances{front_end="lmcache",transport="shm"} 1', metrics)
+        # LMCache's own names, for its dashboards: chunks written and read, tokens looked up
+        # and found (3 chunks of CHUNK tokens).
+        for line in ("lmcache_mp_l1_write_chunks_total 3", "lmcache_mp_l1_read_chunks_total 3",
+                     "lmcache_mp_lookup_requested_tokens_total %d" % (3 * CHUNK),
+                     "lmcache_mp_lookup_hit_tokens_total %d" % (3 * CHUNK),
+                     "lmcache_mp_l1_evicted_chunks_total 0"):
+            self.assertIn("\n" + line + "\n", metrics)
+        if shutil.which("promtool"):
+            p = subprocess.run(["promtool", "check", "metrics"], input=metrics, text=True,
+                               capture_output=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         with urllib.request.urlopen("http://127.0.0.1:%d/healthcheck" % self.d.http) as r:
             self.assertEqual(json.load(r), {"status": "healthy"})
         self.assertEqual(mine[0]["use_mla"], layout == "MLA")

@@ -23,6 +23,12 @@
  * transport is named by kvp_reg_transport_name(), so a new one is a new label value, not a
  * miscount. Front-end names are escaped as label values all the same (they never need it).
  *
+ * LMCache's own names (lmcache_mp_l1_write_chunks_total, lmcache_mp_lookup_hit_tokens_total,
+ * ...: what `lmcache server` exports through OpenTelemetry and what LMCache's dashboards and
+ * tests read) are written too, as aliases computed from kvpool's counters (lmc_aliases[]):
+ * LMCache counts lookups in tokens where kvpool counts chunks, so those are the chunk counts
+ * times --chunk-size (docs/HTTP.md has the table).
+ *
  * Threads: any thread, once the server has started; no lock is held while formatting.
  */
 #include "report/metrics.h"
@@ -205,6 +211,48 @@ static void write_lock_hold(FILE *f, const struct kvp_hold_copy *h)
             (double)h->max_ns / 1e9);
 }
 
+/* One LMCache metric as an alias of a kvpool counter, times the chunk size when LMCache counts
+ * tokens. */
+struct lmc_alias {
+    const char *name; /* without "_total" */
+    const char *help;
+    enum kvp_counter_id ctr;
+    bool tokens;
+};
+
+static const struct lmc_alias lmc_aliases[] = {
+    {"lmcache_mp_l1_write_chunks",
+     "Chunks written to L1 (alias of kvpool_store_chunks_total, summed over transports)",
+     KVP_CTR_store_chunks_committed, false},
+    {"lmcache_mp_l1_read_chunks",
+     "Chunks read from L1 (alias of kvpool_retrieve_chunks_total, summed over transports)",
+     KVP_CTR_retrieve_chunks, false},
+    {"lmcache_mp_l1_evicted_chunks", "Chunks evicted from L1 (alias of kvpool_evictions_total)",
+     KVP_CTR_evictions, false},
+    {"lmcache_mp_l1_allocation_failure_chunks",
+     "Chunks not stored for lack of evictable space in L1 (alias of "
+     "kvpool_allocation_failures_total)",
+     KVP_CTR_store_chunks_no_space, false},
+    {"lmcache_mp_lookup_requested_tokens",
+     "Tokens of full chunks submitted for lookup (kvpool_lookup_chunks_total x --chunk-size)",
+     KVP_CTR_lookup_chunks, true},
+    {"lmcache_mp_lookup_hit_tokens",
+     "Tokens found by lookups, the leading run of hits (kvpool_lookup_hit_chunks_total x "
+     "--chunk-size)",
+     KVP_CTR_lookup_hit_chunks, true},
+};
+
+static void write_lmc_aliases(FILE *f, const struct kvp_snapshot *snap)
+{
+    uint64_t C = snap->gauges[KVP_GAUGE_chunk_tokens];
+    for (size_t i = 0; i < sizeof(lmc_aliases) / sizeof(lmc_aliases[0]); i++) {
+        const struct lmc_alias *a = &lmc_aliases[i];
+        uint64_t v = snap->counters[a->ctr] * (a->tokens ? C : 1);
+        fprintf(f, "# HELP %s_total %s\n# TYPE %s_total counter\n%s_total %" PRIu64 "\n", a->name,
+                a->help, a->name, a->name, v);
+    }
+}
+
 char *kvp_metrics_text(struct kvp_server *s, size_t *len)
 {
     struct kvp_snapshot snap;
@@ -236,6 +284,7 @@ char *kvp_metrics_render(const struct kvp_snapshot *snap, size_t *len)
     write_latency(f, snap);
     write_lmc_latency(f, snap);
     write_lock_hold(f, &snap->lock_hold);
+    write_lmc_aliases(f, snap);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) {
         free(text);
