@@ -225,6 +225,9 @@ class Transfer(Base):
         with urllib.request.urlopen("http://127.0.0.1:%d/healthcheck" % self.d.http) as r:
             self.assertEqual(json.load(r), {"status": "healthy"})
         self.assertEqual(mine[0]["use_mla"], layout == "MLA")
+        self.assertEqual(mine[0]["layout"],
+                         ("one plane (MLA, or K and V fused)" if layout == "MLA" else "K and V")
+                         + ", 2 layers, %d tokens, 128 values per token" % CHUNK)
         self.assertEqual(mine[0]["dtype"], dtype)
         w.unregister()
         self.assertEqual(self.d.status()["instances"], [])
@@ -247,9 +250,9 @@ class Transfer(Base):
     def test_mla(self):
         self.roundtrip("bfloat16", layout="MLA")
 
-    def test_two_ranks(self):
-        r0 = self.worker(model="tp", world_size=2, rank=0, seed=1)
-        r1 = self.worker(model="tp", world_size=2, rank=1, seed=2)
+    def test_two_ranks(self, layout="NHD"):
+        r0 = self.worker(model="tp", world_size=2, rank=0, seed=1, layout=layout)
+        r1 = self.worker(model="tp", world_size=2, rank=1, seed=2, layout=layout)
         s = self.scheduler()
         r0.register()
         r1.register()
@@ -271,6 +274,12 @@ class Transfer(Base):
         s.end_session("b")
         s.end_session("a")
         self.assertEqual(self.d.gauge("objects_pinned"), 0)
+
+    def test_two_ranks_single_plane(self):
+        """One plane per layer (LMCache's use_mla): MLA, or a fused K/V format such as vLLM's
+        CPU cache of a GQA model, whose ranks hold different heads. Each rank's chunks are its
+        own, as in lmcache server (LMCache's MLA workers name one rank for their replicas)."""
+        self.test_two_ranks(layout="MLA")
 
     def test_shared_prefix(self):
         a = self.worker(model="p", seed=3)

@@ -189,7 +189,7 @@ static int keyed_prepare(struct kvp_owner *o, uint32_t handle, const struct kvp_
     if (src->other_rank && src->rank >= k->inst.spec.world_size)
         return fail(msg, msg_size, -EINVAL, "rank %" PRIu32 " is not below world size %" PRIu32,
                     src->rank, k->inst.spec.world_size);
-    bool other = src->other_rank && !k->inst.spec.use_mla && src->rank != k->inst.spec.worker_rank;
+    bool other = src->other_rank && (k->inst.spec.use_mla || src->rank != k->inst.spec.worker_rank);
     uint8_t seed[KVP_KEY_SIZE];
     memcpy(seed, k->inst.seed, sizeof(seed));
     if (src->salt_len || other) {

@@ -86,10 +86,13 @@ struct kvp_key_src {
     uint32_t id_len;
     const void *salt;
     uint32_t salt_len;
-    /* The keys of another rank of the registration's model and layout (a tensor-parallel
+    /* The keys of rank `rank` of the registration's model and layout (a tensor-parallel
      * peer's chunks: a lookup that must find every rank's, a protocol whose requests name
-     * their rank) instead of the registration's own rank; rank < world size. Ignored for MLA
-     * layouts, whose ranks share their chunks. */
+     * their rank) instead of the registration's own; rank < world size. The rank is then part
+     * of every key, whatever the layout: LMCache keys each chunk by the worker that names it,
+     * and a single-plane layout ("use_mla") is MLA or a fused K/V format of a GQA model, whose
+     * ranks hold different heads; LMCache's MLA workers name one rank for their replicas
+     * themselves. (kvpool's own protocol shares an MLA layout's chunks across ranks.) */
     bool other_rank;
     uint32_t rank;
 };

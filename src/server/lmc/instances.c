@@ -17,7 +17,8 @@
  * hold is ended: aborted or unpinned), as upstream overwrites its pending map.
  *
  * Lookups. The scheduler's lookup names no worker: a chunk is a hit only if every rank of the
- * world size has it (one rank for an MLA layout, whose keys all ranks share), and the hit count
+ * world size has it (every key names its rank, a single-plane layout too: LMCache's MLA workers
+ * name one rank for their replicas themselves), and the hit count
  * is the leading run of hits. For each rank the lookup runs as an instance that serves that rank
  * (the one whose requests named it, else any instance of the model and world size: tensor-
  * parallel ranks share a layout) with KVP_LOOKUP_PIN, so the chunks found stay pinned for the
@@ -1122,8 +1123,9 @@ void lmc_lookup(struct lmc_front *f, const struct lmc_key *k)
                     k->model_name, k->world_size);
         return;
     }
-    /* MLA layouts share their keys across ranks: one rank covers them all. */
-    uint32_t nranks = first->reg.spec.use_mla ? 1 : k->world_size;
+    /* Every rank of the world size, MLA or not: LMCache's MLA workers name one world rank for
+     * their replicas (core/ops.h, kvp_key_src.other_rank). */
+    uint32_t nranks = k->world_size;
     uint32_t readers = k->num_kv_readers ? k->num_kv_readers : 1;
     j->pins = calloc(nranks, sizeof(*j->pins));
     if (!j->pins)

@@ -172,6 +172,25 @@ static json_t *pool_object(struct doc *d, const struct kvp_snapshot *snap)
     return o;
 }
 
+/* The chunk's shape in words: "K and V, 32 layers, 256 tokens, 1024 values per token", or "one
+ * plane (MLA, or K and V fused), ..." for a single-plane layout, which LMCache calls use_mla
+ * whichever it is (vLLM's CPU cache of a GQA model is one). */
+static json_t *layout_words(const struct kvp_registration *r)
+{
+    char buf[160];
+    const uint32_t *sh = r->layout.shape;
+    if (r->layout.ndim == 4)
+        snprintf(buf, sizeof(buf), "K and V, %u layers, %u tokens, %u values per token", sh[1],
+                 sh[2], sh[3]);
+    else if (r->layout.ndim == 3)
+        snprintf(buf, sizeof(buf),
+                 "one plane (MLA, or K and V fused), %u layers, %u tokens, %u values per token",
+                 sh[0], sh[1], sh[2]);
+    else
+        snprintf(buf, sizeof(buf), "%u dimensions", r->layout.ndim);
+    return json_string(buf);
+}
+
 static json_t *instance_object(struct doc *d, const struct kvp_instance_view *iv)
 {
     const struct kvp_registration *r = &iv->reg;
@@ -188,6 +207,7 @@ static json_t *instance_object(struct doc *d, const struct kvp_instance_view *iv
     put(d, o, "dtype", jstr(r->spec.dtype));
     put(d, o, "use_mla", json_boolean(r->spec.use_mla));
     put(d, o, "chunk_shape", shape);
+    put(d, o, "layout", layout_words(r));
     put(d, o, "chunk_bytes", jint(r->layout.bytes));
     put(d, o, "transport", json_string(kvp_reg_transport_name(r->transport)));
     put(d, o, "fallback_reason", jstr_or_null(shm ? "" : r->reason));

@@ -117,7 +117,7 @@ enum col {
     C_FRONT_END,
     C_TRANSPORT
 };
-static const char *const col_title[] = {"ID",  "MODEL",  "RANK",      "DTYPE",     "CHUNK",
+static const char *const col_title[] = {"ID",  "MODEL",  "RANK",      "DTYPE",     "CHUNK BYTES",
                                         "PID", "STORED", "RETRIEVED", "FRONT END", "TRANSPORT"};
 
 /* The text of one cell. The transport comes with the fallback reason when there is one (an
