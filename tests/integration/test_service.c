@@ -390,13 +390,60 @@ static void test_example_config(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/* Every commented "# name = value" line of the example is an option with a value the daemon
+ * accepts: the file with those lines uncommented starts it (what needs something of this
+ * machine, Redis, the password file, the ports, is switched off on the command line, which
+ * wins over the file). */
+static void test_example_config_comments(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    char conf[512], line[512], text[8192] = "";
+    size_t len = 0;
+    int uncommented = 0;
+    const char *src = __FILE__, *end = strstr(src, "tests/integration/test_service.c");
+    if (!end || src[0] != '/') {
+        fprintf(stderr, "skipped: the source tree is not known (__FILE__ = %s)\n", src);
+        skip();
+    }
+    snprintf(conf, sizeof(conf), "%.*scontrib/kvpoold.conf", (int)(end - src), src);
+    FILE *f = fopen(conf, "re");
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f)) {
+        const char *l = line;
+        char name[64];
+        if (strncmp(l, "# ", 2) == 0 && sscanf(l + 2, "%63[a-z0-9-] =", name) == 1 &&
+            strstr(l, " = ")) {
+            l += 2;
+            uncommented++;
+        }
+        len += (size_t)snprintf(text + len, sizeof(text) - len, "%s", l);
+        assert_true(len < sizeof(text));
+    }
+    fclose(f);
+    /* shm, socket, access, limits, HTTP, L2 and LMCache lines at least. */
+    assert_true(uncommented >= 20);
+    const char *path = write_conf("uncommented.conf", text);
+    const char *args[] = {"--config",           path,   "--l1-size", "16MiB",     "--http",
+                          "127.0.0.1:0",        "--l2", "off",       "--lmcache", "off",
+                          "--l2-password-file", "",     NULL};
+    kvpt_daemon_start(&d, args);
+    expect_served(&d, 16u << 20, 256);
+    kvpt_daemon_stop(&d);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(test_notify_protocol), T(test_notify_stop_during_warmup), T(test_json_log),
-        T(test_config_file),     T(test_config_file_errors),        T(test_example_config),
+        T(test_notify_protocol),
+        T(test_notify_stop_during_warmup),
+        T(test_json_log),
+        T(test_config_file),
+        T(test_config_file_errors),
+        T(test_example_config),
+        T(test_example_config_comments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
