@@ -107,9 +107,14 @@ int main(int argc, char **argv)
     kvp_notify_stopping();
     log_info("kvpoold stopping");
     kvp_server_destroy(&server);
+    /* The lock file stays (server.c): removing it would let two daemons that opened it at
+     * different moments both think they own the socket. */
+    char lock[sizeof(cfg.socket_path) + 8];
+    snprintf(lock, sizeof(lock), "%s.lock", cfg.socket_path);
     explicit_bzero(&cfg, sizeof(cfg));
     if (rc)
         return EXIT_FAILURE;
+    log_info("%s stays: the next kvpoold on this socket locks it again", lock);
     log_info("kvpoold stopped");
     return EXIT_SUCCESS;
 }

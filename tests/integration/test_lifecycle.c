@@ -113,6 +113,22 @@ static void test_killed_worker_releases_everything(void **state)
     kvpt_daemon_stop(&d);
 }
 
+/* A client that closes its connection between requests (every `kvpool` command does) is
+ * logged as such, not as a connection reset. */
+static void test_client_close_logged(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    const char *args[] = {"--l1-size", "16MiB", "--chunk-size", "16", "--log-level", "debug", NULL};
+    kvpt_daemon_start(&d, args);
+    kvp_client *c = kvpt_connect(&d);
+    assert_rc(kvp_ping(c), 0);
+    kvp_client_close(c);
+    assert_true(kvpt_log_wait(&d, "closed by its client", 5000));
+    assert_int_equal(kvpt_log_count(&d, "reset by peer"), 0);
+    kvpt_daemon_stop(&d);
+}
+
 static void test_sigterm_cleans_up(void **state)
 {
     (void)state;
@@ -137,6 +153,10 @@ static void test_sigterm_cleans_up(void **state)
     assert_false(kvpt_shm_exists(name));
     assert_int_equal(access(sock, F_OK), -1);
     assert_true(kvpt_log_wait(&d, "kvpoold stopped", 1000));
+    /* The lock file that stays is explained, once. */
+    char lock_line[256];
+    snprintf(lock_line, sizeof(lock_line), "%s.lock stays: the next kvpoold on this socket", sock);
+    assert_int_equal(kvpt_log_count(&d, lock_line), 1);
     /* The worker learns at once that the daemon is gone. */
     assert_true(kvp_ping(c) < 0);
     free(sp.slots);
@@ -279,6 +299,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_killed_worker_releases_everything),
         cmocka_unit_test(test_sigterm_cleans_up),
+        cmocka_unit_test(test_client_close_logged),
         cmocka_unit_test(test_stale_segment_replaced),
         cmocka_unit_test(test_live_segment_refused),
         cmocka_unit_test(test_socket_permissions),

@@ -288,6 +288,8 @@ void *kvp_session_main(void *arg)
     if (rc == -ETIMEDOUT)
         log_warn_rl("Connection %llu (pid %d) stalled mid-frame for more than %u ms; dropped",
                     (unsigned long long)c->owner.id, (int)c->owner.pid, io_timeout_ms);
+    else if (rc == -ENOTCONN)
+        log_debug("Connection %llu closed by its client", (unsigned long long)c->owner.id);
     else
         log_debug("Connection %llu closed (%s)", (unsigned long long)c->owner.id, kvp_strerror(rc));
 

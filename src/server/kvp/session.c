@@ -101,7 +101,7 @@ int kvp_session_recv_header(struct kvp_session *c, uint8_t *hdr)
                        : kvp_session_recv(c, hdr + first, KVP_HEADER_SIZE - first);
         }
         if (n == 0)
-            return -ECONNRESET;
+            return c->in_len ? -ECONNRESET : -ENOTCONN;
         if (errno == EINTR)
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)

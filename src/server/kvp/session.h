@@ -73,7 +73,9 @@ int kvp_session_reply(struct kvp_session *c, const struct kvp_header *req, int s
 int kvp_session_reply_fd(struct kvp_session *c, const struct kvp_header *req, int fd);
 
 /* Waits for and reads a request header (KVP_HEADER_SIZE bytes). Idle time is unlimited; a
- * started header is not. Returns 0, -ECONNRESET on EOF, -ETIMEDOUT, -ESHUTDOWN at a stop. */
+ * started header is not. Returns 0, -ENOTCONN when the client closed the connection between
+ * requests (a normal end), -ECONNRESET on an EOF inside a header, -ETIMEDOUT, -ESHUTDOWN at a
+ * stop. */
 int kvp_session_recv_header(struct kvp_session *c, uint8_t *hdr);
 
 /* Allocates the per-request scratch buffers (the session's and its owner's). 0 or -ENOMEM
