@@ -582,9 +582,12 @@ static void test_metrics(void **state)
     assert_non_null(strstr(out, "\nkvpool_store_chunks_total{transport=\"shm\"} 2\n"));
     assert_non_null(strstr(out, "kvpool_request_duration_seconds_count{op=\"status\"}"));
     assert_non_null(strstr(out, "kvpool_request_duration_seconds_count{op=\"metrics\"}"));
+    /* kvpool's families, and LMCache's names as aliases of them (docs/HTTP.md). */
+    assert_non_null(strstr(out, "\nlmcache_mp_l1_write_chunks_total 2\n"));
     for (const char *p = out; *p; p = strchr(p, '\n') + 1) {
-        if (*p != '#' && strncmp(p, "kvpool_", 7) != 0)
-            fail_msg("a line that is neither a comment nor a kvpool_ sample: %.80s", p);
+        if (*p != '#' && strncmp(p, "kvpool_", 7) != 0 && strncmp(p, "lmcache_mp_", 11) != 0)
+            fail_msg("a line that is neither a comment nor a kvpool_ or lmcache_mp_ sample: %.80s",
+                     p);
         if (!strchr(p, '\n'))
             fail_msg("the text does not end with a newline");
     }
@@ -747,6 +750,8 @@ static void test_watch_once(void **state)
     assert_non_null(strstr(line, "hit ratio 50.0%"));
     line_with(out, "Requests", line, sizeof(line));
     assert_null(strstr(line, "Requests    0.0/s"));
+    /* By front end, this watch's own status request left out. */
+    assert_non_null(strstr(line, ", lmcache 0.0/s; not counting this watch)"));
     line_with(out, "Stores", line, sizeof(line));
     assert_non_null(strstr(line, "(shm "));
     line_with(out, "Retrieves", line, sizeof(line));

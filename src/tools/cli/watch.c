@@ -21,6 +21,7 @@
 /* Counters `watch` turns into rates, by their names in the status JSON. */
 #define WATCH_COUNTERS(XX)     \
     XX(requests)               \
+    XX(lmcache_requests)       \
     XX(request_errors)         \
     XX(lookups)                \
     XX(lookup_chunks)          \
@@ -129,9 +130,16 @@ static void print_frame(const struct cli *x, json_t *doc, const struct sample *p
     printf("%s, rates over the last %.1f s\n\n", d,
            comparable(prev, cur) ? (double)(cur->t_us - prev->t_us) / 1e6 : 0.0);
 
-    printf("Requests    %-14s errors %s\n",
-           fmt_rate(rate(prev, cur, W_requests), "/s", a, sizeof(a)),
-           fmt_rate(rate(prev, cur, W_request_errors), "/s", b, sizeof(b)));
+    /* Every front end's requests; kvpool's less the one status request of this watch. */
+    double kvp = rate(prev, cur, W_requests), lmc = rate(prev, cur, W_lmcache_requests);
+    if (kvp >= 0 && comparable(prev, cur)) {
+        kvp -= 1e6 / (double)(cur->t_us - prev->t_us);
+        kvp = kvp < 0 ? 0 : kvp;
+    }
+    printf("Requests    %-14s errors %s (kvpool %s, lmcache %s; not counting this watch)\n",
+           fmt_rate(sum2(kvp, lmc), "/s", a, sizeof(a)),
+           fmt_rate(rate(prev, cur, W_request_errors), "/s", b, sizeof(b)),
+           fmt_rate(kvp, "/s", c, sizeof(c)), fmt_rate(lmc, "/s", d, sizeof(d)));
     /* The hit ratio of the interval: chunks found over chunks asked about. */
     double asked = rate(prev, cur, W_lookup_chunks), hit = rate(prev, cur, W_lookup_hit_chunks);
     if (asked > 0 && hit >= 0)
