@@ -144,6 +144,10 @@ static void test_page_shows_why_shm_is_off(void **state)
     char row[4096];
     assert_non_null(strstr(dom, "<span id=\"shm-state\" class=\"off\">SHM disabled</span>"));
     assert_non_null(strstr(dom, "<span id=\"shm-reason\">SHM disabled by configuration</span>"));
+    /* Without --lmcache: says so, and how to turn it on; the totals of every front end. */
+    assert_non_null(
+        strstr(dom, "<p id=\"lmcache-state\">Off (kvpoold --lmcache ADDR serves it)</p>"));
+    assert_non_null(strstr(dom, "Since the start: "));
     /* Turned off by the configuration: not degraded. */
     assert_non_null(strstr(dom, "<div class=\"box\" id=\"health-box\" hidden=\"\">"));
     row_of(dom, "page-no-shm", row, sizeof(row));
@@ -246,6 +250,15 @@ static void test_page_shows_other_front_ends(void **state)
                               json_pack("{s:i, s:s, s:n, s:i, s:s, s:i}", "id", 100 + i,
                                         "front_end", "lmcache", "pid", "uid", 0, "connected_since",
                                         "2026-12-02T12:31:15.714Z", "instances", 1));
+    /* The count by front end that the page shows, and the front end itself, as a daemon with
+     * --lmcache would give them. */
+    json_object_set_new(json_object_get(json_object_get(st, "clients"), "by_front_end"), "lmcache",
+                        json_integer(2));
+    json_object_set_new(st, "lmcache",
+                        json_pack("{s:s, s:i, s:i, s:i}", "address", "tcp://127.0.0.1:5555",
+                                  "instances", 2, "clients", 2, "requests", 17));
+    json_object_set_new(json_object_get(st, "counters"), "lmcache_replies_refused",
+                        json_integer(3));
     char *text = json_dumps(st, 0);
     json_decref(st);
     snprintf(path, sizeof(path), "%s/api", dir);
@@ -305,6 +318,9 @@ static void test_page_shows_other_front_ends(void **state)
         strstr(row, "class=\"transport-other\" data-transport=\"rdma v2\">rdma v2</td>"));
     assert_non_null(strstr(dom, "<span id=\"instance-count\">3</span>"));
     assert_non_null(strstr(dom, "1 of 256 clients connected, lmcache 2, socket "));
+    assert_non_null(strstr(dom, "<p id=\"lmcache-state\">Serving tcp://127.0.0.1:5555: 2 "
+                                "instances, 17 requests</p>"));
+    assert_non_null(strstr(dom, "Refused: 3 prepares (unread replies)"));
     assert_non_null(strstr(dom, "<p class=\"error\" id=\"error\" hidden=\"\"></p>"));
     free(dom);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

@@ -19,6 +19,7 @@ memory, CPU time), bounded in time:
 """
 
 import os
+import re
 import resource
 import socket
 import struct
@@ -164,7 +165,8 @@ class Limits(unittest.TestCase):
                            timeout=30)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("Pool:", r.stdout)
-        self.assertRegex(r.stdout, r"\nLMCache: +\d+ requests; refused: (.*, )?\d+ connections")
+        self.assertRegex(r.stdout, r"\nLMCache: +%s, \d+ instances?; \d+ requests; refused: "
+                                   r"(.*, )?\d+ connections" % re.escape(self.d.url))
         url = "http://127.0.0.1:%d/healthcheck" % self.d.http
         with urllib.request.urlopen(url, timeout=10) as h:
             self.assertEqual(h.status, 200)

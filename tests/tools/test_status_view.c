@@ -97,10 +97,10 @@ static void test_counts(void **state)
     /* shm and inline always, then each other transport as the daemon names it (escaped). */
     assert_string_equal(transport_counts(json_object_get(doc, "instances"), buf, sizeof(buf)),
                         "1 shm, 1 inline, 1 pickle, 1 rdma\\x1b[31m");
-    /* kvpool's connections, then every other front end's clients. */
+    /* kvpool's connections less this command's own, then every other front end's clients. */
     assert_string_equal(client_counts(doc, true, buf, sizeof(buf)),
-                        "1 connected (max 256); lmcache 2; x\\x1b[2Jfe 1");
-    assert_string_equal(client_counts(doc, false, buf, sizeof(buf)), "1; lmcache 2; x\\x1b[2Jfe 1");
+                        "0 connected besides this command (max 256); lmcache 2; x\\x1b[2Jfe 1");
+    assert_string_equal(client_counts(doc, false, buf, sizeof(buf)), "0; lmcache 2; x\\x1b[2Jfe 1");
     /* A small buffer is cut, never overrun. */
     char small[12];
     client_counts(doc, true, small, sizeof(small));
@@ -148,22 +148,28 @@ static void test_health_lines(void **state)
     json_decref(doc);
 }
 
-/* The LMCache line: requests, then only the refusals that happened, then unknown pings. */
+/* The LMCache line: where it is served, requests, then only the refusals that happened, then
+ * unknown pings; "off"; and a daemon that does not say where. */
 static void test_lmcache_line(void **state)
 {
     (void)state;
     char buf[COUNTS];
-    json_t *c = doc_of("{\"lmcache_requests\": 0}");
+    json_t *c = doc_of("{\"counters\": {\"lmcache_requests\": 0}}");
     assert_null(lmcache_line(c, buf, sizeof(buf)));
     json_decref(c);
-    c = doc_of("{\"lmcache_requests\": 1523, \"lmcache_replies_refused\": 12,"
-               " \"lmcache_connections_refused\": 3, \"lmcache_instances_refused\": 0,"
-               " \"lmcache_unknown_pings\": 2}");
-    assert_string_equal(lmcache_line(c, buf, sizeof(buf)),
-                        "1523 requests; refused: 12 prepares (unread replies), 3 connections; 2 "
-                        "pings of unknown instances (told to register again)");
+    c = doc_of("{\"lmcache\": null, \"counters\": {\"lmcache_requests\": 0}}");
+    assert_string_equal(lmcache_line(c, buf, sizeof(buf)), "off");
     json_decref(c);
-    c = doc_of("{\"lmcache_requests\": 7}");
+    c = doc_of("{\"lmcache\": {\"address\": \"tcp://127.0.0.1:5555\", \"instances\": 2},"
+               " \"counters\": {\"lmcache_requests\": 1523, \"lmcache_replies_refused\": 12,"
+               " \"lmcache_connections_refused\": 3, \"lmcache_instances_refused\": 0,"
+               " \"lmcache_unknown_pings\": 2}}");
+    assert_string_equal(lmcache_line(c, buf, sizeof(buf)),
+                        "tcp://127.0.0.1:5555, 2 instances; 1523 requests; refused: 12 prepares "
+                        "(unread replies), 3 connections; 2 pings of unknown instances (told to "
+                        "register again)");
+    json_decref(c);
+    c = doc_of("{\"counters\": {\"lmcache_requests\": 7}}");
     assert_string_equal(lmcache_line(c, buf, sizeof(buf)), "7 requests");
     /* A small buffer is cut, never overrun. */
     char small[5];
@@ -180,7 +186,8 @@ static void test_status_table(void **state)
     const char *out = status_text(doc);
 
     line_with(out, "Clients:", line, sizeof(line));
-    assert_string_equal(line, "Clients:    1 connected (max 256); lmcache 2; x\\x1b[2Jfe 1");
+    assert_string_equal(line, "Clients:    0 connected besides this command (max 256); lmcache 2; "
+                              "x\\x1b[2Jfe 1");
     line_with(out, "Instances:", line, sizeof(line));
     assert_string_equal(line, "Instances:  4 (1 shm, 1 inline, 1 pickle, 1 rdma\\x1b[31m)");
     line_with(out, "TRANSPORT", line, sizeof(line));
@@ -201,7 +208,7 @@ static void test_status_table(void **state)
                  "1}]}, \"instances\": [{\"instance_id\": \"old\", \"transport\": \"inline\"}]}");
     out = status_text(doc);
     line_with(out, "Clients:", line, sizeof(line));
-    assert_string_equal(line, "Clients:    2 connected (max 8)");
+    assert_string_equal(line, "Clients:    1 connected besides this command (max 8)");
     line_with(out, "  old  ", line, sizeof(line));
     assert_non_null(strstr(line, "-          inline")); /* FRONT END, as wide as its title */
     json_decref(doc);

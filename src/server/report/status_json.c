@@ -241,9 +241,40 @@ static json_t *clients_object(struct doc *d, const struct kvp_server *s,
         put(d, e, "instances", jint(ninst));
         append(d, list, e);
     }
+    /* One count per front end: kvpool's connections (what --max-clients bounds), and each
+     * other front end's clients as the list has them. */
+    json_t *by = json_object();
+    put(d, by, "kvpool", jint(snap->gauges[KVP_GAUGE_connections]));
+    for (uint32_t i = 0; i < snap->nclient_groups; i++)
+        if (strcmp(snap->client_groups[i].frontend, "kvpool") != 0)
+            put(d, by, snap->client_groups[i].frontend, jint(snap->client_groups[i].count));
     put(d, o, "connected", jint(snap->gauges[KVP_GAUGE_connections]));
     put(d, o, "max", jint(s->cfg.max_clients));
+    put(d, o, "by_front_end", by);
     put(d, o, "list", list);
+    return o;
+}
+
+/* "lmcache": the LMCache front end (--lmcache), null when it is off: its address and what
+ * it serves (its instances and clients from the snapshot's groups; its requests and refusals
+ * are counters). */
+static json_t *lmcache_object(struct doc *d, const struct kvp_server *s,
+                              const struct kvp_snapshot *snap)
+{
+    if (!s->cfg.lmcache[0])
+        return json_null();
+    json_t *o = json_object();
+    uint64_t instances = 0, clients = 0;
+    for (uint32_t i = 0; i < snap->ninstance_groups; i++)
+        if (strcmp(snap->instance_groups[i].frontend, "lmcache") == 0)
+            instances += snap->instance_groups[i].count;
+    for (uint32_t i = 0; i < snap->nclient_groups; i++)
+        if (strcmp(snap->client_groups[i].frontend, "lmcache") == 0)
+            clients += snap->client_groups[i].count;
+    put(d, o, "address", jstr(s->cfg.lmcache));
+    put(d, o, "instances", jint(instances));
+    put(d, o, "clients", jint(clients));
+    put(d, o, "requests", jint(snap->counters[KVP_CTR_lmcache_requests]));
     return o;
 }
 
@@ -430,6 +461,7 @@ char *kvp_status_json_render(struct kvp_server *s, const struct kvp_snapshot *sn
     put(&d, root, "l2", l2_object(&d, s, snap));
     put(&d, root, "instances", instances);
     put(&d, root, "clients", clients_object(&d, s, snap));
+    put(&d, root, "lmcache", lmcache_object(&d, s, snap));
     put(&d, root, "counters", map_object(&d, kvp_counter_desc, snap->counters, KVP_NCOUNTERS));
     put(&d, root, "gauges", map_object(&d, kvp_gauge_desc, snap->gauges, KVP_NGAUGES));
     put(&d, root, "requests", requests_object(&d, snap));

@@ -121,9 +121,10 @@ const char *transport_counts(json_t *list, char *buf, size_t size);
 /* "3 connected (max 256); lmcache 2" (with_max) or "3; lmcache 2": kvpool's connections, then
  * the clients of every other front end. Returns buf. */
 const char *client_counts(json_t *doc, bool with_max, char *buf, size_t size);
-/* "1523 requests; refused: 12 prepares (unread replies), 3 connections": what the LMCache front
- * end served and refused, from the status's counters; NULL when it has done neither. */
-const char *lmcache_line(json_t *counters, char *buf, size_t size);
+/* "tcp://127.0.0.1:5555, 2 instances; 1523 requests; refused: 12 prepares (unread replies), 3
+ * connections", or "off": the LMCache front end from the status document; NULL when the daemon
+ * does not say and its counters show nothing. */
+const char *lmcache_line(json_t *doc, char *buf, size_t size);
 
 int cmd_status(struct cli *x, const struct cmd_opts *o);
 int cmd_instances(struct cli *x, const struct cmd_opts *o);

@@ -264,9 +264,11 @@ const char *transport_counts(json_t *list, char *buf, size_t size)
     return buf;
 }
 
-/* "3 connected (max 256)" (with_max) or "3", then "; lmcache 2" for every other front end with
- * clients: the kvpool connections the daemon counts ("clients.connected", what --max-clients
- * bounds), and the clients of other front ends from "clients.list". */
+/* "3 connected besides this command (max 256)" (with_max) or "3", then "; lmcache 2" for
+ * every other front end with clients: the kvpool connections the daemon counts
+ * ("clients.connected", what --max-clients bounds) less this command's own, through which it
+ * asked, and the clients of other front ends from "clients.list", as the status page and
+ * /metrics count them. */
 const char *client_counts(json_t *doc, bool with_max, char *buf, size_t size)
 {
     json_t *clients = jobj(doc, "clients"), *gauges = jobj(doc, "gauges"), *c;
@@ -274,14 +276,13 @@ const char *client_counts(json_t *doc, bool with_max, char *buf, size_t size)
     char word[WORD];
     size_t i, len;
     int n;
+    uint64_t mine = clients ? jnum(clients, "connected") : gauges ? jnum(gauges, "connections") : 0;
 
-    n = snprintf(buf, size, "%" PRIu64,
-                 clients  ? jnum(clients, "connected")
-                 : gauges ? jnum(gauges, "connections")
-                          : 0);
+    n = snprintf(buf, size, "%" PRIu64, mine ? mine - 1 : 0);
     len = n > 0 ? (size_t)n : 0;
     if (with_max && clients && len < size) {
-        n = snprintf(buf + len, size - len, " connected (max %" PRIu64 ")", jnum(clients, "max"));
+        n = snprintf(buf + len, size - len, " connected besides this command (max %" PRIu64 ")",
+                     jnum(clients, "max"));
         len += n > 0 ? (size_t)n : 0;
     }
     json_array_foreach(json_object_get(clients, "list"), i, c)
@@ -299,11 +300,13 @@ const char *client_counts(json_t *doc, bool with_max, char *buf, size_t size)
 }
 
 /*
- * What the LMCache front end answered and refused, from the counters: "1523 requests; refused:
- * 12 prepares (unread replies), 3 connections" (only the refusals that happened), or NULL
- * when it has served nothing and refused nothing (off, or no LMCache client yet).
+ * The LMCache front end: its address and instances, what it answered and what it refused, from
+ * the status's "lmcache" and counters: "tcp://127.0.0.1:5555, 2 instances; 1523 requests;
+ * refused: 12 prepares (unread replies), 3 connections" (only the refusals that happened), or
+ * "off". A daemon that does not say where it serves LMCache: the counters' part alone, or NULL
+ * when it has served nothing and refused nothing.
  */
-const char *lmcache_line(json_t *counters, char *buf, size_t size)
+const char *lmcache_line(json_t *doc, char *buf, size_t size)
 {
     static const struct {
         const char *counter, *what;
@@ -314,17 +317,33 @@ const char *lmcache_line(json_t *counters, char *buf, size_t size)
         {"lmcache_foreign_commits", "commits from another connection"},
         {"lmcache_malformed", "malformed requests"},
     };
+    json_t *counters = jobj(doc, "counters"), *lm = json_object_get(doc, "lmcache");
     uint64_t requests = jnum(counters, "lmcache_requests"), unknown;
     size_t len = 0, i;
     int n, shown = 0;
+    char addr[TERM_ESCAPED_MAX(255)];
 
+    if (json_is_null(lm)) {
+        snprintf(buf, size, "off");
+        return buf;
+    }
     for (i = 0; i < sizeof(refusals) / sizeof(refusals[0]); i++)
         shown += jnum(counters, refusals[i].counter) > 0;
     unknown = jnum(counters, "lmcache_unknown_pings");
-    if (requests == 0 && shown == 0)
+    if (!json_is_object(lm) && requests == 0 && shown == 0)
         return NULL;
-    n = snprintf(buf, size, "%" PRIu64 " requests", requests);
-    len = n > 0 ? (size_t)n : 0;
+    buf[0] = '\0';
+    if (json_is_object(lm)) {
+        uint64_t ni = jnum(lm, "instances");
+        n = snprintf(buf, size, "%s, %" PRIu64 " instance%s; ",
+                     term_safe(addr, sizeof(addr), jstr(lm, "address", "-")), ni,
+                     ni == 1 ? "" : "s");
+        len = n > 0 ? (size_t)n : 0;
+    }
+    if (len < size) {
+        n = snprintf(buf + len, size - len, "%" PRIu64 " requests", requests);
+        len += n > 0 ? (size_t)n : 0;
+    }
     for (i = 0, shown = 0; i < sizeof(refusals) / sizeof(refusals[0]) && len < size; i++) {
         uint64_t v = jnum(counters, refusals[i].counter);
         if (!v)
@@ -393,7 +412,7 @@ void print_status(const struct cli *x, json_t *doc)
                percent(jnum(counters, "lookup_hit_chunks"), jnum(counters, "lookup_chunks"), c,
                        sizeof(c)));
     }
-    if (counters && lmcache_line(counters, line, sizeof(line)))
+    if (lmcache_line(doc, line, sizeof(line)))
         printf("LMCache:    %s\n", line);
     if (!json_is_array(list))
         return;

@@ -170,8 +170,8 @@ static void print_frame(const struct cli *x, json_t *doc, const struct sample *p
         printf("L2          %s\n", l2);
     json_t *list = json_object_get(doc, "instances");
     char counts[COUNTS], clients[COUNTS];
-    printf("Instances   %zu (%s); clients connected: %s\n", json_array_size(list),
-           transport_counts(list, counts, sizeof(counts)),
+    printf("Instances   %zu (%s); clients connected besides this watch: %s\n",
+           json_array_size(list), transport_counts(list, counts, sizeof(counts)),
            client_counts(doc, false, clients, sizeof(clients)));
 }
 
