@@ -2,7 +2,9 @@
 BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-ARGS ?=
+# `make serve`'s daemon options: LMCache's protocol on its usual loopback address too, so that
+# vLLM's LMCacheMPConnector and SGLang find it where they find `lmcache server`.
+ARGS ?= --lmcache tcp://127.0.0.1:5555
 
 ifeq ($(CI),true)
 CMAKE_FLAGS += -DKVP_WERROR=ON
@@ -21,7 +23,9 @@ $(BUILD)/CMakeCache.txt:
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
-serve: build
+# Builds only what it runs: the daemon and the command line (not the tests and benchmarks).
+serve: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target kvpoold kvpool_cli
 	$(BUILD)/bin/kvpoold $(ARGS)
 
 # `make install PREFIX=DIR` (default /usr/local; DESTDIR=... stages it for packaging): kvpoold,
