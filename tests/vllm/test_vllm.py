@@ -87,6 +87,35 @@ def wait_for(pred, timeout, step=0.2):
     return pred()
 
 
+def group_pids(pgid):
+    """The processes of process group pgid still alive (zombies excepted)."""
+    pids = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # not a process, or gone
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(name))
+    return pids
+
+
+def shm_mapped(pids):
+    """The /dev/shm files that processes pids have mapped."""
+    paths = set()
+    for pid in pids:
+        try:
+            with open("/proc/%d/maps" % pid) as f:
+                for line in f:
+                    i = line.find("/dev/shm/")
+                    if i >= 0:
+                        paths.add(line[i:].rstrip("\n").removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return sorted(paths)
+
+
 def write_model(path, seed):
     """A small LlamaForCausalLM in path: config.json and seeded random weights (safetensors)."""
     import torch
@@ -249,19 +278,32 @@ class Engine:
         return self.answer(REQUEST_TIMEOUT)
 
     def close(self):
-        """End of input ends the engine; its whole process group is killed in any case."""
+        """End of input ends the engine. Whatever is left of its process group gets SIGTERM
+        (Python's resource tracker, which ignores it, then removes what the others leaked), then
+        SIGKILL; the /dev/shm files those processes had mapped (vLLM's message queues, which
+        only a clean exit removes) are unlinked, kvpoold's segment excepted."""
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.close()
                 self.proc.wait(60)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        pgid = self.proc.pid
+        paths = set(shm_mapped(group_pids(pgid)))
+        for sig, timeout in ((signal.SIGTERM, 20), (signal.SIGKILL, 30)):
+            if not group_pids(pgid):
+                break
+            paths.update(shm_mapped(group_pids(pgid)))
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            wait_for(lambda: not group_pids(pgid), timeout)
         self.proc.wait()
         self.proc.stdout.close()
+        for p in sorted(paths):
+            if not os.path.basename(p).startswith("kvpool_l1_pool_") and os.path.exists(p):
+                os.unlink(p)
 
 
 def kv_transfer_config(port):
