@@ -184,7 +184,7 @@ class Replay(unittest.TestCase):
                         self.assertEqual(have, want, "reply to op %r" % op)
                         self.assertEqual(type(unpack(got[2])), type(unpack(rep[2])))
             self.assertIsNotNone(iid)
-            self.assertIn("Instance lmcache-%d non-GPU context using SHM transport" % iid,
+            self.assertIn("Instance %d non-GPU context using SHM transport" % iid,
                           d.text())
         finally:
             c.close()

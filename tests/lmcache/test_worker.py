@@ -235,7 +235,7 @@ class Transfer(Base):
         self.assertEqual(self.d.gauge("objects_reserved"), 0)
         log = self.d.text()
         self.assertIn("Using shm non-GPU transfer strategy", log)
-        self.assertIn("Instance lmcache-%d non-GPU context using SHM transport (shm_name="
+        self.assertIn("Instance %d non-GPU context using SHM transport (shm_name="
                       "kvpool_l1_pool_%s" % (w.iid, self.d.shm), log)
 
     def test_float16(self):
@@ -633,7 +633,7 @@ class SegmentLost(Base):
         log = self.d.text()
         self.assertIn("LMCache instance %d lost its shared memory (the shared segment shrank "
                       "under kvpoold" % w.iid, log)
-        self.assertRegex(log, r"Instance lmcache-%d non-GPU context using pickle transport "
+        self.assertRegex(log, r"Instance %d non-GPU context using pickle transport "
                               r"\(the shared segment shrank under kvpoold" % w.iid)
         mine = [i for i in self.d.status()["instances"]
                 if i["instance_id"] == "lmcache-%d" % w.iid]
@@ -678,7 +678,7 @@ class PickleNoName(Base):
         self.assertEqual(self.d.gauge("objects_reserved"), 0)
         log = self.d.text()
         self.assertIn("Using pickle non-GPU transfer strategy", log)
-        self.assertRegex(log, r"Instance lmcache-%d non-GPU context using pickle transport "
+        self.assertRegex(log, r"Instance %d non-GPU context using pickle transport "
                               r"\([^)]*%s" % (w.iid, re.escape(self.transport_reason)))
 
     def test_float16(self):

@@ -168,19 +168,25 @@ static int do_find_handle(struct kvp_registry *r, uint32_t handle)
     return (int)i;
 }
 
+/* How the log lines name an instance: as its worker does (spec.log_id), else by its id. */
+static const char *log_name(const struct kvp_reg_spec *spec)
+{
+    return spec->log_id[0] ? spec->log_id : spec->instance_id;
+}
+
 /* The one INFO line per registration that names the transport actually in use. */
 static void log_transport(const struct kvp_registration *inst, const struct kvp_offer *offer)
 {
     if (inst->transport == KVP_REG_SHM && offer->memfd)
         log_info("Instance %s non-GPU context using SHM transport (backend=memfd, "
                  "pool_size=%" PRIu64 ")",
-                 inst->spec.instance_id, offer->pool_size);
+                 log_name(&inst->spec), offer->pool_size);
     else if (inst->transport == KVP_REG_SHM)
         log_info("Instance %s non-GPU context using SHM transport (shm_name=%s, "
                  "pool_size=%" PRIu64 ")",
-                 inst->spec.instance_id, offer->shm_name, offer->pool_size);
+                 log_name(&inst->spec), offer->shm_name, offer->pool_size);
     else
-        log_info("Instance %s non-GPU context using %s transport (%s)", inst->spec.instance_id,
+        log_info("Instance %s non-GPU context using %s transport (%s)", log_name(&inst->spec),
                  kvp_reg_transport_name(inst->transport), inst->reason);
 }
 
@@ -245,7 +251,7 @@ int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint
         if (rc == 0)
             log_warn("Instance %s is already registered by this connection; returning the "
                      "existing registration",
-                     inst->spec.instance_id);
+                     log_name(&inst->spec));
         return rc;
     }
     /* One client must not take the table from the others (--max-instances-per-client), nor
@@ -350,7 +356,7 @@ int kvp_registry_remove(struct kvp_registry *r, uint32_t handle, const char *why
     pthread_mutex_lock(&r->lock);
     int i = do_find_handle(r, handle);
     if (i >= 0) {
-        memcpy(id, r->slots[i].inst.spec.instance_id, sizeof(id));
+        memcpy(id, log_name(&r->slots[i].inst.spec), sizeof(id));
         r->slots[i].used = false;
         r->count--;
         r->count_shm -= r->slots[i].inst.transport == KVP_REG_SHM;
@@ -417,7 +423,7 @@ int kvp_registry_leave_shm(struct kvp_registry *r, uint32_t handle, uint64_t own
     inst->transport = transport;
     snprintf(inst->reason, sizeof(inst->reason), "%s", reason);
     r->count_shm--;
-    memcpy(id, inst->spec.instance_id, sizeof(id));
+    memcpy(id, log_name(&inst->spec), sizeof(id));
     pthread_mutex_unlock(&r->lock);
     log_info("Instance %s non-GPU context now using %s transport (%s)", id,
              kvp_reg_transport_name(transport), reason);

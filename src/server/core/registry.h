@@ -60,6 +60,10 @@ struct kvp_reg_spec {
     uint8_t use_mla;                 /* 0 or 1 */
     uint8_t transport;               /* enum kvp_reg_transport: what the worker will use */
     char reason[KVP_MAX_REASON + 1]; /* why the worker chose inline, or "" */
+    /* The instance as the registry's log lines name it, when not by instance_id: the id its
+     * worker knows and logs itself (LMCache's number, whose instance_id is "lmcache-<id>").
+     * Not part of the identity. */
+    char log_id[KVP_MAX_NAME + 1];
 };
 
 /* Longest front-end name ("kvpool", "lmcache") a registration records. */

@@ -3,12 +3,13 @@
  * over the core's operations (see instances.h; docs/LMCACHE.md, "Semantics").
  *
  * Instances. A registration makes an instance: one core owner (frontend "lmcache") and one
- * core registration of its layout (instance id "lmcache-<id>"), through kvp_op_register(),
- * which validates it, chooses the transport and logs it. LMCache's registration has no rank:
- * the rank comes with each request (the key's worker_id), and every keyed operation asks the
- * core for the keys of that rank (struct kvp_key_src.other_rank). A refused registration is
- * remembered (so that its requests get the negative answers at once and the refusal is logged
- * once) but holds nothing.
+ * core registration of its layout (instance id "lmcache-<id>", logged by the registry as
+ * "Instance <id> ...", the number as the worker sent it and LMCache logs it), through
+ * kvp_op_register(), which validates it, chooses the transport and logs it. LMCache's
+ * registration has no rank: the rank comes with each request (the key's worker_id), and every
+ * keyed operation asks the core for the keys of that rank (struct kvp_key_src.other_rank). A
+ * refused registration is remembered (so that its requests get the negative answers at once
+ * and the refusal is logged once) but holds nothing.
  *
  * Pending pairs. A prepare_store that reserved something, and a prepare_retrieve that pinned,
  * leave a pending entry under the instance and the key's identity (a 128-bit digest of the
@@ -410,6 +411,9 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
         bool existing;
         memset(&spec, 0, sizeof(spec));
         snprintf(spec.instance_id, sizeof(spec.instance_id), "lmcache-%" PRIu64, m->instance_id);
+        /* Its log lines name it as LMCache does, by the number its worker sent; the registry's
+         * id keeps the prefix, so that no kvpool worker's id can be an LMCache instance's. */
+        snprintf(spec.log_id, sizeof(spec.log_id), "%" PRIu64, m->instance_id);
         snprintf(spec.model_name, sizeof(spec.model_name), "%s", m->model_name);
         snprintf(spec.dtype, sizeof(spec.dtype), "%s", canonical_dtype(m->dtype));
         spec.world_size = m->world_size;
@@ -463,7 +467,7 @@ void lmc_inst_register(struct lmc_front *f, const struct lmc_register *m, struct
     answer_offer(f, in, a);
     log_info("Registered non-GPU context for instance %" PRIu64 " (model=%s, world_size=%u)",
              m->instance_id, m->model_name, m->world_size);
-    /* The registry logged "Instance lmcache-<id> non-GPU context using ... transport (...)";
+    /* The registry logged "Instance <id> non-GPU context using ... transport (...)";
      * this is the strategy line of `lmcache server` of the worker's version. */
     if (m->has_group_layouts)
         log_info("Using %s engine-driven transfer strategy",
