@@ -98,7 +98,7 @@ class Worker:
         self.layout = layout
         self.iid = instance_id if instance_id is not None else new_instance_id()
         self.connect()
-        self.chunk = self.req.get_chunk_size().result(timeout=TIMEOUT)
+        self.chunk = self.chunk_size()
         self.experimental = self.req.get_experimental().result(timeout=TIMEOUT)
         assert self.chunk % block_size == 0, (self.chunk, block_size)
         self.bic = self.chunk // block_size
@@ -120,6 +120,10 @@ class Worker:
     def connect(self):
         """Sets self.req, the worker's request client."""
         self.req = client(self.url)
+
+    def chunk_size(self):
+        """The server's chunk size, asked as the worker's version asks (get_chunk_size)."""
+        return self.req.get_chunk_size().result(timeout=TIMEOUT)
 
     def new_transfer_context(self):
         """Sets self.tc, the transfer context register() registers."""
