@@ -50,7 +50,7 @@ test:
 	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_CI_SECONDS)
 
-check test-quick: build lmcache-env vllm-env
+check test-quick: build lmcache-env vllm-env tools-env
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The real LMCache workers (0.5.6 and 0.5.5, torch 2.13.0 CPU) that the LMCache front end's tests
@@ -65,6 +65,12 @@ lmcache-env:
 .PHONY: vllm-env
 vllm-env:
 	@scripts/vllm-env.sh $(abspath $(BUILD))
+
+# The tools the tests take from PyPI (kubernetes-validate, for contrib/kubernetes/), pinned, in
+# $(BUILD)/venv-tools, created once (scripts/tools-env.sh).
+.PHONY: tools-env
+tools-env:
+	@scripts/tools-env.sh $(abspath $(BUILD))
 
 # Sanitizer builds. Python tests load libkvpool.so into an unsanitized interpreter: not run
 # there; nor are vLLM's (label vllm: minutes of engine start-up for a kvpoold that the lmcache
