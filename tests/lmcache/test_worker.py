@@ -235,6 +235,15 @@ class Transfer(Base):
         self.assertEqual(self.d.gauge("objects_reserved"), 0)
         log = self.d.text()
         self.assertIn("Using shm non-GPU transfer strategy", log)
+        # "Why no hit?" from the log alone: every request's DEBUG line says what it came to.
+        self.assertIn("LMCache prepare_store (2 payloads): 3 of 3 chunks to write (0 cached, "
+                      "0 being stored, 0 without room)", log)
+        self.assertIn("LMCache prepare_store (2 payloads): 0 of 3 chunks to write (3 cached", log)
+        self.assertIn("LMCache lookup (2 payloads): 3 chunks hit on every rank of 1 (request r1)",
+                      log)
+        self.assertIn("LMCache prepare_retrieve (2 payloads): a hit: 3 chunks to read", log)
+        self.assertIn("LMCache prepare_retrieve (2 payloads): a miss: 0 of 2 chunks stored", log)
+        self.assertIn("LMCache commit_store (3 payloads): 3 chunks published", log)
         self.assertIn("Instance %d non-GPU context using SHM transport (shm_name="
                       "kvpool_l1_pool_%s" % (w.iid, self.d.shm), log)
 

@@ -46,6 +46,9 @@ struct lmc_front {
     bool value_external;
     uint8_t *tokens; /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
     uint64_t now_ms; /* monotonic time of the request being served */
+    /* What the request came to, in words, for the DEBUG line of each request ("3 of 5 chunks
+     * hit"); "" when nothing was said. Written only while DEBUG is logged (lmc_outcome()). */
+    char outcome[160];
     /* Who sent it: SipHash of its ZeroMQ routing identity (one per connection) under a key
      * drawn at start-up, so that no peer can choose an identity that collides with another's.
      * lmc_peer_of() computes it. */
@@ -68,6 +71,9 @@ struct lmc_front {
  * (kvp_tpickle_max_payload() of any registration, plus the bin header). ZMQ_MAXMSGSIZE.
  */
 uint64_t lmc_max_value_frame(uint64_t l1_size);
+
+/* Records what the request being served came to (printf-style), while DEBUG is logged. */
+void lmc_outcome(struct lmc_front *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* The peer value of a request whose identity frame is id[0..len). */
 uint64_t lmc_peer_of(const struct lmc_front *f, const void *id, size_t len);

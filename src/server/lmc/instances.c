@@ -651,6 +651,7 @@ static struct inst *worker_inst(struct lmc_front *f, uint64_t iid, const struct 
     struct inst *in = find(f->st, iid);
     if (!in) {
         kvp_note_unknown_instance(f->srv);
+        lmc_outcome(f, "instance %" PRIu64 " unknown: answered negatively", iid);
         log_warn_rl("LMCache %s of unknown instance %" PRIu64
                     " (never registered, unregistered or reaped): answered negatively",
                     op, iid);
@@ -698,6 +699,7 @@ void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *
     if (in->in_band || !in->shm) {
         /* Its commit carries the chunks and reserves then, as upstream's in-band strategies. */
         out->no_buffers = true;
+        lmc_outcome(f, "in band: the commit carries the chunks");
         return;
     }
     key_src(f, k, k->worker_id, false, &src);
@@ -710,6 +712,8 @@ void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *
         log_warn_rl("LMCache instance %" PRIu64 ": %u chunk%s not stored for lack of "
                     "evictable space in the pool",
                     iid, res.no_space, res.no_space == 1 ? "" : "s");
+    lmc_outcome(f, "%u of %u chunks to write (%u cached, %u being stored, %u without room)",
+                res.nslots, res.nchunks, res.cached, res.busy, res.no_space);
     if (res.nslots == 0)
         return; /* everything cached or being stored: the worker sends no commit */
     digest(f, k, d);
@@ -810,6 +814,8 @@ static bool in_band_commit(struct lmc_front *f, struct inst *in, const struct lm
         log_warn_rl("LMCache instance %" PRIu64 ": %u chunk%s not stored for lack of "
                     "evictable space in the pool",
                     in->iid, res.no_space, res.no_space == 1 ? "" : "s");
+    lmc_outcome(f, "%s: %u of %u chunks to store (%u cached, %u being stored, %u without room)",
+                form, res.nslots, res.nchunks, res.cached, res.busy, res.no_space);
     if (res.nslots == 0)
         return res.no_space == 0; /* cached, or being stored by another worker */
     /* The reservation's chunk indices, before the next operation reuses the scratch. */
@@ -886,8 +892,10 @@ bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k
         return false;
     uint64_t hold = p->hold;
     pending_remove(in, p);
-    return kvp_op_commit_store(&in->owner, in->handle, hold, KVP_VIA_SHM, st->msg,
-                               sizeof(st->msg)) >= 0;
+    int rc = kvp_op_commit_store(&in->owner, in->handle, hold, KVP_VIA_SHM, st->msg,
+                                 sizeof(st->msg));
+    lmc_outcome(f, rc >= 0 ? "%d chunks published" : "refused (%d): the reservation expired", rc);
+    return rc >= 0;
 }
 
 static struct job *job_find(struct lmc_state *st, const char *rid);
@@ -913,8 +921,10 @@ static bool in_band_retrieve(struct lmc_front *f, struct inst *in, const struct 
     }
     if (res->nchunks == 0 || res->nslots < res->nchunks) {
         kvp_op_retrieve_inline_end(&in->owner, in->handle, res, false);
+        lmc_outcome(f, "a miss: %u of %u chunks stored", res->nslots, res->nchunks);
         return false;
     }
+    lmc_outcome(f, "a hit: %u chunks sent in the reply", res->nslots);
     for (uint32_t j = 0; j < res->nslots; j++)
         st->chunks[j] = res->iov[j].iov_base;
     st->rin = in;
@@ -965,8 +975,10 @@ bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_ke
     if (res.nchunks == 0 || res.nslots < res.nchunks) {
         if (res.id)
             kvp_op_commit_retrieve(&in->owner, in->handle, res.id, st->msg, sizeof(st->msg));
+        lmc_outcome(f, "a miss: %u of %u chunks stored", res.nslots, res.nchunks);
         return false;
     }
+    lmc_outcome(f, "a hit: %u chunks to read", res.nslots);
     digest(f, k, d);
     pending_add(st, in, d, true, res.id, f->peer);
     fill_slots(st, in, &res, out);
@@ -1154,6 +1166,8 @@ void lmc_lookup(struct lmc_front *f, const struct lmc_key *k)
             hits = res.cached;
     }
     j->hits = hits == UINT32_MAX ? 0 : hits;
+    lmc_outcome(f, "%u chunks hit on every rank of %u (request %s)", j->hits, nranks,
+                k->request_id);
     if (j->hits == 0)
         job_release_pins(st, j);
 }

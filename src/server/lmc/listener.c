@@ -670,8 +670,7 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
     lmc_mp_writer_reset(&l->front.out);
     l->front.value_external = false;
     l->front.stream_opened = false;
-    log_debug("LMCache %s (%u payload%s)", r.op != LMC_OP_UNKNOWN ? lmc_op_name(r.op) : r.name,
-              r.npayloads, r.npayloads == 1 ? "" : "s");
+    l->front.outcome[0] = '\0';
     bool has_value;
     uint64_t mine, all;
     if ((r.op == LMC_OP_PREPARE_STORE || r.op == LMC_OP_PREPARE_RETRIEVE) &&
@@ -694,6 +693,9 @@ static void serve_message(struct lmc_listener *l, zmq_msg_t *m, uint32_t nkept, 
         l->front.value_external = false;
         has_value = lmc_encode_negative(&l->front.out, r.op) && !l->front.out.failed;
     }
+    log_debug("LMCache %s (%u payload%s): %s", r.op != LMC_OP_UNKNOWN ? lmc_op_name(r.op) : r.name,
+              r.npayloads, r.npayloads == 1 ? "" : "s",
+              l->front.outcome[0] ? l->front.outcome : "answered");
     send_reply(l, m, &r, has_value);
     if (has_value && l->front.stream_opened)
         stream_open(l, m, &r);
