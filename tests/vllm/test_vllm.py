@@ -415,12 +415,13 @@ class EndToEnd(unittest.TestCase):
         self.assertRegex(a_id, r"^lmcache-\d+$")
         log = self.d.text()
         iid = a_id[len("lmcache-"):]
+        # The per-instance line names the instance as LMCache does: the id the worker sent.
         if TRANSPORT == "shm":
             self.assertIn("Instance %s non-GPU context using SHM transport (shm_name="
-                          "kvpool_l1_pool_%s, pool_size=" % (a_id, self.d.shm), log)
+                          "kvpool_l1_pool_%s, pool_size=" % (iid, self.d.shm), log)
         else:
             self.assertIn("Instance %s non-GPU context using pickle transport (SHM disabled by "
-                          "configuration)" % a_id, log)
+                          "configuration)" % iid, log)
         self.assertIn("Registered non-GPU context for instance %s (model=%s, world_size=1)"
                       % (iid, model1), log)
         self.assertIn("Using %s non-GPU transfer strategy" % expect_transport, log)
