@@ -168,10 +168,11 @@ clean:
 
 # Benchmarks (docs/PERFORMANCE.md): installs the comparators (redis-server, hiredis, gnuplot)
 # through the deps script, reconfigures so that hiredis is found, runs every section (sweep,
-# rtt, paged, pressure, l2, startup, many, python, memory, fragmentation, lmcache; the python
-# section needs /usr/bin/python3 with numpy, which the deps script installs; the lmcache section
-# the LMCache virtual environment, which lmcache-env makes once: without it, that section says so
-# and is skipped) and writes results.csv, results.json and throughput.png into $(BUILD)/bench.
+# rtt, paged, pressure, l2, startup, many, python, memory, fragmentation, lmcache, vllm; the
+# python section needs /usr/bin/python3 with numpy, which the deps script installs; the lmcache
+# section the LMCache virtual environment, which lmcache-env makes once, and the vllm section the
+# vLLM one, which vllm-env makes once: without it, a section says so and is skipped) and writes
+# results.csv, results.json and throughput.png into $(BUILD)/bench.
 # Extra options through BENCH_ARGS, e.g. make bench BENCH_ARGS="--workers 2".
 BENCH_ARGS ?=
 
@@ -183,6 +184,8 @@ bench:
 	cmake --build $(BUILD) -j $(JOBS) --target kvpool-bench
 	@scripts/lmcache-env.sh $(abspath $(BUILD)) 0.5.6 || \
 		echo "make bench: no LMCache virtual environment: the lmcache section will be skipped"
+	@scripts/vllm-env.sh $(abspath $(BUILD)) || \
+		echo "make bench: no vLLM virtual environment: the vllm section will be skipped"
 	mkdir -p $(BUILD)/bench
 	$(BUILD)/bin/kvpool-bench --csv $(BUILD)/bench/results.csv \
 		--json $(BUILD)/bench/results.json --png $(BUILD)/bench/throughput.png $(BENCH_ARGS)

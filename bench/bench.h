@@ -17,6 +17,8 @@
  *   python.c     the Python binding (bench/python_path.py) against the C path, same bytes
  *   lmcache.c    the real LMCache worker (bench/lmcache_worker.py) against `lmcache server`
  *                and kvpoold's LMCache front end, SHM and pickle transports
+ *   vllm.c       vLLM itself (bench/vllm_worker.py): time to first token of a prompt whose
+ *                prefix `lmcache server` or kvpoold holds, against recomputing it
  *   script.c     a helper script as a child process, one answer line per command
  *   stats.c      medians, percentiles, growable sample arrays
  *   report.c     the table on stdout with the target check; the rows' shared helpers
@@ -45,19 +47,22 @@
 
 /* Transports as they appear in the output ("transport" column). */
 enum kvpb_transport {
-    KVPB_T_SHM,        /* kvpool, shared-memory transport */
-    KVPB_T_INLINE,     /* kvpool, bytes over the Unix socket */
-    KVPB_T_KVPOOL,     /* kvpool control requests (ping, lookup): transport-independent */
-    KVPB_T_REDIS,      /* redis-server over a private Unix socket, hiredis client */
-    KVPB_T_MEMCPY,     /* the physical limit: one memcpy of the same bytes */
-    KVPB_T_UDS,        /* a raw Unix stream socket with a minimal 32-byte framing */
-    KVPB_T_PAGED,      /* kvp_paged_gather / kvp_paged_scatter */
-    KVPB_T_MEMSET,     /* first touch of fresh anonymous memory: the limit of reserving a pool */
-    KVPB_T_PYSHM,      /* the Python binding on numpy arrays, shm transport (python_path.py) */
-    KVPB_T_LMC_SERVER, /* lmcache: `lmcache server`, LMCache's own multiprocess server */
-    KVPB_T_LMC_KVPOOL, /* lmcache: kvpoold's LMCache front end (--lmcache) */
-    KVPB_T_LMC_WORKER, /* lmcache: the worker's own copies of the same bytes, no server */
-    KVPB_T_HASH,       /* a chunk's key hash alone, in the bench's process (keyhash.c) */
+    KVPB_T_SHM,         /* kvpool, shared-memory transport */
+    KVPB_T_INLINE,      /* kvpool, bytes over the Unix socket */
+    KVPB_T_KVPOOL,      /* kvpool control requests (ping, lookup): transport-independent */
+    KVPB_T_REDIS,       /* redis-server over a private Unix socket, hiredis client */
+    KVPB_T_MEMCPY,      /* the physical limit: one memcpy of the same bytes */
+    KVPB_T_UDS,         /* a raw Unix stream socket with a minimal 32-byte framing */
+    KVPB_T_PAGED,       /* kvp_paged_gather / kvp_paged_scatter */
+    KVPB_T_MEMSET,      /* first touch of fresh anonymous memory: the limit of reserving a pool */
+    KVPB_T_PYSHM,       /* the Python binding on numpy arrays, shm transport (python_path.py) */
+    KVPB_T_LMC_SERVER,  /* lmcache: `lmcache server`, LMCache's own multiprocess server */
+    KVPB_T_LMC_KVPOOL,  /* lmcache: kvpoold's LMCache front end (--lmcache) */
+    KVPB_T_LMC_WORKER,  /* lmcache: the worker's own copies of the same bytes, no server */
+    KVPB_T_HASH,        /* a chunk's key hash alone, in the bench's process (keyhash.c) */
+    KVPB_T_VLLM,        /* vllm: vLLM without a KV connector: the prompt computed in full */
+    KVPB_T_VLLM_LMC,    /* vllm: LMCache's connector against `lmcache server` */
+    KVPB_T_VLLM_KVPOOL, /* vllm: LMCache's connector against kvpoold --lmcache */
     KVPB_T_COUNT_
 };
 
@@ -95,6 +100,9 @@ enum kvpb_op {
     KVPB_OP_HASH_BLAKE2B,  /* rtt: one link of the daemon's key chain (kvp_key_chain) */
     KVPB_OP_HASH_SIPHASH,  /* rtt: the same link by SipHash-2-4-128 (libsodium) */
     KVPB_OP_HASH_XXH3,     /* rtt: the same link by XXH3-128 with a secret (libxxhash) */
+    KVPB_OP_TTFT,          /* vllm: time to first token (with a connector: of a prompt whose
+                            * prefix the server holds) */
+    KVPB_OP_TTFT_COLD,     /* vllm: the same prompt's first run, which stores its chunks */
     KVPB_OP_COUNT_
 };
 
@@ -161,6 +169,8 @@ struct kvpb_config {
     bool do_frag;                                   /* the fragmentation section (frag.c) */
     bool do_lmcache;                                /* the LMCache section (lmcache.c) */
     const char *lmcache_venv; /* its virtual environment (scripts/lmcache-env.sh) */
+    bool do_vllm;             /* the vLLM section (vllm.c) */
+    const char *vllm_venv;    /* its virtual environment (scripts/vllm-env.sh) */
     bool lean; /* workers without a raw socket peer (the many section's 16 workers) */
     bool do_shm, do_inline, do_uds; /* sweep transports (memcpy always runs) */
     bool quick;
@@ -251,7 +261,10 @@ struct kvpb_row {
                              * operation, microseconds (/proc/PID/task/TID/schedstat) */
     double vs_lmcache_free; /* the same rows: lmcache server's p50 / (this p50 - server_us), the
                              * ratio a server whose own thread took no time would reach */
-    bool invalid;           /* the measurement did not complete: printed as such, values NAN */
+    /* Added for the vLLM section (the rows above serve it too: p50_us, vs_lmcache, server_us,
+     * vm_rss_mib and rss_anon_mib of the server); NAN elsewhere. */
+    double speedup; /* the time to first token without a connector / this one, paired */
+    bool invalid;   /* the measurement did not complete: printed as such, values NAN */
 };
 
 /* The detail of the rows of the scale sections, which the report groups by. */
@@ -489,6 +502,21 @@ void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, co
  * rows when the binary has no --lmcache. Exits the program on a failed operation. */
 void kvpb_lmcache_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
                         uint32_t run_id, struct kvpb_rows *rows);
+
+/* vllm.c: vLLM's CPU engine (cfg->vllm_venv, bench/vllm_worker.py) on two small models, with
+ * no connector, with LMCache's connector against `lmcache server` (from the same environment)
+ * and against kvpoold --lmcache (kvpoold is its binary), over shared memory and over the pickle
+ * transport. Skipped with a note when the venv or the daemon's --lmcache is absent. Exits the
+ * program on a failed request. */
+void kvpb_vllm_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
+                     uint32_t run_id, struct kvpb_rows *rows);
+
+/* Helpers of the LMCache sections (lmcache.c): a loopback TCP port nobody listens on now; the run
+ * time so far of kvpoold's LMCache thread, nanoseconds (0 when it cannot be read); whether
+ * `kvpoold --help` mentions --lmcache. */
+int kvpb_free_port(void);
+uint64_t kvpb_lmc_thread_ns(pid_t pid);
+bool kvpb_kvpoold_has_lmcache(const char *kvpoold);
 
 /* ------------------------------------------------------------------------------------------ */
 /* script.c                                                                                   */

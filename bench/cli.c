@@ -29,6 +29,9 @@
 #ifndef KVPB_LMCACHE_VENV
 #define KVPB_LMCACHE_VENV "build/venv-lmcache-0.5.6"
 #endif
+#ifndef KVPB_VLLM_VENV
+#define KVPB_VLLM_VENV "build/venv-vllm"
+#endif
 
 static void set_defaults(struct kvpb_config *cfg)
 {
@@ -59,6 +62,8 @@ static void set_defaults(struct kvpb_config *cfg)
         .do_python = true,
         .do_lmcache = true,
         .lmcache_venv = KVPB_LMCACHE_VENV,
+        .do_vllm = true,
+        .vllm_venv = KVPB_VLLM_VENV,
         .do_redis = true,
         .do_shm = true,
         .do_inline = true,
@@ -111,7 +116,7 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
     snprintf(buf, sizeof(buf), "%s", list);
     cfg->do_sweep = cfg->do_rtt = cfg->do_paged = cfg->do_pressure = cfg->do_l2 = false;
     cfg->do_startup = cfg->do_many = cfg->do_memory = cfg->do_python = cfg->do_frag = false;
-    cfg->do_lmcache = false;
+    cfg->do_lmcache = cfg->do_vllm = false;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (strcmp(t, "sweep") == 0)
             cfg->do_sweep = true;
@@ -135,6 +140,8 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
             cfg->do_python = true;
         else if (strcmp(t, "lmcache") == 0)
             cfg->do_lmcache = true;
+        else if (strcmp(t, "vllm") == 0)
+            cfg->do_vllm = true;
         else
             return -EINVAL;
     }
@@ -269,7 +276,7 @@ static const struct cli_opt opts[] = {
      CFG(pressure_chunk), 0},
     {"only", "LIST",
      "sections to run: sweep,rtt,paged,pressure,l2,startup,many,memory,\n"
-     "python,fragmentation,lmcache (default all)",
+     "python,fragmentation,lmcache,vllm (default all)",
      set_later, offsetof(struct cli, only), 0},
     {"transports", "LIST",
      "sweep transports: shm,inline,uds,redis (default all; memcpy, the\n"
@@ -279,6 +286,10 @@ static const struct cli_opt opts[] = {
      "LMCache virtual environment of the lmcache section (default: the\n"
      "build tree's venv-lmcache-0.5.6, made by scripts/lmcache-env.sh)",
      set_string, CFG(lmcache_venv), 0},
+    {"vllm-venv", "DIR",
+     "vLLM virtual environment of the vllm section (default: the build\n"
+     "tree's venv-vllm, made by scripts/vllm-env.sh)",
+     set_string, CFG(vllm_venv), 0},
     {"no-redis", NULL, "skip the Redis comparator", set_no_redis, 0, 0},
     {"redis-server", "PATH", "redis-server binary (default: from PATH)", set_string,
      CFG(redis_server), 0},
@@ -286,7 +297,10 @@ static const struct cli_opt opts[] = {
     {"json", "FILE", "write the rows as a JSON list", set_string, CFG(json), 0},
     {"png", "FILE", "draw GB/s against chunk size with gnuplot (FILE.gp, FILE.dat too)", set_string,
      CFG(png), 0},
-    {"quick", NULL, "tiny sizes and few repetitions: a smoke test in seconds", set_quick, 0, 0},
+    {"quick", NULL,
+     "tiny sizes and few repetitions: a smoke test in seconds (without\n"
+     "the vllm section unless --only names it: minutes of engine start-up)",
+     set_quick, 0, 0},
     {"help", NULL, "this text", NULL, 0, 0},
 };
 
@@ -360,10 +374,13 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
         fprintf(stderr, "kvpool-bench: bad --sizes '%s'\n", cli.sizes);
         exit(2);
     }
+    if (cfg->quick && !cli.only)
+        cfg->do_vllm = false;
     if (cli.only && parse_only(cli.only, cfg) < 0) {
         fprintf(stderr,
                 "kvpool-bench: bad --only '%s' "
-                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python,fragmentation,lmcache)\n",
+                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python,fragmentation,lmcache,"
+                "vllm)\n",
                 cli.only);
         exit(2);
     }

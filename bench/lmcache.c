@@ -89,7 +89,7 @@ struct lmc_phase {
 };
 
 /* A loopback TCP port nobody listens on now (the server binds it a moment later). */
-static int free_port(void)
+int kvpb_free_port(void)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof(a);
@@ -120,7 +120,7 @@ static bool log_has(const char *path, const char *needle)
 }
 
 /* True when `kvpoold --help` mentions --lmcache: a build with the LMCache front end. */
-static bool kvpoold_has_lmcache(const char *kvpoold)
+bool kvpb_kvpoold_has_lmcache(const char *kvpoold)
 {
     char cmd[600], line[512];
     bool found = false;
@@ -137,7 +137,7 @@ static bool kvpoold_has_lmcache(const char *kvpoold)
 static int start_lmcache_server(struct lmc_phase *p, const char *venv, struct lmc_server *s)
 {
     char exe[512], port[16], http[16], gb[32], shm[64], log[256];
-    int zp = free_port(), hp = free_port();
+    int zp = kvpb_free_port(), hp = kvpb_free_port();
 
     if (zp < 0 || hp < 0 || zp == hp)
         return -EADDRINUSE;
@@ -176,7 +176,7 @@ static int start_lmcache_server(struct lmc_phase *p, const char *venv, struct lm
 static int start_kvpoold(struct lmc_phase *p, const char *kvpoold, struct lmc_server *s)
 {
     char l1[32], shm[64], log[256], listen[64];
-    int zp = free_port();
+    int zp = kvpb_free_port();
 
     if (zp < 0)
         return -EADDRINUSE;
@@ -212,7 +212,7 @@ static int start_kvpoold(struct lmc_phase *p, const char *kvpoold, struct lmc_se
  * Run time so far of kvpoold's LMCache thread (the one named kvp-lmcache), nanoseconds: the first
  * field of /proc/PID/task/TID/schedstat. 0 when there is no such thread or file.
  */
-static uint64_t lmc_thread_ns(pid_t pid)
+uint64_t kvpb_lmc_thread_ns(pid_t pid)
 {
     char path[96], comm[32];
     unsigned long long ns = 0;
@@ -412,11 +412,11 @@ static void run_size(struct lmc_phase *p, uint64_t chunk, bool first)
             uint32_t c = (k + rep) % LMC_NCELLS;
             if (c < LMC_NSRV && on[c]) {
                 pid_t pid = m && c == SRV_KVPOOL ? p->srv[c].ch.pid : 0;
-                uint64_t ns0 = pid ? lmc_thread_ns(pid) : 0;
+                uint64_t ns0 = pid ? kvpb_lmc_thread_ns(pid) : 0;
                 xfer(p, &p->srv[c], "store", chunk, nops, p->seq, false, m ? &st[c] : NULL);
-                uint64_t ns1 = pid ? lmc_thread_ns(pid) : 0;
+                uint64_t ns1 = pid ? kvpb_lmc_thread_ns(pid) : 0;
                 xfer(p, &p->srv[c], "retrieve", chunk, nops, p->seq, !m, m ? &rt[c] : NULL);
-                uint64_t ns2 = pid ? lmc_thread_ns(pid) : 0;
+                uint64_t ns2 = pid ? kvpb_lmc_thread_ns(pid) : 0;
                 if (ns0 && ns1 >= ns0 && ns2 >= ns1) {
                     own_ns[0] += ns1 - ns0;
                     own_ns[1] += ns2 - ns1;
@@ -610,7 +610,7 @@ void kvpb_lmcache_phase(const struct kvpb_config *cfg, const char *kvpoold, cons
                cfg->lmcache_venv);
         return;
     }
-    bool with_kvpoold = kvpoold_has_lmcache(kvpoold);
+    bool with_kvpoold = kvpb_kvpoold_has_lmcache(kvpoold);
     if (!with_kvpoold)
         printf("lmcache: %s has no LMCache front end (no --lmcache): only lmcache server and the "
                "worker's limits are measured\n",

@@ -30,7 +30,8 @@
  * rows), 16 workers at once with a ping meanwhile (many.c, once the run's workers have
  * stopped) and the daemon's memory with 64 clients (memory.c, last). The round-trip section
  * also looks up a cached 128-chunk prefix ("lookup-128"). The LMCache section (lmcache.c)
- * starts its own servers, after the fragmentation section and before the main daemon.
+ * starts its own servers, after the fragmentation section and before the main daemon, and so
+ * does the vLLM section (vllm.c), after it.
  *
  * Cells accumulate into struct acc (per-repetition rates in run order, every latency sample),
  * which become report rows at the end. Any failed operation aborts the run with the worker's
@@ -692,6 +693,15 @@ int main(int argc, char **argv)
             return 1;
         }
         kvpb_lmcache_phase(&x.cfg, exe, g_run.dir, x.run_id, &x.extra);
+    }
+    /* The vLLM section: its own servers and vLLM engines (about 3 GiB each, three at a time). */
+    if (x.cfg.do_vllm) {
+        if (!kvpb_find_exe(x.cfg.kvpoold, exe, sizeof(exe))) {
+            fprintf(stderr, "kvpool-bench: cannot find kvpoold (%s); use --kvpoold PATH\n",
+                    x.cfg.kvpoold);
+            return 1;
+        }
+        kvpb_vllm_phase(&x.cfg, exe, g_run.dir, x.run_id, &x.extra);
     }
 
     /* The daemon. */

@@ -41,6 +41,9 @@ static const char *const transport_names[KVPB_T_COUNT_] = {
     [KVPB_T_LMC_KVPOOL] = "kvpoold-lmcache",
     [KVPB_T_LMC_WORKER] = "lmcache-worker",
     [KVPB_T_HASH] = "hash",
+    [KVPB_T_VLLM] = "vllm",
+    [KVPB_T_VLLM_LMC] = "vllm-lmcache-server",
+    [KVPB_T_VLLM_KVPOOL] = "vllm-kvpoold",
 };
 
 static const char *const op_names[KVPB_OP_COUNT_] = {
@@ -76,6 +79,8 @@ static const char *const op_names[KVPB_OP_COUNT_] = {
     [KVPB_OP_HASH_BLAKE2B] = "blake2b",
     [KVPB_OP_HASH_SIPHASH] = "siphash",
     [KVPB_OP_HASH_XXH3] = "xxh3",
+    [KVPB_OP_TTFT] = "ttft",
+    [KVPB_OP_TTFT_COLD] = "ttft-cold",
 };
 
 const char *kvpb_transport_name(int t)
@@ -128,6 +133,7 @@ struct kvpb_row kvpb_row_blank(int transport, int op, const char *detail)
         .ratio_to_model = NAN,
         .ratio_to_limit = NAN,
         .vs_lmcache = NAN,
+        .speedup = NAN,
         .server_us = NAN,
         .vs_lmcache_free = NAN,
     };
@@ -201,10 +207,14 @@ enum section {
     SEC_MEMORY,
     SEC_FRAG,
     SEC_LMCACHE,
+    SEC_VLLM,
 };
 
 static int row_group(const struct kvpb_row *r)
 {
+    if (r->transport == KVPB_T_VLLM || r->transport == KVPB_T_VLLM_LMC ||
+        r->transport == KVPB_T_VLLM_KVPOOL)
+        return SEC_VLLM;
     if (r->transport == KVPB_T_LMC_SERVER || r->transport == KVPB_T_LMC_KVPOOL ||
         r->transport == KVPB_T_LMC_WORKER)
         return SEC_LMCACHE;
@@ -247,13 +257,25 @@ static int row_group(const struct kvpb_row *r)
 static int transport_rank(int t)
 {
     static const int rank[KVPB_T_COUNT_] = {
-        [KVPB_T_MEMCPY] = 0,     [KVPB_T_SHM] = 1,         [KVPB_T_INLINE] = 2,
-        [KVPB_T_UDS] = 3,        [KVPB_T_KVPOOL] = 4,      [KVPB_T_REDIS] = 5,
-        [KVPB_T_PAGED] = 6,      [KVPB_T_MEMSET] = 7,      [KVPB_T_PYSHM] = 8,
-        [KVPB_T_LMC_WORKER] = 9, [KVPB_T_LMC_SERVER] = 10, [KVPB_T_LMC_KVPOOL] = 11,
-        [KVPB_T_HASH] = 12,
+        [KVPB_T_MEMCPY] = 0,       [KVPB_T_SHM] = 1,         [KVPB_T_INLINE] = 2,
+        [KVPB_T_UDS] = 3,          [KVPB_T_KVPOOL] = 4,      [KVPB_T_REDIS] = 5,
+        [KVPB_T_PAGED] = 6,        [KVPB_T_MEMSET] = 7,      [KVPB_T_PYSHM] = 8,
+        [KVPB_T_LMC_WORKER] = 9,   [KVPB_T_LMC_SERVER] = 10, [KVPB_T_LMC_KVPOOL] = 11,
+        [KVPB_T_HASH] = 12,        [KVPB_T_VLLM] = 13,       [KVPB_T_VLLM_LMC] = 14,
+        [KVPB_T_VLLM_KVPOOL] = 15,
     };
     return t >= 0 && t < KVPB_T_COUNT_ ? rank[t] : KVPB_T_COUNT_;
+}
+
+/* A vLLM row's place in its model's table: shm before pickle, then the prompt length. */
+static int vllm_rank(const struct kvpb_row *r)
+{
+    int rank = strstr(r->detail, " pickle") ? 10 : 0;
+    if (strstr(r->detail, " 4k "))
+        rank += 1;
+    else if (strstr(r->detail, " 8k "))
+        rank += 2;
+    return rank;
 }
 
 static int cmp_rows(const void *pa, const void *pb)
@@ -269,6 +291,11 @@ static int cmp_rows(const void *pa, const void *pb)
         if ((a->op == KVPB_OP_COLD) != (b->op == KVPB_OP_COLD))
             return a->op == KVPB_OP_COLD ? -1 : 1;
     }
+    /* vLLM: by model, then transport, then prompt length (the details' order as made). */
+    if (row_group(a) == SEC_VLLM && a->chunk_bytes != b->chunk_bytes)
+        return a->chunk_bytes < b->chunk_bytes ? -1 : 1;
+    if (row_group(a) == SEC_VLLM && (d = vllm_rank(a) - vllm_rank(b)) != 0)
+        return d;
     if (a->pool_bytes != b->pool_bytes)
         return a->pool_bytes < b->pool_bytes ? -1 : 1;
     if (a->chunk_bytes != b->chunk_bytes)
@@ -703,6 +730,44 @@ static void print_lmcache(const struct kvpb_row *rows, size_t n)
     }
 }
 
+static void print_vllm(const struct kvpb_row *rows, size_t n)
+{
+    char a[32], b[32], c[32], d[32], o[32], v[32], w[32], sz[32];
+    bool any = false;
+    const struct kvpb_row *last = NULL;
+
+    for (size_t i = 0; i < n; i++) {
+        const struct kvpb_row *r = &rows[i];
+        if (row_group(r) != SEC_VLLM)
+            continue;
+        if (!any)
+            printf("\nvLLM: time to first token (vLLM's CPU engine, prefix caching off, one token, "
+                   "bfloat16) of a prompt\ncomputed in full without a connector (vllm), and "
+                   "through LMCache's connector whose server holds its\nfull chunks (ttft) after "
+                   "the run that stored them (ttft-cold); engines and runs interleaved;\nx "
+                   "recompute = the time without a connector / this one, paired; x lmcache = "
+                   "lmcache server's\ntime / kvpoold's, paired (> 1: kvpoold faster); own us = "
+                   "kvpoold's LMCache thread's time per\nrequest; RSS = the server's VmRSS "
+                   "(RssAnon) at the end of the phase, MiB\n\n%-20s %-20s %-10s %6s %10s "
+                   "%10s %11s %10s %8s %17s\n",
+                   "model prompt xfer", "transport", "op", "chunk", "p50 ms", "p99 ms",
+                   "x recompute", "x lmcache", "own us", "RSS MiB");
+        any = true;
+        if (last && strcmp(last->detail, r->detail) != 0)
+            printf("\n");
+        last = r;
+        char rss[80] = "-";
+        if (!isnan(r->vm_rss_mib))
+            snprintf(rss, sizeof(rss), "%s (%s)", num(v, 32, r->vm_rss_mib, 0),
+                     num(w, 32, r->rss_anon_mib, 0));
+        printf("%-20s %-20s %-10s %6s %10s %10s %11s %10s %8s %17s\n", r->detail + strlen("vllm "),
+               kvpb_transport_name(r->transport), op_label(r),
+               kvpb_fmt_size(r->chunk_bytes, sz, sizeof(sz)), num(a, 32, r->p50_us / 1e3, 1),
+               num(b, 32, r->p99_us / 1e3, 1), ratio(c, 32, r->speedup),
+               ratio(d, 32, r->vs_lmcache), num(o, 32, r->server_us, 0), rss);
+    }
+}
+
 /* Worst value of a target over the rows it covers. */
 struct target {
     double worst;
@@ -895,7 +960,7 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
     struct target shm = {0}, inl = {0}, rtt = {0}, redis = {0}, py = {0}, load = {0};
     struct target load_uds = {0};
     struct target probe = {0}, hit = {0}, lmc_lim = {0}, lmc_vs = {0}, lmc_rtt = {0};
-    struct target lmc_pickle = {0}, lmc_free = {0};
+    struct target lmc_pickle = {0}, lmc_free = {0}, vllm_vs = {0};
     char sz[32];
 
     for (size_t i = 0; i < n; i++) {
@@ -933,6 +998,8 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
             if (r->op == KVPB_OP_PING || r->op == KVPB_OP_CHUNK_SIZE)
                 consider(&lmc_rtt, r->vs_lmcache, r, true);
         }
+        if (r->transport == KVPB_T_VLLM_KVPOOL && r->op == KVPB_OP_TTFT)
+            consider(&vllm_vs, r->vs_lmcache, r, true);
     }
     printf("\nTargets (docs/PERFORMANCE.md), evaluated on this run\n");
     print_target("shm store/retrieve >= 0.80x memcpy (>= 4 MiB)", &shm, 0.80, true);
@@ -982,6 +1049,7 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
         print_target_text("  the same if kvpoold's own thread took no time",
                           "n/a (not measured in this run)", "");
     }
+    print_target("vLLM cached-prefix TTFT >= 1x lmcache server", &vllm_vs, 1.0, true);
 }
 
 void kvpb_report_table(const struct kvpb_config *cfg, const struct kvpb_run_info *info,
@@ -1011,6 +1079,7 @@ void kvpb_report_table(const struct kvpb_config *cfg, const struct kvpb_run_info
     print_memory(rows, n);
     print_frag(rows, n);
     print_lmcache(rows, n);
+    print_vllm(rows, n);
     print_targets(rows, n);
     fflush(stdout);
 }

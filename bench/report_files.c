@@ -61,7 +61,7 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
                "pool_bytes,ms,us_per_chunk,ratio_to_idle,ratio_to_c,rss_mib,vm_rss_mib,"
                "rss_anon_mib,rss_file_mib,rss_shmem_mib,max_us,lock_max_ms,lock_over_1ms,steal_pct,"
                "model_hit_rate,ratio_to_model,ratio_to_limit,vs_lmcache,server_us,"
-               "vs_lmcache_free,valid\n");
+               "vs_lmcache_free,speedup,valid\n");
     for (size_t i = 0; i < n; i++) {
         const struct kvpb_row *r = &rows[i];
         fprintf(f, "%s,%s,%s,%" PRIu64 ",%u,%u,%u,%" PRIu64 ",", kvpb_transport_name(r->transport),
@@ -102,6 +102,7 @@ int kvpb_report_csv(const char *path, const struct kvpb_row *rows, size_t n)
         csv_num(f, r->vs_lmcache, ",");
         csv_num(f, r->server_us, ",");
         csv_num(f, r->vs_lmcache_free, ",");
+        csv_num(f, r->speedup, ",");
         fprintf(f, "%d\n", r->invalid ? 0 : 1);
     }
     return close_out(f, path);
@@ -165,6 +166,7 @@ int kvpb_report_json(const char *path, const struct kvpb_row *rows, size_t n)
         json_num(f, "vs_lmcache", r->vs_lmcache, false);
         json_num(f, "server_us", r->server_us, false);
         json_num(f, "vs_lmcache_free", r->vs_lmcache_free, false);
+        json_num(f, "speedup", r->speedup, false);
         fprintf(f, "\"valid\": %s", r->invalid ? "false" : "true");
         fprintf(f, "}%s\n", i + 1 < n ? "," : "");
     }
