@@ -170,8 +170,9 @@ clean:
 # through the deps script, reconfigures so that hiredis is found, runs every section (sweep,
 # rtt, paged, pressure, l2, startup, many, python, memory, fragmentation, lmcache, vllm; the
 # python section needs /usr/bin/python3 with numpy, which the deps script installs; the lmcache
-# section the LMCache virtual environment, which lmcache-env makes once, and the vllm section the
-# vLLM one, which vllm-env makes once: without it, a section says so and is skipped) and writes
+# section the LMCache 0.5.6 and 0.5.7rc2 virtual environments, which lmcache-env makes once, and
+# the vllm section the vLLM one, which vllm-env makes once: without one, a section (or its
+# version's rows) says so and is skipped) and writes
 # results.csv, results.json and throughput.png into $(BUILD)/bench.
 # Extra options through BENCH_ARGS, e.g. make bench BENCH_ARGS="--workers 2".
 BENCH_ARGS ?=
@@ -184,6 +185,8 @@ bench:
 	cmake --build $(BUILD) -j $(JOBS) --target kvpool-bench
 	@scripts/lmcache-env.sh $(abspath $(BUILD)) 0.5.6 || \
 		echo "make bench: no LMCache virtual environment: the lmcache section will be skipped"
+	@scripts/lmcache-env.sh $(abspath $(BUILD)) 0.5.7rc2 || \
+		echo "make bench: no LMCache 0.5.7 virtual environment: its lmcache rows will be skipped"
 	@scripts/vllm-env.sh $(abspath $(BUILD)) || \
 		echo "make bench: no vLLM virtual environment: the vllm section will be skipped"
 	mkdir -p $(BUILD)/bench

@@ -16,7 +16,8 @@
  *   memory.c     the daemon's RSS beyond the pool with 64 connected clients
  *   python.c     the Python binding (bench/python_path.py) against the C path, same bytes
  *   lmcache.c    the real LMCache worker (bench/lmcache_worker.py) against `lmcache server`
- *                and kvpoold's LMCache front end, SHM and pickle transports
+ *                and kvpoold's LMCache front end, SHM and pickle transports; the same for
+ *                LMCache 0.5.7 (bench/lmcache_worker057.py), SHM and the tensor envelope
  *   vllm.c       vLLM itself (bench/vllm_worker.py): time to first token of a prompt whose
  *                prefix `lmcache server` or kvpoold holds, against recomputing it
  *   script.c     a helper script as a child process, one answer line per command
@@ -168,9 +169,10 @@ struct kvpb_config {
     bool do_startup, do_many, do_memory, do_python; /* the scale sections (their own files) */
     bool do_frag;                                   /* the fragmentation section (frag.c) */
     bool do_lmcache;                                /* the LMCache section (lmcache.c) */
-    const char *lmcache_venv; /* its virtual environment (scripts/lmcache-env.sh) */
-    bool do_vllm;             /* the vLLM section (vllm.c) */
-    const char *vllm_venv;    /* its virtual environment (scripts/vllm-env.sh) */
+    const char *lmcache_venv;    /* its virtual environment (scripts/lmcache-env.sh) */
+    const char *lmcache057_venv; /* the same for the LMCache 0.5.7 worker and server */
+    bool do_vllm;                /* the vLLM section (vllm.c) */
+    const char *vllm_venv;       /* its virtual environment (scripts/vllm-env.sh) */
     bool lean; /* workers without a raw socket peer (the many section's 16 workers) */
     bool do_shm, do_inline, do_uds; /* sweep transports (memcpy always runs) */
     bool quick;
@@ -274,7 +276,9 @@ struct kvpb_row {
 #define KVPB_D_NUMPY "numpy"         /* python.c: ctx.store()/ctx.retrieve() on numpy arrays */
 #define KVPB_D_FRAG "fragmentation"  /* frag.c */
 #define KVPB_D_LMC_SHM "lmcache shm" /* lmcache.c: LMCache's SHM transport */
-#define KVPB_D_LMC_PICKLE "lmcache pickle" /* lmcache.c: LMCache's pickle transport */
+#define KVPB_D_LMC_PICKLE "lmcache pickle"         /* lmcache.c: LMCache's pickle transport */
+#define KVPB_D_LMC057_SHM "lmcache 0.5.7 shm"      /* lmcache.c: LMCache 0.5.7's SHM transport */
+#define KVPB_D_LMC057_ENV "lmcache 0.5.7 envelope" /* lmcache.c: 0.5.7's TensorEnvelope */
 
 /* A growable list of rows, for the sections that build their rows themselves. */
 struct kvpb_rows {
@@ -498,8 +502,10 @@ void kvpb_python_phase(const struct kvpb_config *cfg, struct kvpb_pool *pool, co
 
 /* lmcache.c: `lmcache server` from cfg->lmcache_venv and kvpoold --lmcache (kvpoold is its
  * binary), one after the other with shared memory and without, driven by LMCache's own worker
- * classes (bench/lmcache_worker.py). Skipped with a note when the venv is absent, the kvpoold
- * rows when the binary has no --lmcache. Exits the program on a failed operation. */
+ * classes (bench/lmcache_worker.py); then the same with cfg->lmcache057_venv's server and
+ * worker (bench/lmcache_worker057.py). Each version is skipped with a note when its venv is
+ * absent, the kvpoold rows when the binary has no --lmcache. Exits the program on a failed
+ * operation. */
 void kvpb_lmcache_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
                         uint32_t run_id, struct kvpb_rows *rows);
 

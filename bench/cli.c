@@ -29,6 +29,9 @@
 #ifndef KVPB_LMCACHE_VENV
 #define KVPB_LMCACHE_VENV "build/venv-lmcache-0.5.6"
 #endif
+#ifndef KVPB_LMCACHE057_VENV
+#define KVPB_LMCACHE057_VENV "build/venv-lmcache-0.5.7rc2"
+#endif
 #ifndef KVPB_VLLM_VENV
 #define KVPB_VLLM_VENV "build/venv-vllm"
 #endif
@@ -62,6 +65,7 @@ static void set_defaults(struct kvpb_config *cfg)
         .do_python = true,
         .do_lmcache = true,
         .lmcache_venv = KVPB_LMCACHE_VENV,
+        .lmcache057_venv = KVPB_LMCACHE057_VENV,
         .do_vllm = true,
         .vllm_venv = KVPB_VLLM_VENV,
         .do_redis = true,
@@ -286,6 +290,10 @@ static const struct cli_opt opts[] = {
      "LMCache virtual environment of the lmcache section (default: the\n"
      "build tree's venv-lmcache-0.5.6, made by scripts/lmcache-env.sh)",
      set_string, CFG(lmcache_venv), 0},
+    {"lmcache057-venv", "DIR",
+     "LMCache 0.5.7 virtual environment of the lmcache section (default:\n"
+     "the build tree's venv-lmcache-0.5.7rc2, made by scripts/lmcache-env.sh)",
+     set_string, CFG(lmcache057_venv), 0},
     {"vllm-venv", "DIR",
      "vLLM virtual environment of the vllm section (default: the build\n"
      "tree's venv-vllm, made by scripts/vllm-env.sh)",

@@ -19,8 +19,17 @@
  *           copy_ of the same bytes. Then the round trips of get_chunk_size and ping.
  *   pickle the same servers with --shm-name "" (no shared memory offered): the worker falls back
  *           to LMCache's pickle transport. Limit: what the worker does itself, gather +
- * pickle.dumps before it sends a store, pickle.loads + scatter after it receives a retrieve. A
- * kvpoold without --lmcache (its help does not mention it) is left out with a note.
+ *           pickle.dumps before it sends a store, pickle.loads + scatter after it receives a
+ *           retrieve.
+ * Then the same two phases with LMCache 0.5.7 (--lmcache057-venv: its own `lmcache server`,
+ * bench/lmcache_worker057.py, token_bytes keys, negotiate_chunk_size), whose servers log
+ * "Using shm|safe inline engine-driven transfer strategy":
+ *   0.5.7 shm       as shm above (no round trips);
+ *   0.5.7 envelope  --shm-name "": the worker sends and receives a msgpack TensorEnvelope
+ *                   (EngineDrivenContextInline). Limit: gather + encode_tensors for a store,
+ *                   decode_tensors + scatter for a retrieve, the worker's own share.
+ * A release whose venv is missing is skipped with a note. A kvpoold without --lmcache (its help
+ * does not mention it) is left out with a note.
  *
  * Method, per chunk size (1, 4, 16, 32 MiB: bfloat16, 32 layers, 256 tokens, hidden 32-1024):
  * each server registers a fresh instance; at the first size the worker first stores 90% of a
@@ -76,10 +85,36 @@ struct lmc_server {
     bool up;          /* started and connected by the worker */
 };
 
+/* What tells one phase from another: LMCache's release and transport. */
+struct lmc_kind {
+    const char *detail;   /* the rows' detail (KVPB_D_LMC_*) */
+    const char *tag;      /* in the names of the phase's logs, sockets and segments */
+    const char *script;   /* the worker, in bench/ */
+    const char *answer;   /* the transport its "setup" must answer */
+    const char *strategy; /* the line both servers' logs must have */
+    const char *lstore;   /* the worker's own copy of a store's bytes ("local" command) */
+    const char *lretrieve;
+    bool shm;  /* shared memory offered, else --shm-name "" */
+    bool v057; /* LMCache 0.5.7 (its own server, worker and envelope) */
+};
+
+static const struct lmc_kind lmc_kinds[] = {
+    {KVPB_D_LMC_SHM, "shm", "lmcache_worker.py", "shm", "Using shm non-GPU transfer strategy",
+     "gather", "scatter", true, false},
+    {KVPB_D_LMC_PICKLE, "pickle", "lmcache_worker.py", "pickle",
+     "Using pickle non-GPU transfer strategy", "pickle-store", "pickle-retrieve", false, false},
+    {KVPB_D_LMC057_SHM, "057-shm", "lmcache_worker057.py", "shm",
+     "Using shm engine-driven transfer strategy", "gather", "scatter", true, true},
+    {KVPB_D_LMC057_ENV, "057-envelope", "lmcache_worker057.py", "envelope",
+     "Using safe inline engine-driven transfer strategy", "envelope-store", "envelope-retrieve",
+     false, true},
+};
+
 struct lmc_phase {
     const struct kvpb_config *cfg;
     const char *dir;
-    bool shm; /* the phase's transport: shm, else pickle */
+    const struct lmc_kind *k;
+    bool shm; /* the phase's transport: shm, else pickle or the envelope (k->shm) */
     const char *detail;
     struct lmc_server srv[LMC_NSRV];
     struct kvpb_script w;
@@ -145,8 +180,8 @@ static int start_lmcache_server(struct lmc_phase *p, const char *venv, struct lm
     snprintf(port, sizeof(port), "%d", zp);
     snprintf(http, sizeof(http), "%d", hp);
     snprintf(gb, sizeof(gb), "%.6f", (double)p->cfg->l1_size / (double)KVPB_GiB);
-    snprintf(shm, sizeof(shm), p->shm ? "lmcache_bench_%d" : "", (int)getpid());
-    snprintf(log, sizeof(log), "%s/lmcache-server-%s.log", p->dir, p->shm ? "shm" : "pickle");
+    snprintf(shm, sizeof(shm), p->shm ? "lmcache_bench_%d_%s" : "", (int)getpid(), p->k->tag);
+    snprintf(log, sizeof(log), "%s/lmcache-server-%s.log", p->dir, p->k->tag);
     snprintf(s->url, sizeof(s->url), "tcp://127.0.0.1:%d", zp);
     char *const argv[] = {exe,
                           "server",
@@ -183,10 +218,9 @@ static int start_kvpoold(struct lmc_phase *p, const char *kvpoold, struct lmc_se
     snprintf(s->url, sizeof(s->url), "tcp://127.0.0.1:%d", zp);
     snprintf(listen, sizeof(listen), "%s", s->url);
     snprintf(l1, sizeof(l1), "%" PRIu64, p->cfg->l1_size);
-    snprintf(shm, sizeof(shm), p->shm ? "bench_lmc_%d" : "", (int)getpid());
-    snprintf(s->socket, sizeof(s->socket), "%s/kvpoold-lmcache-%s.sock", p->dir,
-             p->shm ? "shm" : "pickle");
-    snprintf(log, sizeof(log), "%s/kvpoold-lmcache-%s.log", p->dir, p->shm ? "shm" : "pickle");
+    snprintf(shm, sizeof(shm), p->shm ? "bench_lmc_%d_%s" : "", (int)getpid(), p->k->tag);
+    snprintf(s->socket, sizeof(s->socket), "%s/kvpoold-lmcache-%s.sock", p->dir, p->k->tag);
+    snprintf(log, sizeof(log), "%s/kvpoold-lmcache-%s.log", p->dir, p->k->tag);
     char *const argv[] = {
         (char *)kvpoold, "--socket",   s->socket, "--l1-size",   l1,     "--chunk-size",
         LMC_TOKENS_STR,  "--shm-name", shm,       "--log-level", "info", "--http",
@@ -275,10 +309,11 @@ static bool setup_server(struct lmc_phase *p, struct lmc_server *s, uint64_t chu
     char cmd[160], sz[32];
     snprintf(cmd, sizeof(cmd), "setup %s %" PRIu64 "\n", s->name, chunk);
     const char *t = kvpb_script_cmd(&p->w, cmd);
-    const char *want = p->shm ? " shm" : " pickle";
-    if (strcmp(t, want) != 0) {
-        printf("lmcache: %s %s: the worker registered on%s, not%s%s: left out\n", s->name,
-               kvpb_fmt_size(chunk, sz, sizeof(sz)), t, want,
+    if (t[0] != ' ' || strcmp(t + 1, p->k->answer) != 0) {
+        /* 0.5.6's phases keep the words "lmcache: " that bench/smoke_lmcache.sh reads. */
+        printf("%s: %s %s: the worker registered on%s, not %s%s: left out\n",
+               p->k->v057 ? p->detail : "lmcache", s->name, kvpb_fmt_size(chunk, sz, sizeof(sz)), t,
+               p->k->answer,
                strstr(t, "-refused") ? " (a probe chunk was not stored and retrieved: see the "
                                        "server's log)"
                                      : "");
@@ -383,7 +418,8 @@ static void run_size(struct lmc_phase *p, uint64_t chunk, bool first)
     uint64_t own_ns[2] = {0, 0}, own_ops = 0; /* kvpoold's LMCache thread: store, retrieve */
 
     /* Everything a repetition stores stays in the pool until it is retrieved. The pickle
-     * transport is 5-20 times slower: a quarter of the bytes keeps its phase as long. */
+     * transport and the envelope are 5-20 times slower: a quarter of the bytes keeps their
+     * phases as long. */
     if (bytes > cfg->l1_size / 4)
         bytes = cfg->l1_size / 4;
     if (!p->shm)
@@ -394,8 +430,7 @@ static void run_size(struct lmc_phase *p, uint64_t chunk, bool first)
         on[i] = p->srv[i].up && setup_server(p, &p->srv[i], chunk);
     if (first) {
         for (int i = 0; i < LMC_NSRV; i++) {
-            const char *want = p->shm ? "Using shm non-GPU transfer strategy"
-                                      : "Using pickle non-GPU transfer strategy";
+            const char *want = p->k->strategy;
             if (on[i])
                 printf("%s: %s log %s \"%s\"\n", p->detail, p->srv[i].name,
                        log_has(p->srv[i].ch.log, want) ? "says" : "does not say", want);
@@ -424,13 +459,11 @@ static void run_size(struct lmc_phase *p, uint64_t chunk, bool first)
                 }
                 clear(p, &p->srv[c]);
                 p->seq += nops;
-            } else if (c == LMC_NSRV && p->shm) {
-                local(p, "gather", chunk, nops, m ? &ls : NULL);
-                local(p, "scatter", chunk, nops, m ? &lr : NULL);
-                local(p, "copy", chunk, nops, m ? &cp : NULL);
             } else if (c == LMC_NSRV) {
-                local(p, "pickle-store", chunk, nops, m ? &ls : NULL);
-                local(p, "pickle-retrieve", chunk, nops, m ? &lr : NULL);
+                local(p, p->k->lstore, chunk, nops, m ? &ls : NULL);
+                local(p, p->k->lretrieve, chunk, nops, m ? &lr : NULL);
+                if (p->shm)
+                    local(p, "copy", chunk, nops, m ? &cp : NULL);
             }
         }
     }
@@ -561,20 +594,20 @@ static void run_phase(struct lmc_phase *p, const char *venv, const char *kvpoold
     }
 
     snprintf(python, sizeof(python), "%s/bin/python", venv);
-    snprintf(script, sizeof(script), "%s/bench/lmcache_worker.py", KVPB_SOURCE_DIR);
-    snprintf(log, sizeof(log), "%s/lmcache_worker-%s.log", p->dir, p->shm ? "shm" : "pickle");
+    snprintf(script, sizeof(script), "%s/bench/%s", KVPB_SOURCE_DIR, p->k->script);
+    snprintf(log, sizeof(log), "%s/lmcache_worker-%s.log", p->dir, p->k->tag);
     snprintf(foot, sizeof(foot), "KVPB_FOOTPRINT=%" PRIu64, p->cfg->footprint);
     snprintf(run, sizeof(run), "KVPB_RUN_ID=%u", (unsigned)(p->seq ^ (uint64_t)getpid()));
     char *const argv[] = {python, script, NULL};
     /* The worker at LMCache's INFO level logs every gather and scatter: only warnings. */
     char *const env[] = {foot, run, "LMCACHE_LOG_LEVEL=WARNING", NULL};
-    if ((rc = kvpb_script_start(&p->w, "lmcache_worker.py", argv, env, log)) < 0) {
-        printf("lmcache section skipped: cannot start %s: %s\n", script, strerror(-rc));
+    if ((rc = kvpb_script_start(&p->w, p->k->script, argv, env, log)) < 0) {
+        printf("%s: skipped: cannot start %s: %s\n", p->detail, script, strerror(-rc));
         stop_servers(p);
         return;
     }
     if (kvpb_script_read(&p->w) < 0 || strncmp(p->w.line, "ready ", 6) != 0) {
-        printf("lmcache section skipped: %s did not start: %s\n", script, p->w.line);
+        printf("%s: skipped: %s did not start: %s\n", p->detail, script, p->w.line);
         kvpb_child_print_log(&p->w.ch, 20);
         kvpb_script_stop(&p->w);
         stop_servers(p);
@@ -590,7 +623,7 @@ static void run_phase(struct lmc_phase *p, const char *venv, const char *kvpoold
     if (p->srv[SRV_LMCACHE].up || p->srv[SRV_KVPOOL].up) {
         for (size_t i = 0; i < nsizes; i++)
             run_size(p, s[i], i == 0);
-        if (p->shm)
+        if (p->shm && !p->k->v057)
             run_rtt(p);
     }
     kvpb_script_stop(&p->w);
@@ -600,14 +633,23 @@ static void run_phase(struct lmc_phase *p, const char *venv, const char *kvpoold
 void kvpb_lmcache_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
                         uint32_t run_id, struct kvpb_rows *rows)
 {
+    static const char *const release[2] = {"0.5.6", "0.5.7rc2"};
+    const char *venv[2] = {cfg->lmcache_venv, cfg->lmcache057_venv};
+    static const char *const opt[2] = {"--lmcache-venv", "--lmcache057-venv"};
+    bool have[2];
     char path[600];
     uint64_t t0 = kvpb_now_ns();
 
-    snprintf(path, sizeof(path), "%s/bin/lmcache", cfg->lmcache_venv);
-    if (access(path, X_OK) != 0) {
-        printf("lmcache section skipped: no LMCache virtual environment at %s "
-               "(scripts/lmcache-env.sh BUILD_DIR 0.5.6 creates it; --lmcache-venv DIR)\n",
-               cfg->lmcache_venv);
+    for (int v = 0; v < 2; v++) {
+        snprintf(path, sizeof(path), "%s/bin/lmcache", venv[v]);
+        have[v] = access(path, X_OK) == 0;
+        if (!have[v])
+            printf("lmcache: LMCache %s rows skipped: no LMCache virtual environment at %s "
+                   "(scripts/lmcache-env.sh BUILD_DIR %s creates it; %s DIR)\n",
+                   release[v], venv[v], release[v], opt[v]);
+    }
+    if (!have[0] && !have[1]) {
+        printf("lmcache section skipped: no LMCache virtual environment\n");
         return;
     }
     bool with_kvpoold = kvpb_kvpoold_has_lmcache(kvpoold);
@@ -618,15 +660,19 @@ void kvpb_lmcache_phase(const struct kvpb_config *cfg, const char *kvpoold, cons
     double *lat = malloc(sizeof(double) * KVPB_MAX_SAMPLES);
     if (!lat)
         exit(1);
-    for (int shm = 1; shm >= 0; shm--) {
+    for (size_t i = 0; i < sizeof(lmc_kinds) / sizeof(lmc_kinds[0]); i++) {
+        const struct lmc_kind *k = &lmc_kinds[i];
+        if (!have[k->v057])
+            continue;
         struct lmc_phase p = {.cfg = cfg,
                               .dir = dir,
-                              .shm = shm,
-                              .detail = shm ? KVPB_D_LMC_SHM : KVPB_D_LMC_PICKLE,
+                              .k = k,
+                              .shm = k->shm,
+                              .detail = k->detail,
                               .rows = rows,
-                              .seq = (uint64_t)run_id << 24 | (uint64_t)shm << 23,
+                              .seq = (uint64_t)run_id << 24 | (uint64_t)i << 21,
                               .lat = lat};
-        run_phase(&p, cfg->lmcache_venv, kvpoold, with_kvpoold);
+        run_phase(&p, venv[k->v057], kvpoold, with_kvpoold);
     }
     free(lat);
     printf("lmcache: %.1f s\n", (double)(kvpb_now_ns() - t0) / 1e9);

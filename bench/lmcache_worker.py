@@ -20,8 +20,9 @@ Runs under the LMCache virtual environment's python (scripts/lmcache-env.sh). Re
 command per line on stdin, answers one line on stdout:
 
     connect NAME URL                  -> "ok CHUNK_TOKENS" (waits up to 60 s for the server)
-    setup NAME CHUNK                  -> "ok shm|pickle" (registers a fresh instance on NAME
-                                         for CHUNK-byte chunks; the transport LMCache chose),
+    setup NAME CHUNK                  -> "ok shm|pickle|envelope" (registers a fresh instance
+                                         on NAME for CHUNK-byte chunks; the transport LMCache
+                                         chose: envelope is 0.5.7's, lmcache_worker057.py),
                                          "ok shm-refused|pickle-refused" when a probe chunk
                                          could not be stored and retrieved
     store NAME CHUNK NOPS SEQ VERIFY  -> "ok NS BYTES LAT_US..." (NS: wall time of the NOPS
@@ -126,7 +127,7 @@ class Server:
         while True:
             self.req = w.client(url)
             try:
-                self.tokens = int(self.req.get_chunk_size().result(timeout=2.0))
+                self.tokens = w.chunk_size(self.req, 2.0)
                 break
             except Exception:
                 self.req.close()
@@ -150,7 +151,11 @@ class Server:
                          layout_hints={"kv_layout": "NHD"})
         self.layout = layout
         kind = type(self.tc.engine_driven_context).__name__
-        return "shm" if kind.endswith("Shm") else "pickle" if kind.endswith("Pickle") else kind
+        # EngineDrivenContextShm, ...Pickle (up to 0.5.6), ...Inline (the tensor envelope, 0.5.7).
+        for suffix, name in (("Shm", "shm"), ("Pickle", "pickle"), ("Inline", "envelope")):
+            if kind.endswith(suffix):
+                return name
+        return kind
 
     def unregister(self) -> None:
         if self.tc is not None:
@@ -165,6 +170,9 @@ class Server:
 
 
 class Worker:
+    # The worker's own copies of the same bytes ("local" commands).
+    LOCAL_OPS = ("gather", "scatter", "copy", "pickle-store", "pickle-retrieve")
+
     def __init__(self, footprint: int, run_id: int) -> None:
         import torch
         import zmq
@@ -196,6 +204,10 @@ class Worker:
         self.layouts: Dict[int, Layout] = {}
         self.tokens = 0
         self.probes = 0
+
+    def chunk_size(self, req: Any, timeout: float) -> int:
+        """The server's chunk size, asked as this release's worker asks it."""
+        return int(req.get_chunk_size().result(timeout=timeout))
 
     def client(self, url: str) -> Any:
         return self.m.factory.create(url, context=self.zmq.Context.instance())
@@ -364,8 +376,7 @@ def serve(w: Worker) -> None:
             chunk, nops = int(f[2]), int(f[3])
             ns, lat = w.transfer(cmd, f[1], chunk, nops, int(f[4]), f[5] != "0")
             print(answer(ns, chunk * nops, lat), flush=True)
-        elif cmd in ("gather", "scatter", "copy", "pickle-store", "pickle-retrieve") \
-                and len(f) == 3:
+        elif cmd in w.LOCAL_OPS and len(f) == 3:
             chunk, nops = int(f[1]), int(f[2])
             ns, lat = w.local(cmd, chunk, nops)
             print(answer(ns, chunk * nops, lat), flush=True)
@@ -382,11 +393,12 @@ def serve(w: Worker) -> None:
             raise RuntimeError("unknown command %r" % line.strip())
 
 
-def main() -> int:
+def main(cls: Any = None) -> int:
+    """Serves the bench with a Worker of class cls (Worker: this release's)."""
     footprint = int(os.environ.get("KVPB_FOOTPRINT", str(256 << 20)))
     run_id = int(os.environ.get("KVPB_RUN_ID", "0"))
     try:
-        w = Worker(footprint, run_id)
+        w = (cls or Worker)(footprint, run_id)
         print("ready %s %s %s" % (sys.version.split()[0],
                                   getattr(w.lmcache, "__version__", "?"),
                                   w.torch.__version__), flush=True)

@@ -705,6 +705,7 @@ static void print_lmcache(const struct kvpb_row *rows, size_t n)
                    "same worker, same bytes, repetitions interleaved;\nx limit = paired median "
                    "of GB/s / the worker's own copy of the same bytes (shm: gather for a\nstore, "
                    "scatter for a retrieve; pickle: gather + pickle.dumps, pickle.loads + "
+                   "scatter;\n0.5.7 envelope: gather + encode_tensors, decode_tensors + "
                    "scatter);\nx lmcache = kvpoold / lmcache server, paired (round trips: lmcache "
                    "server's p50 / kvpoold's);\nown us = kvpoold's LMCache thread's run time per "
                    "operation; x if free = lmcache server's p50 /\n(kvpoold's p50 - own us): "
@@ -962,6 +963,7 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
     struct target load_uds = {0};
     struct target probe = {0}, hit = {0}, lmc_lim = {0}, lmc_vs = {0}, lmc_rtt = {0};
     struct target lmc_pickle = {0}, lmc_free = {0}, vllm_vs = {0};
+    struct target lmc57_shm = {0}, lmc57_env = {0}, lmc57_env_lim = {0};
     char sz[32];
 
     for (size_t i = 0; i < n; i++) {
@@ -988,11 +990,18 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
             consider(&hit, r->ratio_to_model, r, true);
         if (r->transport == KVPB_T_LMC_KVPOOL) {
             bool lshm = strcmp(r->detail, KVPB_D_LMC_SHM) == 0;
+            bool lpickle = strcmp(r->detail, KVPB_D_LMC_PICKLE) == 0;
             if (xfer && lshm && r->chunk_bytes >= 4 * KVPB_MiB)
                 consider(&lmc_lim, r->ratio_to_limit, r, true);
             if (xfer && lshm)
                 consider(&lmc_vs, r->vs_lmcache, r, true);
-            if (xfer && !lshm && r->chunk_bytes >= 4 * KVPB_MiB) {
+            if (xfer && strcmp(r->detail, KVPB_D_LMC057_SHM) == 0)
+                consider(&lmc57_shm, r->vs_lmcache, r, true);
+            if (xfer && strcmp(r->detail, KVPB_D_LMC057_ENV) == 0) {
+                consider(&lmc57_env, r->vs_lmcache, r, true);
+                consider(&lmc57_env_lim, r->ratio_to_limit, r, true);
+            }
+            if (xfer && lpickle && r->chunk_bytes >= 4 * KVPB_MiB) {
                 consider(&lmc_pickle, r->vs_lmcache, r, true);
                 consider(&lmc_free, r->vs_lmcache_free, r, true);
             }
@@ -1049,6 +1058,17 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
         print_target_text("  the same if kvpoold's own thread took no time", text, "bound");
     } else {
         print_target_text("  the same if kvpoold's own thread took no time",
+                          "n/a (not measured in this run)", "");
+    }
+    print_target("LMCache 0.5.7 shm >= 1x lmcache (every size)", &lmc57_shm, 1.0, true);
+    print_target("LMCache 0.5.7 envelope >= 1x lmcache (all sizes)", &lmc57_env, 1.0, true);
+    if (lmc57_env_lim.at) {
+        snprintf(text, sizeof(text), "worst %.2fx (%s %s)", lmc57_env_lim.worst,
+                 op_label(lmc57_env_lim.at),
+                 kvpb_fmt_size(lmc57_env_lim.at->chunk_bytes, sz, sizeof(sz)));
+        print_target_text("  0.5.7 envelope vs the worker's own copy", text, "reported");
+    } else {
+        print_target_text("  0.5.7 envelope vs the worker's own copy",
                           "n/a (not measured in this run)", "");
     }
     print_target("vLLM cached-prefix TTFT >= 1x lmcache server", &vllm_vs, 1.0, true);
