@@ -694,7 +694,7 @@ int main(int argc, char **argv)
         }
         kvpb_lmcache_phase(&x.cfg, exe, g_run.dir, x.run_id, &x.extra);
     }
-    /* The vLLM section: its own servers and vLLM engines (about 3 GiB each, three at a time). */
+    /* The vLLM section: its own servers and vLLM engines (about 2 GiB each, three at a time). */
     if (x.cfg.do_vllm) {
         if (!kvpb_find_exe(x.cfg.kvpoold, exe, sizeof(exe))) {
             fprintf(stderr, "kvpool-bench: cannot find kvpoold (%s); use --kvpoold PATH\n",

