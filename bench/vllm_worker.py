@@ -13,8 +13,8 @@ connector talks to tcp://127.0.0.1:PORT with the configuration the README shows.
 vLLM's own prefix cache is off (enable_prefix_caching=False), so that a prompt sent again is
 computed again except for what the connector loads: the second run of a prompt is what another
 engine sees when this one stored it. Eager mode, 8448 tokens at most, greedy, one token, vLLM's
-default process layout (its engine core and its worker in processes of their own, the worker's
-OpenMP thread bound to one core, the other left to the servers) with a KV cache of 256 MiB
+default process layout (its engine core and its worker in processes of their own; the bench binds
+the worker's OpenMP thread to core 0, the other left to the servers) with a KV cache of 256 MiB
 (kv_cache_memory_bytes; vLLM's CPU default would claim 92 % of the machine): about 2 GiB per
 engine. The engine leads a process group of its own: SIGTERM (the bench stops it, or died)
 passes to its engine core and worker, so that nothing of it outlives the bench.
