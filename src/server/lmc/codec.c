@@ -506,6 +506,20 @@ void lmc_mp_put_bool(struct lmc_mp_writer *w, bool v)
     put_be(w, v ? 0xc3 : 0xc2, 0, 0);
 }
 
+const char *lmc_mp_error_words(int rc)
+{
+    switch (rc) {
+    case -EPROTO:
+        return "is not valid msgpack (truncated?)";
+    case -ERANGE:
+        return "is out of range";
+    case -E2BIG:
+        return "is too long";
+    default:
+        return "has the wrong type";
+    }
+}
+
 void lmc_mp_put_uint(struct lmc_mp_writer *w, uint64_t v)
 {
     if (v <= 0x7f)

@@ -37,6 +37,10 @@ struct lmc_mp_reader {
     const uint8_t *p, *end;
 };
 
+/* What a reader's error rc (-EPROTO, -ERANGE, -E2BIG, else a wrong type) says of the value, for
+ * a refusal's reason: "is not valid msgpack (truncated?)", "is out of range", ... */
+const char *lmc_mp_error_words(int rc);
+
 /* Starts reading the n bytes at p. */
 void lmc_mp_reader_init(struct lmc_mp_reader *r, const void *p, size_t n);
 

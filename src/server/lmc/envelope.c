@@ -100,21 +100,6 @@ struct env_dec {
     size_t why_size;
 };
 
-/* What a codec error means, for a reason. */
-static const char *rc_word(int rc)
-{
-    switch (rc) {
-    case -EPROTO:
-        return "is not valid msgpack (truncated?)";
-    case -ERANGE:
-        return "is out of range";
-    case -E2BIG:
-        return "is too long";
-    default:
-        return "has the wrong type";
-    }
-}
-
 /* A client's string as a reason may quote it: at most 32 bytes, printable ASCII only. */
 struct quoted {
     char s[33];
@@ -141,7 +126,7 @@ static int field_name(struct env_dec *d, const char *where, const char **s, uint
     int rc = lmc_mp_read_str(&d->r, 32, s, len);
     if (rc)
         return say(d->why, d->why_size, -EPROTO, "%s: a key that is no field name (%s)", where,
-                   rc_word(rc));
+                   lmc_mp_error_words(rc));
     return 0;
 }
 
@@ -153,7 +138,7 @@ static int dec_shape(struct env_dec *d, uint32_t i)
     int rc = lmc_mp_read_array(&d->r, KVP_ENVELOPE_MAX_RANK, &rank);
     if (rc)
         return say(d->why, d->why_size, -EPROTO, "tensor %u: shape %s (an array of at most %u)", i,
-                   rc_word(rc), KVP_ENVELOPE_MAX_RANK);
+                   lmc_mp_error_words(rc), KVP_ENVELOPE_MAX_RANK);
     if (rank != l->ndim)
         return say(d->why, d->why_size, -EPROTO, "tensor %u: shape of rank %u, expected %u", i,
                    rank, l->ndim);
@@ -161,7 +146,7 @@ static int dec_shape(struct env_dec *d, uint32_t i)
         uint64_t dim;
         if ((rc = lmc_mp_read_uint(&d->r, UINT64_MAX, &dim)))
             return say(d->why, d->why_size, -EPROTO, "tensor %u: shape dimension %u %s", i, k,
-                       rc == -ERANGE ? "is negative" : rc_word(rc));
+                       rc == -ERANGE ? "is negative" : lmc_mp_error_words(rc));
         if (dim != l->shape[k])
             return say(d->why, d->why_size, -EPROTO,
                        "tensor %u: shape dimension %u is %llu, expected %llu", i, k,
@@ -185,7 +170,7 @@ static int dec_tensor(struct env_dec *d, uint32_t i, struct kvp_envelope_tensor 
                    i);
     if (rc)
         return say(d->why, d->why_size, -EPROTO, "tensor %u %s (a map of dtype, shape and data)", i,
-                   rc_word(rc));
+                   lmc_mp_error_words(rc));
     snprintf(where, sizeof(where), "tensor %u", i);
     for (uint32_t f = 0; f < nf; f++) {
         const char *s;
@@ -210,7 +195,8 @@ static int dec_tensor(struct env_dec *d, uint32_t i, struct kvp_envelope_tensor 
             const char *dt;
             uint32_t dl;
             if ((rc = lmc_mp_read_str(&d->r, 64, &dt, &dl)))
-                return say(d->why, d->why_size, -EPROTO, "tensor %u: dtype %s", i, rc_word(rc));
+                return say(d->why, d->why_size, -EPROTO, "tensor %u: dtype %s", i,
+                           lmc_mp_error_words(rc));
             if (!name_is(dt, dl, d->exp->layout.dtype))
                 return say(d->why, d->why_size, -EPROTO, "tensor %u: dtype '%s', expected %s", i,
                            quote(dt, dl).s, d->exp->layout.dtype);
@@ -222,7 +208,7 @@ static int dec_tensor(struct env_dec *d, uint32_t i, struct kvp_envelope_tensor 
             uint64_t bl;
             if ((rc = lmc_mp_read_bin(&d->r, KVP_ENVELOPE_MAX_TENSOR_BYTES, &b, &bl)))
                 return say(d->why, d->why_size, -EPROTO, "tensor %u: data %s (a bin of %llu)", i,
-                           rc_word(rc), (unsigned long long)d->chunk);
+                           lmc_mp_error_words(rc), (unsigned long long)d->chunk);
             if (bl != d->chunk)
                 return say(d->why, d->why_size, -EPROTO,
                            "tensor %u: data of %llu bytes, expected %llu", i,
@@ -252,7 +238,7 @@ static int dec_tensors(struct env_dec *d, struct kvp_envelope_tensor *out, uint3
     if (rc == -E2BIG)
         return say(d->why, d->why_size, -EPROTO, "more than %u tensors", e->max_tensors);
     if (rc)
-        return say(d->why, d->why_size, -EPROTO, "tensors %s (an array)", rc_word(rc));
+        return say(d->why, d->why_size, -EPROTO, "tensors %s (an array)", lmc_mp_error_words(rc));
     if (count < e->min_tensors)
         return say(d->why, d->why_size, -EPROTO, "%u tensors, expected at least %u", count,
                    e->min_tensors);
@@ -293,7 +279,7 @@ int kvp_envelope_decode(const uint8_t *buf, size_t len, const struct kvp_envelop
         if (rc == -E2BIG)
             return say(why, why_size, -EPROTO,
                        "an envelope of more than two fields (version, tensors)");
-        return say(why, why_size, -EPROTO, "the envelope %s (a map)", rc_word(rc));
+        return say(why, why_size, -EPROTO, "the envelope %s (a map)", lmc_mp_error_words(rc));
     }
     for (uint32_t f = 0; f < nf; f++) {
         const char *s;
@@ -310,7 +296,7 @@ int kvp_envelope_decode(const uint8_t *buf, size_t len, const struct kvp_envelop
             /* Literal[1]: the int 1 only (msgspec tells a bool or a float from an int). */
             if ((rc = lmc_mp_read_int(&d.r, INT64_MIN, INT64_MAX, &v)) || v != 1) {
                 rc = say(why, why_size, -EPROTO, "version %s, expected 1",
-                         rc ? rc_word(rc) : "is not 1");
+                         rc ? lmc_mp_error_words(rc) : "is not 1");
                 goto fail;
             }
         } else if (name_is(s, sl, "tensors")) {

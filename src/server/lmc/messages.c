@@ -86,20 +86,6 @@ __attribute__((format(printf, 4, 5))) static int bad(int rc, char *why, size_t w
     return rc;
 }
 
-static const char *rc_word(int rc)
-{
-    switch (rc) {
-    case -EPROTO:
-        return "is not valid msgpack";
-    case -ERANGE:
-        return "is out of range";
-    case -E2BIG:
-        return "is too long";
-    default:
-        return "has the wrong type";
-    }
-}
-
 /* Compares a map key (s, len) with a field name. */
 static bool key_is(const char *s, uint32_t len, const char *field)
 {
@@ -131,7 +117,7 @@ static int open_map(struct lmc_mp_reader *r, const void *frame, size_t n, const 
     lmc_mp_reader_init(r, frame, n);
     int rc = lmc_mp_read_map(r, 64, nfields);
     if (rc)
-        return bad(rc, why, why_size, "%s: not a map (%s)", what, rc_word(rc));
+        return bad(rc, why, why_size, "%s: not a map (%s)", what, lmc_mp_error_words(rc));
     return 0;
 }
 
@@ -143,11 +129,11 @@ static int field_name(struct lmc_mp_reader *r, const char *what, uint32_t i, con
     int rc = lmc_mp_read_str(r, 64, name, len);
     if (rc == -E2BIG || rc == -EINVAL) {
         if ((rc = lmc_mp_skip(r)) || (rc = lmc_mp_skip(r)))
-            return bad(rc, why, why_size, "%s: field %u %s", what, i, rc_word(rc));
+            return bad(rc, why, why_size, "%s: field %u %s", what, i, lmc_mp_error_words(rc));
         return 1;
     }
     if (rc)
-        return bad(rc, why, why_size, "%s: field %u %s", what, i, rc_word(rc));
+        return bad(rc, why, why_size, "%s: field %u %s", what, i, lmc_mp_error_words(rc));
     return 0;
 }
 
@@ -205,7 +191,7 @@ static int key_token_bytes(struct lmc_mp_reader *r, struct lmc_key *k, uint8_t *
     uint64_t len;
     int rc = lmc_mp_read_bin(r, (uint64_t)KVP_MAX_TOKENS * 4, &b, &len);
     if (rc)
-        return bad(rc, why, why_size, "key: token_bytes %s", rc_word(rc));
+        return bad(rc, why, why_size, "key: token_bytes %s", lmc_mp_error_words(rc));
     if (len % 4)
         return bad(-EINVAL, why, why_size,
                    "key: token_bytes has %llu bytes, not a whole number of 4-byte tokens",
@@ -302,7 +288,7 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
             rc = lmc_mp_skip(&r);
         }
         if (rc)
-            return bad(rc, why, why_size, "key: %s %s", field, rc_word(rc));
+            return bad(rc, why, why_size, "key: %s %s", field, lmc_mp_error_words(rc));
     }
     static const char *const names[] = {"model_name", "world_size",
                                         "worker_id",  "token_ids (or token_bytes)",
@@ -468,7 +454,7 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
             rc = lmc_mp_skip(&r);
         }
         if (rc)
-            return bad(rc, why, why_size, "registration: %s %s", field, rc_word(rc));
+            return bad(rc, why, why_size, "registration: %s %s", field, lmc_mp_error_words(rc));
     }
     static const char *const names[] = {"instance_id", "model_name", "world_size",
                                         "block_size",  "num_layers", "hidden_dim_size",
@@ -554,18 +540,18 @@ int lmc_decode_skipped_chunks(const void *frame, size_t n, struct lmc_skipped_ch
     lmc_mp_reader_init(&r, frame, n);
     if ((rc = lmc_mp_read_array(&r, LMC_MAX_GROUPS, &ngroups)))
         return bad(rc, why, why_size, "skipped_chunks: not an array of at most %u groups (%s)",
-                   LMC_MAX_GROUPS, rc_word(rc));
+                   LMC_MAX_GROUPS, lmc_mp_error_words(rc));
     for (uint32_t g = 0; g < ngroups; g++) {
         uint32_t npos;
         if ((rc = lmc_mp_read_array(&r, KVP_MAX_CHUNKS, &npos)))
             return bad(rc, why, why_size,
                        "skipped_chunks: group %u is not an array of at most %u positions (%s)", g,
-                       KVP_MAX_CHUNKS, rc_word(rc));
+                       KVP_MAX_CHUNKS, lmc_mp_error_words(rc));
         for (uint32_t i = 0; i < npos; i++) {
             int64_t pos;
             if ((rc = lmc_mp_read_int(&r, 0, KVP_MAX_CHUNKS - 1, &pos)))
                 return bad(rc, why, why_size, "skipped_chunks: group %u position %u %s", g, i,
-                           rc_word(rc));
+                           lmc_mp_error_words(rc));
         }
         s->npositions += npos;
     }
@@ -587,15 +573,15 @@ int lmc_decode_extra_ranges(const void *frame, size_t n, struct lmc_range *out, 
     lmc_mp_reader_init(&r, frame, n);
     if ((rc = lmc_mp_read_array(&r, cap, &count)))
         return bad(rc, why, why_size, "extra_ranges: not an array of at most %u pairs (%s)", cap,
-                   rc_word(rc));
+                   lmc_mp_error_words(rc));
     for (uint32_t i = 0; i < count; i++) {
         uint32_t two;
         if ((rc = lmc_mp_read_array(&r, 2, &two)) || (two != 2 && (rc = -EINVAL)))
             return bad(rc, why, why_size, "extra_ranges: pair %u is not [start, end] (%s)", i,
-                       rc_word(rc));
+                       lmc_mp_error_words(rc));
         if ((rc = read_u32(&r, 0, KVP_MAX_TOKENS, &out[i].start)) ||
             (rc = read_u32(&r, 0, KVP_MAX_TOKENS, &out[i].end)))
-            return bad(rc, why, why_size, "extra_ranges: pair %u %s", i, rc_word(rc));
+            return bad(rc, why, why_size, "extra_ranges: pair %u %s", i, lmc_mp_error_words(rc));
     }
     if (lmc_mp_left(&r))
         return bad(-EPROTO, why, why_size, "extra_ranges: %zu bytes after the array",
