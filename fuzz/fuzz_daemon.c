@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "common/wire.h"
 #include "core/daemon.h"
 #include "core/owner.h"
 #include "fuzz.h"

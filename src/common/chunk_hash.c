@@ -5,7 +5,7 @@
  * can never produce the same byte stream (("ab","c") versus ("a","bc")). libsodium's
  * crypto_generichash is BLAKE2b; sodium_init() is idempotent and thread-safe.
  */
-#include "chunk_hash.h"
+#include "common/chunk_hash.h"
 
 #include <errno.h>
 #include <sodium.h>

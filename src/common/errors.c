@@ -11,7 +11,7 @@
  * This file is compiled with KVP_BUILDING_LIBRARY (src/common/CMakeLists.txt) so that the
  * KVP_EXPORT functions below leave libkvpool.so.
  */
-#include "errors.h"
+#include "common/errors.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -2,7 +2,7 @@
  * iov.c - see iov.h. Entries of length zero are skipped too, so callers never hand the kernel
  * an iovec that starts with nothing to move.
  */
-#include "iov.h"
+#include "common/iov.h"
 
 #include <stdint.h>
 

@@ -9,7 +9,7 @@
  * The chunk-range rule (which tokens of a sequence a keyed request covers) lives here too, so
  * the library and the daemon apply the same one; the Python binding relies on the library's.
  */
-#include "layout.h"
+#include "common/layout.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -7,7 +7,7 @@
  * the body (token ids, salt) or are copied into caller-sized arrays. The field order here is
  * the normative definition that docs/PROTOCOL.md describes.
  */
-#include "msg.h"
+#include "common/msg.h"
 
 #include <errno.h>
 #include <stdio.h>

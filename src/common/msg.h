@@ -7,7 +7,7 @@
 #ifndef KVP_MSG_H
 #define KVP_MSG_H
 
-#include "wire.h"
+#include "common/wire.h"
 
 #define KVP_NONCE_SIZE 16 /* equals KVP_SEG_NONCE_SIZE (seg_header.h) */
 

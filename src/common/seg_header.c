@@ -9,7 +9,7 @@
  * told the segment exists, and afterwards only the reservation's progress changes, in two
  * atomic fields (the byte count, then the flag that it is final).
  */
-#include "seg_header.h"
+#include "common/seg_header.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -6,7 +6,7 @@
  * could create and lock the names of the pids a daemon will get, and so keep it from starting or
  * from offering shared memory. Nobody can plant a file under a name nobody can predict.
  */
-#include "shm_name.h"
+#include "common/shm_name.h"
 
 #include <ctype.h>
 #include <errno.h>

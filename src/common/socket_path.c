@@ -7,7 +7,7 @@
  * starting. A directory that only its owner can write cannot hold a planted socket, and a
  * directory planted by somebody else is refused by both sides (docs/SECURITY.md).
  */
-#include "socket_path.h"
+#include "common/socket_path.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -1,7 +1,7 @@
 /*
  * units.c - sizes in words a person reads (units.h). No state, no allocation.
  */
-#include "units.h"
+#include "common/units.h"
 
 #include <stdio.h>
 

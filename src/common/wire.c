@@ -9,7 +9,7 @@
  *
  * Thread safety: none needed; buffers belong to one caller.
  */
-#include "wire.h"
+#include "common/wire.h"
 
 #include <errno.h>
 #include <stdlib.h>

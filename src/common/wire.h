@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/limits.h"
+
 #define KVP_MAGIC 0x3150564bu /* "KVP1" read as little-endian bytes */
 #define KVP_PROTO_VERSION 1   /* frame header version and HELLO major: must match */
 #define KVP_PROTO_MINOR 2     /* HELLO minor: additions an older peer may ignore */
@@ -22,15 +24,9 @@
 #define KVP_HEADER_SIZE 32
 #define KVP_REPLY_FLAG 0x8000u
 
-/* Limits on everything a peer controls. */
-#define KVP_MAX_BODY (8u << 20)   /* control body bytes */
-#define KVP_MAX_TOKENS (1u << 20) /* token ids in one key */
-#define KVP_MAX_SALT 256u         /* cache salt bytes */
-#define KVP_MAX_NAME 127u         /* instance id, model name, dtype name, shm name */
-#define KVP_MAX_REASON 255u       /* transport reason strings */
-#define KVP_MAX_ERRMSG 255u       /* error reply messages */
-#define KVP_MAX_CHUNKS 4096u      /* chunks in one request range */
-#define KVP_MAX_STATS 128u        /* statistics in one reply */
+/* Limits on everything a peer controls: those of every protocol (limits.h), and the frame's. */
+#define KVP_MAX_BODY (8u << 20) /* control body bytes */
+#define KVP_MAX_STATS 128u      /* statistics in one reply */
 
 /* Text of a STATUS or METRICS reply: the whole body but its u32 length. */
 #define KVP_MAX_TEXT (KVP_MAX_BODY - 4u)

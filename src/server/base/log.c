@@ -35,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+
 /* Room for one message; a longer one is cut (text and json alike). */
 #define LINE_MAX_BYTES 2048
 
@@ -320,13 +322,6 @@ void kvp_log_write_fields(enum kvp_log_level level, const struct kvp_log_field *
     va_end(ap);
 }
 
-uint64_t kvp_log_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kvp_log_rl *pending_sites;
 
@@ -417,7 +412,7 @@ void kvp_log_rl_write(struct kvp_log_rl *rl, enum kvp_log_level level, const cha
 
     va_start(ap, fmt);
     pthread_mutex_lock(&rl->lock);
-    bool admit = do_admit(rl, kvp_log_now_ms(), &dropped, sample, &first);
+    bool admit = do_admit(rl, kvp_mono_ms(), &dropped, sample, &first);
     /* Only the first dropped line is formatted: a flood costs a count, not a vsnprintf each. */
     if (first)
         vsnprintf(rl->sample, sizeof(rl->sample), fmt, ap);

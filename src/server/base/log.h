@@ -154,20 +154,6 @@ int kvp_log_rl_flush(uint64_t now_ms);
 /* Reports every pending count now, whatever the windows (shutdown). */
 int kvp_log_rl_flush_all(void);
 
-/* CLOCK_MONOTONIC in milliseconds: the clock of the rate limiter (and the daemon's,
- * kvp_mono_ms()). */
-uint64_t kvp_log_now_ms(void);
-
-/*
- * Milliseconds from then to now on that clock, 0 when then is later: a clock read before a lock
- * can be older than a time another thread stamped since, and the unsigned difference must not
- * wrap around into an age of 584 million years.
- */
-static inline uint64_t kvp_ms_since(uint64_t now, uint64_t then)
-{
-    return now > then ? now - then : 0;
-}
-
 /* The format string of a call: names the call site's kind of message. */
 #define KVP_LOG_FIRST_(a, ...) a
 #define KVP_LOG_FIRST(...) KVP_LOG_FIRST_(__VA_ARGS__, 0)

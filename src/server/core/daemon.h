@@ -1,8 +1,8 @@
 /*
  * daemon.h - the daemon's shared context: configuration, pool memory, store, registry, listener,
- * the set of live connections, the HTTP endpoint and the L2 tier, and the few helpers every
- * module of the daemon uses (threads, clocks). Every module that works on the daemon includes
- * this header; only main.c includes server.h, the life cycle that builds and tears it down.
+ * the set of live connections, the HTTP endpoint and the L2 tier. Every module that works on the
+ * daemon includes this header; only main.c includes server.h, the life cycle that builds and
+ * tears it down.
  */
 #ifndef KVP_DAEMON_H
 #define KVP_DAEMON_H
@@ -14,7 +14,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "base/clock.h"
 #include "base/config.h"
+#include "base/thread.h"
 #include "core/registry.h"
 #include "core/segment.h"
 #include "core/store.h"
@@ -89,29 +91,6 @@ struct kvp_server {
     pthread_mutex_t expiry_lock;
     pthread_cond_t expiry_cv;
 };
-
-/* Milliseconds of CLOCK_MONOTONIC: the clock of reservation ages and their expiry. */
-uint64_t kvp_mono_ms(void);
-
-/* Nanoseconds of CLOCK_MONOTONIC: the clock of request latencies. */
-uint64_t kvp_mono_ns(void);
-
-/* Milliseconds since the epoch (CLOCK_REALTIME): the clock of the times the status shows. */
-int64_t kvp_wall_ms(void);
-
-/* Blocks SIGINT, SIGTERM, SIGHUP and SIGPIPE in the calling thread, saving its mask in *old, so
- * that threads it creates (itself or through a library) leave the stop signals to the main
- * thread; kvp_stop_signals_restore() puts the mask back. */
-void kvp_stop_signals_block(sigset_t *old);
-void kvp_stop_signals_restore(const sigset_t *old);
-
-/* pthread_create() with SIGINT, SIGTERM, SIGHUP and SIGPIPE blocked in the new thread, so that
- * only the main thread handles the stop signals. Returns 0 or a positive errno. */
-int kvp_thread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
-
-/* Names the calling thread (at most 15 bytes: "kvp-lmcache"), as top -H, ps -L, perf and
- * /proc/PID/task/TID/comm show it. Best effort: a failure changes nothing else. */
-void kvp_thread_name(const char *name);
 
 /* A request of s named an instance this daemon has not registered: counted
  * (unknown_instance_requests) and remembered for the health check. Any thread. */

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/wire.h"
+#include "common/limits.h"
 #include "core/daemon.h"
 
 void kvp_owners_init(struct kvp_owners *l)

@@ -18,7 +18,7 @@
 
 #include "common/chunk_hash.h"
 #include "common/layout.h"
-#include "common/wire.h" /* the limits: KVP_MAX_NAME, KVP_MAX_REASON */
+#include "common/limits.h"
 
 #define KVP_MAX_INSTANCES 1024
 

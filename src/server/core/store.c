@@ -55,7 +55,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "base/log.h" /* kvp_ms_since() */
+#include "base/clock.h"
 #include "common/populate.h"
 #include "core/stats.h"
 

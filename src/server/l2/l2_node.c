@@ -35,7 +35,7 @@
 #include <string.h>
 #include <sys/time.h>
 
-#include "core/daemon.h"
+#include "base/clock.h"
 
 void kvp_l2r_op_begin(struct kvp_l2_conn *c)
 {

@@ -51,8 +51,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/log.h"
-#include "core/daemon.h"
+#include "base/thread.h"
 #include "core/seg_guard.h"
 #include "core/stats.h"
 #include "l2/l2_backend.h"

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/wire.h" /* KVP_MAX_NAME, KVP_MAX_TOKENS */
+#include "common/limits.h"
 #include "lmc/codec.h"
 
 /* Bounds of what a client may send (docs/LMCACHE.md, "Limits"). */

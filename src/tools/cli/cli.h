@@ -22,7 +22,7 @@
 #include <jansson.h>
 
 #include "kvpool.h"
-#include "units.h"
+#include "common/units.h"
 
 #define EXIT_DAEMON 1  /* the daemon refused the request, or it failed once connected */
 #define EXIT_CONNECT 2 /* the daemon cannot be reached */
