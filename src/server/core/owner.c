@@ -12,8 +12,14 @@
  * joins it at init and leaves it at destroy, under owners.lock, a leaf lock held for list work
  * only.
  *
+ * Daemon-wide events (the shared segment lost, shutdown) reach the front ends through the
+ * owners: the core finds the owners concerned (the registry knows whose instances are on shared
+ * memory) and calls their front end's callbacks (struct kvp_owner_ops) under the list's lock;
+ * each front end hands the event to the thread that serves the owner. No front end keeps its
+ * own copy of what the registry decided.
+ *
  * Threads: an owner's fields, holds and scratch are used by the one thread serving it at a time;
- * the list by any thread under its lock.
+ * the list, and each owner's ops, by any thread under its lock.
  */
 #include "core/owner.h"
 
@@ -60,6 +66,50 @@ void kvp_owner_init(struct kvp_owner *o, struct kvp_server *s, const char *front
     l->n++;
     o->listed = true;
     pthread_mutex_unlock(&l->lock);
+}
+
+void kvp_owner_set_ops(struct kvp_owner *o, const struct kvp_owner_ops *ops)
+{
+    struct kvp_owners *l = &o->srv->owners;
+    pthread_mutex_lock(&l->lock);
+    o->ops = ops;
+    pthread_mutex_unlock(&l->lock);
+}
+
+/* The callback of ev in ops, NULL when there is none. */
+static void (*event_callback(const struct kvp_owner_ops *ops,
+                             enum kvp_owner_event ev))(struct kvp_owner *)
+{
+    if (!ops)
+        return NULL;
+    switch (ev) {
+    case KVP_OWNER_SHM_LOST:
+        return ops->shm_lost;
+    case KVP_OWNER_DROP:
+        return ops->drop;
+    }
+    return NULL;
+}
+
+uint32_t kvp_owners_notify(struct kvp_owners *l, enum kvp_owner_event ev, const uint64_t *ids,
+                           uint32_t n)
+{
+    uint32_t called = 0;
+    pthread_mutex_lock(&l->lock);
+    for (struct kvp_owner *o = l->head; o; o = o->next) {
+        void (*cb)(struct kvp_owner *) = event_callback(o->ops, ev);
+        if (!cb)
+            continue;
+        bool named = ids == NULL;
+        for (uint32_t i = 0; i < n && !named; i++)
+            named = ids[i] == o->id;
+        if (named) {
+            cb(o);
+            called++;
+        }
+    }
+    pthread_mutex_unlock(&l->lock);
+    return called;
 }
 
 /* Sized for the largest request once, not per request. */

@@ -25,6 +25,30 @@
 
 struct kvp_server;
 struct kvp_owners;
+struct kvp_owner;
+
+/*
+ * The daemon-wide events an owner's front end hears of (as h2o's connection callbacks or
+ * haproxy's mux ops): the core decides what happened and to whom, each front end reacts in its
+ * own terms. Called through kvp_owners_notify() on the thread that found the event (the expiry
+ * thread, the main thread at shutdown), with the owners' lock held: a callback must not block,
+ * take another lock of the core, or end the owner itself; it hands the event to the thread that
+ * serves the owner (shut a socket down, set an atomic flag), which then ends or changes the owner
+ * as usual (kvp_owner_release(), kvp_owner_destroy()). A NULL callback ignores the event.
+ */
+struct kvp_owner_ops {
+    /* The shared segment is lost (seg_guard.h): the owner has an instance on shared memory,
+     * whose chunks can no longer travel there. The registry has stopped offering the segment;
+     * the front end moves the owner's workers to its transport without it. */
+    void (*shm_lost)(struct kvp_owner *o);
+    /* The daemon ends the owner's client (shutdown): the front end closes it. */
+    void (*drop)(struct kvp_owner *o);
+};
+
+enum kvp_owner_event {
+    KVP_OWNER_SHM_LOST,
+    KVP_OWNER_DROP,
+};
 
 struct kvp_owner {
     struct kvp_server *srv;
@@ -35,6 +59,7 @@ struct kvp_owner {
     int64_t connected_since_ms;          /* wall clock, ms since the epoch */
     uint32_t max_instances;              /* it may register (--max-instances-per-client) */
     struct kvp_holds holds;              /* its reservations and pins */
+    const struct kvp_owner_ops *ops;     /* its front end's callbacks (owners.lock), or NULL */
 
     /* Scratch of the operations (ops.c), KVP_MAX_CHUNKS entries each, allocated on first use:
      * the keys of the request being served, the objects it reserved or pinned, their chunk
@@ -61,6 +86,18 @@ void kvp_owners_destroy(struct kvp_owners *l);
  */
 void kvp_owner_init(struct kvp_owner *o, struct kvp_server *s, const char *frontend, int32_t pid,
                     uint32_t uid);
+
+/* Gives o the callbacks of its front end (under the owners' lock: an event may be delivered
+ * from another thread as soon as it is set). NULL: o ignores every event. */
+void kvp_owner_set_ops(struct kvp_owner *o, const struct kvp_owner_ops *ops);
+
+/*
+ * Delivers event ev to every owner of l whose id is one of ids[0..n) (every owner when ids is
+ * NULL) and whose ops have a callback for it, under the lock (see struct kvp_owner_ops).
+ * Returns how many callbacks were called.
+ */
+uint32_t kvp_owners_notify(struct kvp_owners *l, enum kvp_owner_event ev, const uint64_t *ids,
+                           uint32_t n);
 
 /*
  * Allocates the scratch the operations use, once. Returns 0 or -ENOMEM (the operations call it
