@@ -140,7 +140,7 @@ fuzz-corpus: build
 # /* cppcheck-suppress <id> ; why */.
 CPPCHECK_FLAGS = --enable=warning,performance,portability --library=posix --std=c11 \
 	--inline-suppr --error-exitcode=1 --quiet -D_GNU_SOURCE -D__linux__ \
-	-DKVP_DAEMON_VERSION=\"0\" -Iinclude -Isrc -Isrc/common -Isrc/server -Isrc/client
+	-DKVP_DAEMON_VERSION=\"0\" -Iinclude -Isrc -Isrc/server -Isrc/client
 
 # The Python binding, its tests and the examples: flake8 and mypy on Debian's interpreter
 # (configured in python/.flake8 and python/pyproject.toml).
