@@ -10,13 +10,13 @@
  * atomic fields (the byte count, then the flag that it is final).
  */
 #include "common/seg_header.h"
-
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "common/why.h"
 
 void kvp_seg_header_write(void *base, const uint8_t nonce[KVP_SEG_NONCE_SIZE], uint64_t size,
                           uint32_t pid)
@@ -34,20 +34,6 @@ void kvp_seg_header_write(void *base, const uint8_t nonce[KVP_SEG_NONCE_SIZE], u
     memcpy(h->magic, KVP_SEG_MAGIC, sizeof(h->magic));
 }
 
-static int why_fail(char *why, size_t why_size, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int why_fail(char *why, size_t why_size, const char *fmt, ...)
-{
-    if (why && why_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_size, fmt, ap);
-        va_end(ap);
-    }
-    return -EPROTO;
-}
-
 bool kvp_seg_header_has_magic(const void *h, size_t len)
 {
     return len >= sizeof(struct kvp_seg_header) &&
@@ -61,22 +47,22 @@ int kvp_seg_header_check(const void *h, size_t len, uint64_t size,
     struct kvp_seg_header hdr;
 
     if (!kvp_seg_header_has_magic(h, len))
-        return why_fail(why, why_size, "segment %s has no kvpool header", label);
+        return kvp_why(why, why_size, -EPROTO, "segment %s has no kvpool header", label);
     /* A copy: the mapping may not be aligned for the wider fields in every caller's view. */
     memcpy(&hdr, h, sizeof(hdr));
     atomic_thread_fence(memory_order_acquire);
     if (hdr.version != KVP_SEG_VERSION)
-        return why_fail(why, why_size, "segment %s has header version %" PRIu32 ", not %u", label,
-                        hdr.version, KVP_SEG_VERSION);
+        return kvp_why(why, why_size, -EPROTO, "segment %s has header version %" PRIu32 ", not %u",
+                       label, hdr.version, KVP_SEG_VERSION);
     if (hdr.header_size != KVP_SEG_HEADER)
-        return why_fail(why, why_size, "segment %s has a %" PRIu32 "-byte header, not %u", label,
-                        hdr.header_size, KVP_SEG_HEADER);
+        return kvp_why(why, why_size, -EPROTO, "segment %s has a %" PRIu32 "-byte header, not %u",
+                       label, hdr.header_size, KVP_SEG_HEADER);
     if (hdr.size != size)
-        return why_fail(why, why_size,
-                        "segment %s says it is %" PRIu64 " bytes, the daemon announced %" PRIu64,
-                        label, hdr.size, size);
+        return kvp_why(why, why_size, -EPROTO,
+                       "segment %s says it is %" PRIu64 " bytes, the daemon announced %" PRIu64,
+                       label, hdr.size, size);
     if (memcmp(hdr.nonce, nonce, KVP_SEG_NONCE_SIZE) != 0)
-        return why_fail(why, why_size, "segment nonce mismatch: not this daemon's pool");
+        return kvp_why(why, why_size, -EPROTO, "segment nonce mismatch: not this daemon's pool");
     return 0;
 }
 

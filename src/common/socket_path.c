@@ -8,14 +8,14 @@
  * directory planted by somebody else is refused by both sides (docs/SECURITY.md).
  */
 #include "common/socket_path.h"
-
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "common/why.h"
 
 int kvp_socket_dir_default(char *buf, size_t size)
 {
@@ -49,20 +49,6 @@ int kvp_socket_path_default(char *buf, size_t size)
     return n + snprintf(buf + n, size - (size_t)n, "/%s", KVP_SOCKET_FILE);
 }
 
-static int say(int err, char *why, size_t why_size, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int say(int err, char *why, size_t why_size, const char *fmt, ...)
-{
-    if (why && why_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_size, fmt, ap);
-        va_end(ap);
-    }
-    return err;
-}
-
 int kvp_socket_dir_check(const char *dir, uid_t uid, char *why, size_t why_size)
 {
     struct stat st;
@@ -72,25 +58,26 @@ int kvp_socket_dir_check(const char *dir, uid_t uid, char *why, size_t why_size)
     /* lstat: a symbolic link planted in the dir's place would lead anywhere. */
     if (lstat(dir, &st) != 0) {
         int err = -errno;
-        return say(err, why, why_size, "the socket directory %s cannot be used: %s", dir,
-                   strerror(-err));
+        return kvp_why(why, why_size, err, "the socket directory %s cannot be used: %s", dir,
+                       strerror(-err));
     }
     if (S_ISLNK(st.st_mode))
-        return say(-EPERM, why, why_size,
-                   "the socket directory %s is a symbolic link, not a private directory", dir);
+        return kvp_why(why, why_size, -EPERM,
+                       "the socket directory %s is a symbolic link, not a private directory", dir);
     if (!S_ISDIR(st.st_mode))
-        return say(-ENOTDIR, why, why_size, "the socket directory %s is not a directory", dir);
+        return kvp_why(why, why_size, -ENOTDIR, "the socket directory %s is not a directory", dir);
     if (st.st_uid != uid)
-        return say(-EPERM, why, why_size,
-                   "the socket directory %s belongs to uid %lu, not to uid %lu: another user may "
-                   "have created it to intercept kvpool traffic; remove it or set --socket / "
-                   "KVPOOL_SOCKET",
-                   dir, (unsigned long)st.st_uid, (unsigned long)uid);
+        return kvp_why(
+            why, why_size, -EPERM,
+            "the socket directory %s belongs to uid %lu, not to uid %lu: another user may "
+            "have created it to intercept kvpool traffic; remove it or set --socket / "
+            "KVPOOL_SOCKET",
+            dir, (unsigned long)st.st_uid, (unsigned long)uid);
     if (st.st_mode & (S_IWGRP | S_IWOTH))
-        return say(-EPERM, why, why_size,
-                   "the socket directory %s has mode %04o: writable by group or others, so "
-                   "another user could replace the socket; chmod 700 it",
-                   dir, (unsigned)(st.st_mode & 07777));
+        return kvp_why(why, why_size, -EPERM,
+                       "the socket directory %s has mode %04o: writable by group or others, so "
+                       "another user could replace the socket; chmod 700 it",
+                       dir, (unsigned)(st.st_mode & 07777));
     return 0;
 }
 
@@ -100,8 +87,8 @@ int kvp_socket_dir_prepare(const char *dir, uid_t uid, char *why, size_t why_siz
      * already there, which the check then judges. */
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         int err = -errno;
-        return say(err, why, why_size, "cannot create the socket directory %s: %s", dir,
-                   strerror(-err));
+        return kvp_why(why, why_size, err, "cannot create the socket directory %s: %s", dir,
+                       strerror(-err));
     }
     return kvp_socket_dir_check(dir, uid, why, why_size);
 }

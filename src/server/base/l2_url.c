@@ -7,25 +7,15 @@
  * the tier starts. No allocation, no global state: any thread may call it.
  */
 #include "base/l2_url.h"
-
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-__attribute__((format(printf, 3, 4))) static int bad(char *why, size_t size, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (why && size)
-        vsnprintf(why, size, fmt, ap);
-    va_end(ap);
-    return -EINVAL;
-}
+#include "common/why.h"
 
 /* The value of one hex digit, -1 for anything else. */
 static int hexval(char c)
@@ -88,11 +78,11 @@ static int parse_userinfo(const char *s, size_t len, struct kvp_l2_target *t, ch
     const char *colon = memchr(s, ':', len);
     size_t ulen = colon ? (size_t)(colon - s) : len;
     if (pct_decode(s, ulen, t->user, sizeof(t->user)))
-        return bad(why, why_size, "bad user name (at most %d bytes, valid %%XX escapes)",
-                   KVP_L2_MAX_USER);
+        return kvp_why(why, why_size, -EINVAL,
+                       "bad user name (at most %d bytes, valid %%XX escapes)", KVP_L2_MAX_USER);
     if (colon && pct_decode(colon + 1, len - ulen - 1, t->password, sizeof(t->password)))
-        return bad(why, why_size, "bad password (at most %d bytes, valid %%XX escapes)",
-                   KVP_L2_MAX_PASSWORD);
+        return kvp_why(why, why_size, -EINVAL,
+                       "bad password (at most %d bytes, valid %%XX escapes)", KVP_L2_MAX_PASSWORD);
     return 0;
 }
 
@@ -106,12 +96,13 @@ static int parse_hostport(const char *s, size_t len, bool port_required, struct 
     if (len && s[0] == '[') {
         const char *close = memchr(s, ']', len);
         if (!close)
-            return bad(why, why_size, "unterminated '[' in host '%.*s'", (int)len, s);
+            return kvp_why(why, why_size, -EINVAL, "unterminated '[' in host '%.*s'", (int)len, s);
         host = s + 1;
         hlen = (size_t)(close - host);
         size_t rest = len - (size_t)(close + 1 - s);
         if (rest && close[1] != ':')
-            return bad(why, why_size, "unexpected text after ']' in '%.*s'", (int)len, s);
+            return kvp_why(why, why_size, -EINVAL, "unexpected text after ']' in '%.*s'", (int)len,
+                           s);
         if (rest)
             port = close + 2;
     } else {
@@ -121,22 +112,22 @@ static int parse_hostport(const char *s, size_t len, bool port_required, struct 
             port = colon + 1;
     }
     if (hlen == 0 || hlen > KVP_L2_MAX_HOST)
-        return bad(why, why_size, "host of '%.*s' must have 1..%d bytes", (int)len, s,
-                   KVP_L2_MAX_HOST);
+        return kvp_why(why, why_size, -EINVAL, "host of '%.*s' must have 1..%d bytes", (int)len, s,
+                       KVP_L2_MAX_HOST);
     for (size_t i = 0; i < hlen; i++) {
         char c = host[i];
         bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                   c == '.' || c == '-' || c == '_' || c == ':';
         if (!ok)
-            return bad(why, why_size, "bad character in host '%.*s'", (int)hlen, host);
+            return kvp_why(why, why_size, -EINVAL, "bad character in host '%.*s'", (int)hlen, host);
     }
     memcpy(e->host, host, hlen);
     e->host[hlen] = '\0';
     unsigned long p = 6379;
     if (!port && port_required)
-        return bad(why, why_size, "node '%.*s' needs a port (HOST:PORT)", (int)len, s);
+        return kvp_why(why, why_size, -EINVAL, "node '%.*s' needs a port (HOST:PORT)", (int)len, s);
     if (port && parse_num(port, len - (size_t)(port - s), 1, 65535, &p))
-        return bad(why, why_size, "bad port in '%.*s' (1..65535)", (int)len, s);
+        return kvp_why(why, why_size, -EINVAL, "bad port in '%.*s' (1..65535)", (int)len, s);
     e->port = (uint16_t)p;
     return 0;
 }
@@ -176,11 +167,12 @@ static int parse_redis(const char *s, struct kvp_l2_target *t, char *why, size_t
     if (*rest == '/' && rest[1]) {
         unsigned long db;
         if (parse_num(rest + 1, strlen(rest + 1), 0, KVP_L2_MAX_DB, &db))
-            return bad(why, why_size, "bad database '%s' (a number from 0 to %d)", rest + 1,
-                       KVP_L2_MAX_DB);
+            return kvp_why(why, why_size, -EINVAL, "bad database '%s' (a number from 0 to %d)",
+                           rest + 1, KVP_L2_MAX_DB);
         t->db = (uint32_t)db;
     } else if (*rest && strcmp(rest, "/") != 0) {
-        return bad(why, why_size, "unexpected '%s' after the host (only /DB may follow)", rest);
+        return kvp_why(why, why_size, -EINVAL,
+                       "unexpected '%s' after the host (only /DB may follow)", rest);
     }
     return 0;
 }
@@ -197,20 +189,22 @@ static int parse_unix(const char *s, struct kvp_l2_target *t, char *why, size_t 
     if (rc)
         return rc;
     if (skip != len)
-        return bad(why, why_size, "a unix URL names no host: unix:///PATH");
+        return kvp_why(why, why_size, -EINVAL, "a unix URL names no host: unix:///PATH");
     const char *path = s + len, *q = strchr(path, '?');
     size_t plen = q ? (size_t)(q - path) : strlen(path);
     if (plen < 2 || path[0] != '/')
-        return bad(why, why_size, "a unix URL needs an absolute socket path: unix:///PATH");
+        return kvp_why(why, why_size, -EINVAL,
+                       "a unix URL needs an absolute socket path: unix:///PATH");
     if (plen >= sizeof(t->path))
-        return bad(why, why_size, "socket path longer than %zu bytes", sizeof(t->path) - 1);
+        return kvp_why(why, why_size, -EINVAL, "socket path longer than %zu bytes",
+                       sizeof(t->path) - 1);
     memcpy(t->path, path, plen);
     t->path[plen] = '\0';
     if (q) {
         unsigned long db;
         if (strncmp(q, "?db=", 4) != 0 || parse_num(q + 4, strlen(q + 4), 0, KVP_L2_MAX_DB, &db))
-            return bad(why, why_size, "bad query '%s' (only ?db=N, N from 0 to %d)", q,
-                       KVP_L2_MAX_DB);
+            return kvp_why(why, why_size, -EINVAL, "bad query '%s' (only ?db=N, N from 0 to %d)", q,
+                           KVP_L2_MAX_DB);
         t->db = (uint32_t)db;
     }
     return 0;
@@ -228,22 +222,24 @@ static int parse_cluster(const char *s, struct kvp_l2_target *t, char *why, size
     if (rc)
         return rc;
     if (s[len] && strcmp(s + len, "/") != 0 && strcmp(s + len, "/0") != 0)
-        return bad(why, why_size, "a cluster has only database 0; unexpected '%s'", s + len);
+        return kvp_why(why, why_size, -EINVAL, "a cluster has only database 0; unexpected '%s'",
+                       s + len);
     for (const char *p = s + skip; p < s + len;) {
         const char *comma = memchr(p, ',', (size_t)(s + len - p));
         size_t n = comma ? (size_t)(comma - p) : (size_t)(s + len - p);
         if (t->nnodes == KVP_L2_MAX_SEEDS)
-            return bad(why, why_size, "more than %d seed nodes", KVP_L2_MAX_SEEDS);
+            return kvp_why(why, why_size, -EINVAL, "more than %d seed nodes", KVP_L2_MAX_SEEDS);
         rc = parse_hostport(p, n, true, &t->nodes[t->nnodes], why, why_size);
         if (rc)
             return rc;
         t->nnodes++;
         p += n + (comma ? 1 : 0);
         if (comma && p == s + len)
-            return bad(why, why_size, "empty seed node after ','");
+            return kvp_why(why, why_size, -EINVAL, "empty seed node after ','");
     }
     if (t->nnodes == 0)
-        return bad(why, why_size, "a cluster URL needs at least one seed node HOST:PORT");
+        return kvp_why(why, why_size, -EINVAL,
+                       "a cluster URL needs at least one seed node HOST:PORT");
     return 0;
 }
 
@@ -262,7 +258,7 @@ int kvp_l2_url_parse(const char *url, struct kvp_l2_target *t, char *why, size_t
 
     *t = (struct kvp_l2_target){0};
     if (!url || strlen(url) > KVP_L2_MAX_URL)
-        return bad(why, why_size, "URL longer than %d bytes", KVP_L2_MAX_URL);
+        return kvp_why(why, why_size, -EINVAL, "URL longer than %d bytes", KVP_L2_MAX_URL);
     for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++) {
         size_t n = strlen(schemes[i].prefix);
         if (strncmp(url, schemes[i].prefix, n) != 0)
@@ -273,9 +269,9 @@ int kvp_l2_url_parse(const char *url, struct kvp_l2_target *t, char *why, size_t
             *t = (struct kvp_l2_target){0}; /* no half-parsed password left behind */
         return rc;
     }
-    return bad(why, why_size,
-               "unknown scheme (expected redis://HOST:PORT[/DB], unix:///PATH[?db=N] or "
-               "redis-cluster://HOST:PORT[,HOST:PORT...])");
+    return kvp_why(why, why_size, -EINVAL,
+                   "unknown scheme (expected redis://HOST:PORT[/DB], unix:///PATH[?db=N] or "
+                   "redis-cluster://HOST:PORT[,HOST:PORT...])");
 }
 
 /* Appends one endpoint, bracketing IPv6 addresses again. */

@@ -26,24 +26,12 @@
 #include "lmc/envelope.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/layout.h"
+#include "common/why.h"
 #include "lmc/codec.h"
-
-__attribute__((format(printf, 4, 5))) static int say(char *why, size_t why_size, int rc,
-                                                     const char *fmt, ...)
-{
-    if (why && why_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_size, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
 
 bool kvp_envelope_sniff(const uint8_t *buf, size_t len)
 {
@@ -54,19 +42,19 @@ int kvp_envelope_layout_check(const struct kvp_envelope_layout *l, uint64_t *byt
                               size_t why_size)
 {
     if (!l || !l->dtype)
-        return say(why, why_size, -EINVAL, "no layout");
+        return kvp_why(why, why_size, -EINVAL, "no layout");
     const struct kvp_dtype *dt = kvp_dtype_find(l->dtype);
     if (!dt)
-        return say(why, why_size, -EINVAL, "dtype %.32s is not one kvpool knows", l->dtype);
+        return kvp_why(why, why_size, -EINVAL, "dtype %.32s is not one kvpool knows", l->dtype);
     if (l->ndim < 1 || l->ndim > KVP_ENVELOPE_MAX_RANK)
-        return say(why, why_size, -EINVAL, "%u dimensions, 1..%u allowed", l->ndim,
-                   KVP_ENVELOPE_MAX_RANK);
+        return kvp_why(why, why_size, -EINVAL, "%u dimensions, 1..%u allowed", l->ndim,
+                       KVP_ENVELOPE_MAX_RANK);
     uint64_t size = dt->size;
     for (uint32_t i = 0; i < l->ndim; i++) {
         if (l->shape[i] == 0)
-            return say(why, why_size, -EINVAL, "dimension %u is 0", i);
+            return kvp_why(why, why_size, -EINVAL, "dimension %u is 0", i);
         if (l->shape[i] > KVP_ENVELOPE_MAX_TENSOR_BYTES / size)
-            return say(why, why_size, -EINVAL, "a tensor of more than 2 GiB (LMCache's limit)");
+            return kvp_why(why, why_size, -EINVAL, "a tensor of more than 2 GiB (LMCache's limit)");
         size *= l->shape[i];
     }
     if (bytes)
@@ -125,8 +113,8 @@ static int field_name(struct env_dec *d, const char *where, const char **s, uint
 {
     int rc = lmc_mp_read_str(&d->r, 32, s, len);
     if (rc)
-        return say(d->why, d->why_size, -EPROTO, "%s: a key that is no field name (%s)", where,
-                   lmc_mp_error_words(rc));
+        return kvp_why(d->why, d->why_size, -EPROTO, "%s: a key that is no field name (%s)", where,
+                       lmc_mp_error_words(rc));
     return 0;
 }
 
@@ -137,20 +125,20 @@ static int dec_shape(struct env_dec *d, uint32_t i)
     uint32_t rank;
     int rc = lmc_mp_read_array(&d->r, KVP_ENVELOPE_MAX_RANK, &rank);
     if (rc)
-        return say(d->why, d->why_size, -EPROTO, "tensor %u: shape %s (an array of at most %u)", i,
-                   lmc_mp_error_words(rc), KVP_ENVELOPE_MAX_RANK);
+        return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: shape %s (an array of at most %u)",
+                       i, lmc_mp_error_words(rc), KVP_ENVELOPE_MAX_RANK);
     if (rank != l->ndim)
-        return say(d->why, d->why_size, -EPROTO, "tensor %u: shape of rank %u, expected %u", i,
-                   rank, l->ndim);
+        return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: shape of rank %u, expected %u", i,
+                       rank, l->ndim);
     for (uint32_t k = 0; k < rank; k++) {
         uint64_t dim;
         if ((rc = lmc_mp_read_uint(&d->r, UINT64_MAX, &dim)))
-            return say(d->why, d->why_size, -EPROTO, "tensor %u: shape dimension %u %s", i, k,
-                       rc == -ERANGE ? "is negative" : lmc_mp_error_words(rc));
+            return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: shape dimension %u %s", i, k,
+                           rc == -ERANGE ? "is negative" : lmc_mp_error_words(rc));
         if (dim != l->shape[k])
-            return say(d->why, d->why_size, -EPROTO,
-                       "tensor %u: shape dimension %u is %llu, expected %llu", i, k,
-                       (unsigned long long)dim, (unsigned long long)l->shape[k]);
+            return kvp_why(d->why, d->why_size, -EPROTO,
+                           "tensor %u: shape dimension %u is %llu, expected %llu", i, k,
+                           (unsigned long long)dim, (unsigned long long)l->shape[k]);
     }
     return 0;
 }
@@ -164,13 +152,13 @@ static int dec_tensor(struct env_dec *d, uint32_t i, struct kvp_envelope_tensor 
     char where[32];
     int rc = lmc_mp_read_map(&d->r, 3, &nf);
     if (rc == -E2BIG)
-        return say(d->why, d->why_size, -EPROTO,
-                   "tensor %u: more fields than dtype, shape and data (unknown fields are "
-                   "refused)",
-                   i);
+        return kvp_why(d->why, d->why_size, -EPROTO,
+                       "tensor %u: more fields than dtype, shape and data (unknown fields are "
+                       "refused)",
+                       i);
     if (rc)
-        return say(d->why, d->why_size, -EPROTO, "tensor %u %s (a map of dtype, shape and data)", i,
-                   lmc_mp_error_words(rc));
+        return kvp_why(d->why, d->why_size, -EPROTO,
+                       "tensor %u %s (a map of dtype, shape and data)", i, lmc_mp_error_words(rc));
     snprintf(where, sizeof(where), "tensor %u", i);
     for (uint32_t f = 0; f < nf; f++) {
         const char *s;
@@ -185,21 +173,21 @@ static int dec_tensor(struct env_dec *d, uint32_t i, struct kvp_envelope_tensor 
         else if (name_is(s, len, "data"))
             bit = F_DATA;
         else
-            return say(d->why, d->why_size, -EPROTO, "tensor %u: unknown field '%s'", i,
-                       quote(s, len).s);
+            return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: unknown field '%s'", i,
+                           quote(s, len).s);
         if (seen & bit)
-            return say(d->why, d->why_size, -EPROTO, "tensor %u: field '%s' twice", i,
-                       quote(s, len).s);
+            return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: field '%s' twice", i,
+                           quote(s, len).s);
         seen |= bit;
         if (bit == F_DTYPE) {
             const char *dt;
             uint32_t dl;
             if ((rc = lmc_mp_read_str(&d->r, 64, &dt, &dl)))
-                return say(d->why, d->why_size, -EPROTO, "tensor %u: dtype %s", i,
-                           lmc_mp_error_words(rc));
+                return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: dtype %s", i,
+                               lmc_mp_error_words(rc));
             if (!name_is(dt, dl, d->exp->layout.dtype))
-                return say(d->why, d->why_size, -EPROTO, "tensor %u: dtype '%s', expected %s", i,
-                           quote(dt, dl).s, d->exp->layout.dtype);
+                return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: dtype '%s', expected %s",
+                               i, quote(dt, dl).s, d->exp->layout.dtype);
         } else if (bit == F_SHAPE) {
             if ((rc = dec_shape(d, i)))
                 return rc;
@@ -207,25 +195,25 @@ static int dec_tensor(struct env_dec *d, uint32_t i, struct kvp_envelope_tensor 
             const uint8_t *b;
             uint64_t bl;
             if ((rc = lmc_mp_read_bin(&d->r, KVP_ENVELOPE_MAX_TENSOR_BYTES, &b, &bl)))
-                return say(d->why, d->why_size, -EPROTO, "tensor %u: data %s (a bin of %llu)", i,
-                           lmc_mp_error_words(rc), (unsigned long long)d->chunk);
+                return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: data %s (a bin of %llu)",
+                               i, lmc_mp_error_words(rc), (unsigned long long)d->chunk);
             if (bl != d->chunk)
-                return say(d->why, d->why_size, -EPROTO,
-                           "tensor %u: data of %llu bytes, expected %llu", i,
-                           (unsigned long long)bl, (unsigned long long)d->chunk);
+                return kvp_why(d->why, d->why_size, -EPROTO,
+                               "tensor %u: data of %llu bytes, expected %llu", i,
+                               (unsigned long long)bl, (unsigned long long)d->chunk);
             d->total += bl;
             if (d->total > KVP_ENVELOPE_MAX_TOTAL_BYTES)
-                return say(d->why, d->why_size, -EPROTO,
-                           "tensor %u: more than 16 GiB of data (LMCache's limit)", i);
+                return kvp_why(d->why, d->why_size, -EPROTO,
+                               "tensor %u: more than 16 GiB of data (LMCache's limit)", i);
             t->data = b;
             t->len = bl;
         }
     }
     if (seen != (F_DTYPE | F_SHAPE | F_DATA))
-        return say(d->why, d->why_size, -EPROTO, "tensor %u: no %s", i,
-                   !(seen & F_DTYPE)   ? "dtype"
-                   : !(seen & F_SHAPE) ? "shape"
-                                       : "data");
+        return kvp_why(d->why, d->why_size, -EPROTO, "tensor %u: no %s", i,
+                       !(seen & F_DTYPE)   ? "dtype"
+                       : !(seen & F_SHAPE) ? "shape"
+                                           : "data");
     return 0;
 }
 
@@ -236,12 +224,13 @@ static int dec_tensors(struct env_dec *d, struct kvp_envelope_tensor *out, uint3
     const struct kvp_envelope_expect *e = d->exp;
     int rc = lmc_mp_read_array(&d->r, e->max_tensors, &count);
     if (rc == -E2BIG)
-        return say(d->why, d->why_size, -EPROTO, "more than %u tensors", e->max_tensors);
+        return kvp_why(d->why, d->why_size, -EPROTO, "more than %u tensors", e->max_tensors);
     if (rc)
-        return say(d->why, d->why_size, -EPROTO, "tensors %s (an array)", lmc_mp_error_words(rc));
+        return kvp_why(d->why, d->why_size, -EPROTO, "tensors %s (an array)",
+                       lmc_mp_error_words(rc));
     if (count < e->min_tensors)
-        return say(d->why, d->why_size, -EPROTO, "%u tensors, expected at least %u", count,
-                   e->min_tensors);
+        return kvp_why(d->why, d->why_size, -EPROTO, "%u tensors, expected at least %u", count,
+                       e->min_tensors);
     for (uint32_t i = 0; i < count; i++)
         if ((rc = dec_tensor(d, i, &out[i])))
             return rc;
@@ -264,22 +253,22 @@ int kvp_envelope_decode(const uint8_t *buf, size_t len, const struct kvp_envelop
         why[0] = '\0';
     if (!exp || kvp_envelope_layout_check(&exp->layout, &d.chunk, why, why_size) < 0 ||
         exp->max_tensors > KVP_ENVELOPE_MAX_TENSORS || exp->min_tensors > exp->max_tensors)
-        return say(why, why_size, -EINVAL, "bad expectation");
+        return kvp_why(why, why_size, -EINVAL, "bad expectation");
     if (!out || cap < exp->max_tensors)
-        return say(why, why_size, -EINVAL, "room for %u tensors, %u expected", cap,
-                   exp->max_tensors);
+        return kvp_why(why, why_size, -EINVAL, "room for %u tensors, %u expected", cap,
+                       exp->max_tensors);
     if (kvp_envelope_max_payload(exp, &max) < 0)
-        return say(why, why_size, -EINVAL, "bad expectation");
+        return kvp_why(why, why_size, -EINVAL, "bad expectation");
     if (len > max)
-        return say(why, why_size, -EMSGSIZE, "an envelope of %zu bytes, at most %llu expected", len,
-                   (unsigned long long)max);
+        return kvp_why(why, why_size, -EMSGSIZE, "an envelope of %zu bytes, at most %llu expected",
+                       len, (unsigned long long)max);
 
     lmc_mp_reader_init(&d.r, buf, len);
     if ((rc = lmc_mp_read_map(&d.r, 2, &nf))) {
         if (rc == -E2BIG)
-            return say(why, why_size, -EPROTO,
-                       "an envelope of more than two fields (version, tensors)");
-        return say(why, why_size, -EPROTO, "the envelope %s (a map)", lmc_mp_error_words(rc));
+            return kvp_why(why, why_size, -EPROTO,
+                           "an envelope of more than two fields (version, tensors)");
+        return kvp_why(why, why_size, -EPROTO, "the envelope %s (a map)", lmc_mp_error_words(rc));
     }
     for (uint32_t f = 0; f < nf; f++) {
         const char *s;
@@ -289,40 +278,40 @@ int kvp_envelope_decode(const uint8_t *buf, size_t len, const struct kvp_envelop
         if (name_is(s, sl, "version")) {
             int64_t v;
             if (have_version) {
-                rc = say(why, why_size, -EPROTO, "version twice");
+                rc = kvp_why(why, why_size, -EPROTO, "version twice");
                 goto fail;
             }
             have_version = true;
             /* Literal[1]: the int 1 only (msgspec tells a bool or a float from an int). */
             if ((rc = lmc_mp_read_int(&d.r, INT64_MIN, INT64_MAX, &v)) || v != 1) {
-                rc = say(why, why_size, -EPROTO, "version %s, expected 1",
-                         rc ? lmc_mp_error_words(rc) : "is not 1");
+                rc = kvp_why(why, why_size, -EPROTO, "version %s, expected 1",
+                             rc ? lmc_mp_error_words(rc) : "is not 1");
                 goto fail;
             }
         } else if (name_is(s, sl, "tensors")) {
             if (have_tensors) {
-                rc = say(why, why_size, -EPROTO, "tensors twice");
+                rc = kvp_why(why, why_size, -EPROTO, "tensors twice");
                 goto fail;
             }
             have_tensors = true;
             if ((rc = dec_tensors(&d, out, &count)))
                 goto fail;
         } else if (name_is(s, sl, "groups")) {
-            rc = say(why, why_size, -EPROTO,
-                     "a grouped tensor envelope (a hybrid model's KV cache groups): kvpool "
-                     "serves one group");
+            rc = kvp_why(why, why_size, -EPROTO,
+                         "a grouped tensor envelope (a hybrid model's KV cache groups): kvpool "
+                         "serves one group");
             goto fail;
         } else {
-            rc = say(why, why_size, -EPROTO, "unknown field '%s'", quote(s, sl).s);
+            rc = kvp_why(why, why_size, -EPROTO, "unknown field '%s'", quote(s, sl).s);
             goto fail;
         }
     }
     if (!have_version || !have_tensors) {
-        rc = say(why, why_size, -EPROTO, "no %s", have_version ? "tensors" : "version");
+        rc = kvp_why(why, why_size, -EPROTO, "no %s", have_version ? "tensors" : "version");
         goto fail;
     }
     if (lmc_mp_left(&d.r)) {
-        rc = say(why, why_size, -EPROTO, "%zu bytes after the envelope", lmc_mp_left(&d.r));
+        rc = kvp_why(why, why_size, -EPROTO, "%zu bytes after the envelope", lmc_mp_left(&d.r));
         goto fail;
     }
     *n = count;
@@ -442,7 +431,7 @@ int kvp_envelope_template_init(struct kvp_envelope_template *t, const struct kvp
     put_str(&w, "data");
     put_bin_header(&w, t->chunk_bytes);
     if (w.over) /* 16 dimensions of 9 bytes and a dtype name of 127 still fit */
-        return say(why, why_size, -EINVAL, "the tensor header does not fit");
+        return kvp_why(why, why_size, -EINVAL, "the tensor header does not fit");
     t->pre_len = w.len;
     return 0;
 }

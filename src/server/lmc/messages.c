@@ -12,11 +12,11 @@
  * against frames recorded from it).
  */
 #include "lmc/messages.h"
-
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "common/why.h"
 
 static const struct {
     enum lmc_op op;
@@ -74,18 +74,6 @@ enum lmc_op lmc_op_decode(const void *frame, size_t n, char *name, size_t cap)
     return LMC_OP_UNKNOWN;
 }
 
-__attribute__((format(printf, 4, 5))) static int bad(int rc, char *why, size_t why_size,
-                                                     const char *fmt, ...)
-{
-    if (why && why_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_size, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* Compares a map key (s, len) with a field name. */
 static bool key_is(const char *s, uint32_t len, const char *field)
 {
@@ -117,7 +105,7 @@ static int open_map(struct lmc_mp_reader *r, const void *frame, size_t n, const 
     lmc_mp_reader_init(r, frame, n);
     int rc = lmc_mp_read_map(r, 64, nfields);
     if (rc)
-        return bad(rc, why, why_size, "%s: not a map (%s)", what, lmc_mp_error_words(rc));
+        return kvp_why(why, why_size, rc, "%s: not a map (%s)", what, lmc_mp_error_words(rc));
     return 0;
 }
 
@@ -129,11 +117,11 @@ static int field_name(struct lmc_mp_reader *r, const char *what, uint32_t i, con
     int rc = lmc_mp_read_str(r, 64, name, len);
     if (rc == -E2BIG || rc == -EINVAL) {
         if ((rc = lmc_mp_skip(r)) || (rc = lmc_mp_skip(r)))
-            return bad(rc, why, why_size, "%s: field %u %s", what, i, lmc_mp_error_words(rc));
+            return kvp_why(why, why_size, rc, "%s: field %u %s", what, i, lmc_mp_error_words(rc));
         return 1;
     }
     if (rc)
-        return bad(rc, why, why_size, "%s: field %u %s", what, i, lmc_mp_error_words(rc));
+        return kvp_why(why, why_size, rc, "%s: field %u %s", what, i, lmc_mp_error_words(rc));
     return 0;
 }
 
@@ -143,10 +131,10 @@ static int close_map(const struct lmc_mp_reader *r, const char *what, uint32_t s
                      const char *const *names, unsigned nnames, char *why, size_t why_size)
 {
     if (lmc_mp_left(r))
-        return bad(-EPROTO, why, why_size, "%s: %zu bytes after the map", what, lmc_mp_left(r));
+        return kvp_why(why, why_size, -EPROTO, "%s: %zu bytes after the map", what, lmc_mp_left(r));
     for (unsigned b = 0; b < nnames; b++)
         if (!(seen & (1u << b)))
-            return bad(-EINVAL, why, why_size, "%s: no %s", what, names[b]);
+            return kvp_why(why, why_size, -EINVAL, "%s: no %s", what, names[b]);
     return 0;
 }
 
@@ -191,11 +179,11 @@ static int key_token_bytes(struct lmc_mp_reader *r, struct lmc_key *k, uint8_t *
     uint64_t len;
     int rc = lmc_mp_read_bin(r, (uint64_t)KVP_MAX_TOKENS * 4, &b, &len);
     if (rc)
-        return bad(rc, why, why_size, "key: token_bytes %s", lmc_mp_error_words(rc));
+        return kvp_why(why, why_size, rc, "key: token_bytes %s", lmc_mp_error_words(rc));
     if (len % 4)
-        return bad(-EINVAL, why, why_size,
-                   "key: token_bytes has %llu bytes, not a whole number of 4-byte tokens",
-                   (unsigned long long)len);
+        return kvp_why(why, why_size, -EINVAL,
+                       "key: token_bytes has %llu bytes, not a whole number of 4-byte tokens",
+                       (unsigned long long)len);
     for (uint64_t i = 0; i < len; i += 4) {
         tokens_le[i] = b[i + 3];
         tokens_le[i + 1] = b[i + 2];
@@ -247,7 +235,7 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
             field = ids ? "token_ids" : "token_bytes";
             /* Either form, once: two of them could disagree on the tokens. */
             if (seen & K_TOKENS)
-                return bad(-EINVAL, why, why_size, "key: a second token_ids or token_bytes");
+                return kvp_why(why, why_size, -EINVAL, "key: a second token_ids or token_bytes");
             if (ids) {
                 rc = key_tokens(&r, k, tokens_le);
             } else if ((rc = key_token_bytes(&r, k, tokens_le, why, why_size))) {
@@ -275,8 +263,8 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
                     rc = -E2BIG;
                 else if (memchr(s, '@', k->salt_len) || memchr(s, '/', k->salt_len) ||
                          memchr(s, '\\', k->salt_len) || memchr(s, '\0', k->salt_len))
-                    return bad(-EINVAL, why, why_size,
-                               "key: cache_salt contains one of @ / \\ or NUL");
+                    return kvp_why(why, why_size, -EINVAL,
+                                   "key: cache_salt contains one of @ / \\ or NUL");
                 else
                     memcpy(k->salt, s, k->salt_len);
             }
@@ -288,7 +276,7 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
             rc = lmc_mp_skip(&r);
         }
         if (rc)
-            return bad(rc, why, why_size, "key: %s %s", field, lmc_mp_error_words(rc));
+            return kvp_why(why, why_size, rc, "key: %s %s", field, lmc_mp_error_words(rc));
     }
     static const char *const names[] = {"model_name", "world_size",
                                         "worker_id",  "token_ids (or token_bytes)",
@@ -297,10 +285,10 @@ int lmc_decode_key(const void *frame, size_t n, struct lmc_key *k, uint8_t *toke
     if ((rc = close_map(&r, "key", seen, names, 7, why, why_size)))
         return rc;
     if (k->has_worker_id && k->worker_id >= k->world_size)
-        return bad(-EINVAL, why, why_size, "key: worker_id %u is not below world_size %u",
-                   k->worker_id, k->world_size);
+        return kvp_why(why, why_size, -EINVAL, "key: worker_id %u is not below world_size %u",
+                       k->worker_id, k->world_size);
     if (k->start > k->end)
-        return bad(-EINVAL, why, why_size, "key: start %u is after end %u", k->start, k->end);
+        return kvp_why(why, why_size, -EINVAL, "key: start %u is after end %u", k->start, k->end);
     return 0;
 }
 
@@ -422,9 +410,9 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
                 int64_t v;
                 rc = lmc_mp_read_int(&r, INT64_MIN, INT64_MAX, &v);
                 if (rc == 0 && (v <= 0 || v > KVP_MAX_TOKENS))
-                    return bad(-EINVAL, why, why_size,
-                               "registration: num_physical_slots %lld is not in 1..%u",
-                               (long long)v, KVP_MAX_TOKENS);
+                    return kvp_why(why, why_size, -EINVAL,
+                                   "registration: num_physical_slots %lld is not in 1..%u",
+                                   (long long)v, KVP_MAX_TOKENS);
                 m->num_physical_slots = (uint32_t)v;
             }
         } else if (key_is(name, len, "engine_group_infos")) {
@@ -433,7 +421,7 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
         } else if (key_is(name, len, "group_layouts")) {
             field = "group_layouts";
             if (m->has_group_layouts)
-                return bad(-EINVAL, why, why_size, "registration: a second group_layouts");
+                return kvp_why(why, why_size, -EINVAL, "registration: a second group_layouts");
             rc = reg_group_layouts(&r, m);
         } else if (key_is(name, len, "group_layout_descs")) {
             field = "group_layout_descs";
@@ -454,7 +442,7 @@ int lmc_decode_register(const void *frame, size_t n, struct lmc_register *m, cha
             rc = lmc_mp_skip(&r);
         }
         if (rc)
-            return bad(rc, why, why_size, "registration: %s %s", field, lmc_mp_error_words(rc));
+            return kvp_why(why, why_size, rc, "registration: %s %s", field, lmc_mp_error_words(rc));
     }
     static const char *const names[] = {"instance_id", "model_name", "world_size",
                                         "block_size",  "num_layers", "hidden_dim_size",
@@ -539,26 +527,26 @@ int lmc_decode_skipped_chunks(const void *frame, size_t n, struct lmc_skipped_ch
     memset(s, 0, sizeof(*s));
     lmc_mp_reader_init(&r, frame, n);
     if ((rc = lmc_mp_read_array(&r, LMC_MAX_GROUPS, &ngroups)))
-        return bad(rc, why, why_size, "skipped_chunks: not an array of at most %u groups (%s)",
-                   LMC_MAX_GROUPS, lmc_mp_error_words(rc));
+        return kvp_why(why, why_size, rc, "skipped_chunks: not an array of at most %u groups (%s)",
+                       LMC_MAX_GROUPS, lmc_mp_error_words(rc));
     for (uint32_t g = 0; g < ngroups; g++) {
         uint32_t npos;
         if ((rc = lmc_mp_read_array(&r, KVP_MAX_CHUNKS, &npos)))
-            return bad(rc, why, why_size,
-                       "skipped_chunks: group %u is not an array of at most %u positions (%s)", g,
-                       KVP_MAX_CHUNKS, lmc_mp_error_words(rc));
+            return kvp_why(why, why_size, rc,
+                           "skipped_chunks: group %u is not an array of at most %u positions (%s)",
+                           g, KVP_MAX_CHUNKS, lmc_mp_error_words(rc));
         for (uint32_t i = 0; i < npos; i++) {
             int64_t pos;
             if ((rc = lmc_mp_read_int(&r, 0, KVP_MAX_CHUNKS - 1, &pos)))
-                return bad(rc, why, why_size, "skipped_chunks: group %u position %u %s", g, i,
-                           lmc_mp_error_words(rc));
+                return kvp_why(why, why_size, rc, "skipped_chunks: group %u position %u %s", g, i,
+                               lmc_mp_error_words(rc));
         }
         s->npositions += npos;
     }
     s->ngroups = ngroups;
     if (lmc_mp_left(&r))
-        return bad(-EPROTO, why, why_size, "skipped_chunks: %zu bytes after the array",
-                   lmc_mp_left(&r));
+        return kvp_why(why, why_size, -EPROTO, "skipped_chunks: %zu bytes after the array",
+                       lmc_mp_left(&r));
     return 0;
 }
 
@@ -572,20 +560,21 @@ int lmc_decode_extra_ranges(const void *frame, size_t n, struct lmc_range *out, 
     *nout = 0;
     lmc_mp_reader_init(&r, frame, n);
     if ((rc = lmc_mp_read_array(&r, cap, &count)))
-        return bad(rc, why, why_size, "extra_ranges: not an array of at most %u pairs (%s)", cap,
-                   lmc_mp_error_words(rc));
+        return kvp_why(why, why_size, rc, "extra_ranges: not an array of at most %u pairs (%s)",
+                       cap, lmc_mp_error_words(rc));
     for (uint32_t i = 0; i < count; i++) {
         uint32_t two;
         if ((rc = lmc_mp_read_array(&r, 2, &two)) || (two != 2 && (rc = -EINVAL)))
-            return bad(rc, why, why_size, "extra_ranges: pair %u is not [start, end] (%s)", i,
-                       lmc_mp_error_words(rc));
+            return kvp_why(why, why_size, rc, "extra_ranges: pair %u is not [start, end] (%s)", i,
+                           lmc_mp_error_words(rc));
         if ((rc = read_u32(&r, 0, KVP_MAX_TOKENS, &out[i].start)) ||
             (rc = read_u32(&r, 0, KVP_MAX_TOKENS, &out[i].end)))
-            return bad(rc, why, why_size, "extra_ranges: pair %u %s", i, lmc_mp_error_words(rc));
+            return kvp_why(why, why_size, rc, "extra_ranges: pair %u %s", i,
+                           lmc_mp_error_words(rc));
     }
     if (lmc_mp_left(&r))
-        return bad(-EPROTO, why, why_size, "extra_ranges: %zu bytes after the array",
-                   lmc_mp_left(&r));
+        return kvp_why(why, why_size, -EPROTO, "extra_ranges: %zu bytes after the array",
+                       lmc_mp_left(&r));
     *nout = count;
     return 0;
 }

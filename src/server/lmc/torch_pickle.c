@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "common/layout.h"
+#include "common/why.h"
 
 #define TP_STACK_MAX 24
 #define TP_MEMO_MAX 32
@@ -232,18 +233,6 @@ struct tp_dec {
     struct tp_memo memo[TP_MEMO_MAX];
 };
 
-__attribute__((format(printf, 4, 5))) static int say(char *why, size_t why_size, int rc,
-                                                     const char *fmt, ...)
-{
-    if (why && why_size) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(why, why_size, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* Refuses the payload: -EPROTO with "offset N: <reason>". */
 __attribute__((format(printf, 2, 3))) static int fail(struct tp_dec *d, const char *fmt, ...)
 {
@@ -291,23 +280,23 @@ int kvp_tpickle_layout_check(const struct kvp_tpickle_layout *l, uint64_t *bytes
 {
     uint32_t itemsize = 0;
     if (!l || !l->dtype)
-        return say(why, why_size, -EINVAL, "no layout");
+        return kvp_why(why, why_size, -EINVAL, "no layout");
     if (!dtype_find(l->dtype, &itemsize))
-        return say(why, why_size, -EINVAL, "dtype %.32s has no torch pickle form", l->dtype);
+        return kvp_why(why, why_size, -EINVAL, "dtype %.32s has no torch pickle form", l->dtype);
     if (l->ndim < 1 || l->ndim > KVP_TPICKLE_MAX_DIMS)
-        return say(why, why_size, -EINVAL, "%u dimensions, 1..%d allowed", l->ndim,
-                   KVP_TPICKLE_MAX_DIMS);
+        return kvp_why(why, why_size, -EINVAL, "%u dimensions, 1..%d allowed", l->ndim,
+                       KVP_TPICKLE_MAX_DIMS);
     /* Element count and bytes both stay below 2^63: they travel as pickle ints (int64). */
     uint64_t numel = 1;
     for (uint32_t i = 0; i < l->ndim; i++) {
         if (l->shape[i] == 0)
-            return say(why, why_size, -EINVAL, "dimension %u is 0", i);
+            return kvp_why(why, why_size, -EINVAL, "dimension %u is 0", i);
         if (l->shape[i] > (uint64_t)INT64_MAX / numel)
-            return say(why, why_size, -EINVAL, "shape overflows 63 bits");
+            return kvp_why(why, why_size, -EINVAL, "shape overflows 63 bits");
         numel *= l->shape[i];
     }
     if (numel > (uint64_t)INT64_MAX / itemsize)
-        return say(why, why_size, -EINVAL, "chunk bytes overflow 63 bits");
+        return kvp_why(why, why_size, -EINVAL, "chunk bytes overflow 63 bits");
     if (bytes)
         *bytes = numel * itemsize;
     return 0;
@@ -928,7 +917,7 @@ int kvp_tpickle_decode(const uint8_t *buf, size_t len, const struct kvp_tpickle_
     if (why && why_size)
         why[0] = '\0';
     if (!buf || !exp || !out || !n || cap < exp->max_tensors || exp->min_tensors > exp->max_tensors)
-        return say(why, why_size, -EINVAL, "bad arguments");
+        return kvp_why(why, why_size, -EINVAL, "bad arguments");
     rc = kvp_tpickle_layout_check(&exp->layout, &d.chunk_bytes, why, why_size);
     if (rc < 0)
         return rc;
@@ -937,8 +926,9 @@ int kvp_tpickle_decode(const uint8_t *buf, size_t len, const struct kvp_tpickle_
     if (kvp_tpickle_max_payload(exp, &max) < 0)
         max = UINT64_MAX;
     if (len > max)
-        return say(why, why_size, -EMSGSIZE, "payload of %zu bytes, at most %llu for %u tensors",
-                   len, (unsigned long long)max, exp->max_tensors);
+        return kvp_why(why, why_size, -EMSGSIZE,
+                       "payload of %zu bytes, at most %llu for %u tensors", len,
+                       (unsigned long long)max, exp->max_tensors);
     /* Row-major strides in elements (no overflow: numel < 2^63 was checked). */
     int64_t s = 1;
     for (uint32_t i = exp->layout.ndim; i-- > 0;) {
@@ -947,7 +937,7 @@ int kvp_tpickle_decode(const uint8_t *buf, size_t len, const struct kvp_tpickle_
     }
 
     if (len < 2 || buf[0] != OP_PROTO || (buf[1] != 4 && buf[1] != 5))
-        return say(why, why_size, -EPROTO, "offset 0: not a protocol 4 or 5 pickle");
+        return kvp_why(why, why_size, -EPROTO, "offset 0: not a protocol 4 or 5 pickle");
     d.pos = 2;
     while ((rc = step(&d)) == 0)
         ;
@@ -1056,7 +1046,7 @@ int kvp_tpickle_template_init(struct kvp_tpickle_template *t, const struct kvp_t
     w_byte(&w, OP_BYTEARRAY8);
     w_le(&w, t->chunk_bytes, 8);
     if (w.n > w.cap)
-        return say(why, why_size, -EINVAL, "template does not fit");
+        return kvp_why(why, why_size, -EINVAL, "template does not fit");
     t->pre_len = (uint32_t)w.n;
 
     /* post: asarray(ba), .view(dtype), .view(shape). */
@@ -1072,7 +1062,7 @@ int kvp_tpickle_template_init(struct kvp_tpickle_template *t, const struct kvp_t
     w_byte(&w, OP_TUPLE2);
     w_byte(&w, OP_REDUCE);
     if (w.n > w.cap)
-        return say(why, why_size, -EINVAL, "template does not fit");
+        return kvp_why(why, why_size, -EINVAL, "template does not fit");
     t->post_len = (uint32_t)w.n;
     return 0;
 }
