@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/le.h"
+
 const char *kvp_opcode_name(uint16_t opcode)
 {
     switch (opcode & ~KVP_REPLY_FLAG) {
@@ -28,49 +30,16 @@ const char *kvp_opcode_name(uint16_t opcode)
     }
 }
 
-static void le16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t rd16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
-static uint64_t rd64(const uint8_t *p)
-{
-    return (uint64_t)rd32(p) | ((uint64_t)rd32(p + 4) << 32);
-}
-
 /* Header layout: magic@0 version@4 opcode@6 request_id@8 body_len@16 status@20 payload_len@24. */
 void kvp_header_encode(const struct kvp_header *h, uint8_t out[KVP_HEADER_SIZE])
 {
-    le32(out + 0, h->magic);
-    le16(out + 4, h->version);
-    le16(out + 6, h->opcode);
-    le64(out + 8, h->request_id);
-    le32(out + 16, h->body_len);
-    le32(out + 20, (uint32_t)h->status);
-    le64(out + 24, h->payload_len);
+    kvp_put_le32(out + 0, h->magic);
+    kvp_put_le16(out + 4, h->version);
+    kvp_put_le16(out + 6, h->opcode);
+    kvp_put_le64(out + 8, h->request_id);
+    kvp_put_le32(out + 16, h->body_len);
+    kvp_put_le32(out + 20, (uint32_t)h->status);
+    kvp_put_le64(out + 24, h->payload_len);
 }
 
 void kvp_reply_header_encode(const struct kvp_header *req, int32_t status, uint32_t body_len,
@@ -91,13 +60,13 @@ void kvp_reply_header_encode(const struct kvp_header *req, int32_t status, uint3
 
 int kvp_header_decode(const uint8_t in[KVP_HEADER_SIZE], struct kvp_header *h)
 {
-    h->magic = rd32(in + 0);
-    h->version = rd16(in + 4);
-    h->opcode = rd16(in + 6);
-    h->request_id = rd64(in + 8);
-    h->body_len = rd32(in + 16);
-    h->status = (int32_t)rd32(in + 20);
-    h->payload_len = rd64(in + 24);
+    h->magic = kvp_get_le32(in + 0);
+    h->version = kvp_get_le16(in + 4);
+    h->opcode = kvp_get_le16(in + 6);
+    h->request_id = kvp_get_le64(in + 8);
+    h->body_len = kvp_get_le32(in + 16);
+    h->status = (int32_t)kvp_get_le32(in + 20);
+    h->payload_len = kvp_get_le64(in + 24);
 
     if (h->magic != KVP_MAGIC)
         return -EPROTO;
@@ -168,14 +137,14 @@ void kvp_put_u16(struct kvp_wbuf *w, uint16_t v)
 {
     uint8_t *p = wbuf_grow(w, 2);
     if (p)
-        le16(p, v);
+        kvp_put_le16(p, v);
 }
 
 void kvp_put_u32(struct kvp_wbuf *w, uint32_t v)
 {
     uint8_t *p = wbuf_grow(w, 4);
     if (p)
-        le32(p, v);
+        kvp_put_le32(p, v);
 }
 
 void kvp_put_u32_array(struct kvp_wbuf *w, const uint32_t *v, size_t n)
@@ -191,7 +160,7 @@ void kvp_put_u32_array(struct kvp_wbuf *w, const uint32_t *v, size_t n)
     memcpy(p, v, n * 4);
 #else
     for (size_t i = 0; i < n; i++)
-        le32(p + 4 * i, v[i]);
+        kvp_put_le32(p + 4 * i, v[i]);
 #endif
 }
 
@@ -199,7 +168,7 @@ void kvp_put_u64(struct kvp_wbuf *w, uint64_t v)
 {
     uint8_t *p = wbuf_grow(w, 8);
     if (p)
-        le64(p, v);
+        kvp_put_le64(p, v);
 }
 
 void kvp_put_bytes(struct kvp_wbuf *w, const void *src, size_t n)
@@ -253,19 +222,19 @@ uint8_t kvp_get_u8(struct kvp_rbuf *r)
 uint16_t kvp_get_u16(struct kvp_rbuf *r)
 {
     const uint8_t *p = rbuf_take(r, 2);
-    return p ? rd16(p) : 0;
+    return p ? kvp_get_le16(p) : 0;
 }
 
 uint32_t kvp_get_u32(struct kvp_rbuf *r)
 {
     const uint8_t *p = rbuf_take(r, 4);
-    return p ? rd32(p) : 0;
+    return p ? kvp_get_le32(p) : 0;
 }
 
 uint64_t kvp_get_u64(struct kvp_rbuf *r)
 {
     const uint8_t *p = rbuf_take(r, 8);
-    return p ? rd64(p) : 0;
+    return p ? kvp_get_le64(p) : 0;
 }
 
 const void *kvp_get_bytes(struct kvp_rbuf *r, size_t n)

@@ -17,6 +17,8 @@
 
 #include <xxhash.h>
 
+#include "common/le.h"
+
 #define OFF_MAGIC 0
 #define OFF_VERSION 8
 #define OFF_HSIZE 10
@@ -33,38 +35,6 @@ _Static_assert(OFF_KEY + KVP_KEY_SIZE == OFF_LENGTH, "key field overlaps the len
 _Static_assert(OFF_RESERVED + 32 == KVP_L2_HEADER_SIZE, "header size");
 
 static const char magic[8] = {'K', 'V', 'P', 'L', '2', 'V', 'A', 'L'};
-
-/* Little-endian stores and loads, byte by byte: no alignment or host order assumed. */
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* Hex rather than the raw bytes: a key is then readable in redis-cli and safe in any log. */
 void kvp_l2_key_name(const uint8_t key[KVP_KEY_SIZE], char out[KVP_L2_KEY_LEN + 1])
@@ -85,15 +55,15 @@ static void encode_fields(uint8_t *out, const uint8_t key[KVP_KEY_SIZE],
 {
     memset(out, 0, KVP_L2_HEADER_SIZE);
     memcpy(out + OFF_MAGIC, magic, sizeof(magic));
-    put16(out + OFF_VERSION, KVP_L2_FORMAT);
-    put16(out + OFF_HSIZE, KVP_L2_HEADER_SIZE);
-    put32(out + OFF_NDIM, lay->ndim);
+    kvp_put_le16(out + OFF_VERSION, KVP_L2_FORMAT);
+    kvp_put_le16(out + OFF_HSIZE, KVP_L2_HEADER_SIZE);
+    kvp_put_le32(out + OFF_NDIM, lay->ndim);
     for (int i = 0; i < 4; i++)
-        put32(out + OFF_SHAPE + 4 * i, lay->shape[i]);
+        kvp_put_le32(out + OFF_SHAPE + 4 * i, lay->shape[i]);
     /* strnlen: a name of exactly 16 bytes fills the field without a NUL. */
     memcpy(out + OFF_DTYPE, lay->dtype, strnlen(lay->dtype, KVP_L2_DTYPE_MAX));
     memcpy(out + OFF_KEY, key, KVP_KEY_SIZE);
-    put64(out + OFF_LENGTH, lay->bytes);
+    kvp_put_le64(out + OFF_LENGTH, lay->bytes);
 }
 
 /* The header's fields seed the hash of the data, so one number covers both: a header glued to
@@ -108,7 +78,7 @@ void kvp_l2_header_encode(uint8_t out[KVP_L2_HEADER_SIZE], const uint8_t key[KVP
                           const struct kvp_l2_layout *lay, const void *data)
 {
     encode_fields(out, key, lay);
-    put64(out + OFF_CHECKSUM, checksum(out, data, lay->bytes));
+    kvp_put_le64(out + OFF_CHECKSUM, checksum(out, data, lay->bytes));
 }
 
 enum kvp_l2_verdict kvp_l2_value_check_parts(const uint8_t *hdr, const uint8_t *data, size_t len,
@@ -121,9 +91,10 @@ enum kvp_l2_verdict kvp_l2_value_check_parts(const uint8_t *hdr, const uint8_t *
         return KVP_L2_VALUE_SHORT;
     if (memcmp(hdr + OFF_MAGIC, magic, sizeof(magic)) != 0)
         return KVP_L2_VALUE_MAGIC;
-    if (get16(hdr + OFF_VERSION) != KVP_L2_FORMAT || get16(hdr + OFF_HSIZE) != KVP_L2_HEADER_SIZE)
+    if (kvp_get_le16(hdr + OFF_VERSION) != KVP_L2_FORMAT ||
+        kvp_get_le16(hdr + OFF_HSIZE) != KVP_L2_HEADER_SIZE)
         return KVP_L2_VALUE_VERSION;
-    uint64_t length = get64(hdr + OFF_LENGTH);
+    uint64_t length = kvp_get_le64(hdr + OFF_LENGTH);
     /* The length is checked against the bytes present before anything trusts it. */
     if (len - KVP_L2_HEADER_SIZE < length)
         return KVP_L2_VALUE_SHORT;
@@ -136,7 +107,7 @@ enum kvp_l2_verdict kvp_l2_value_check_parts(const uint8_t *hdr, const uint8_t *
     if (memcmp(hdr, want, OFF_CHECKSUM) != 0 ||
         memcmp(hdr + OFF_RESERVED, want + OFF_RESERVED, KVP_L2_HEADER_SIZE - OFF_RESERVED))
         return KVP_L2_VALUE_LAYOUT;
-    if (get64(hdr + OFF_CHECKSUM) != checksum(hdr, data, length))
+    if (kvp_get_le64(hdr + OFF_CHECKSUM) != checksum(hdr, data, length))
         return KVP_L2_VALUE_CHECKSUM;
     return KVP_L2_VALUE_OK;
 }
