@@ -1,5 +1,6 @@
 /*
- * layout.c - the dtype table, the chunk shape rule and the chunk-range rule.
+ * layout.c - the dtype table (with torch's names for each dtype), the chunk shape rule and the
+ * chunk-range rule.
  *
  * A chunk holds chunk_tokens tokens of every layer: [2 (K and V), layers, tokens, hidden], or,
  * for MLA models whose single latent vector is shared by all tensor-parallel ranks,
@@ -18,18 +19,35 @@
 #include <string.h>
 
 static const struct kvp_dtype dtypes[] = {
-    {"float16", 2}, {"bfloat16", 2}, {"float32", 4},       {"float64", 8},
-    {"int8", 1},    {"uint8", 1},    {"float8_e4m3fn", 1}, {"float8_e5m2", 1},
+    {"float16", 2, "half", "HalfStorage"},   {"bfloat16", 2, NULL, "BFloat16Storage"},
+    {"float32", 4, "float", "FloatStorage"}, {"float64", 8, "double", "DoubleStorage"},
+    {"int8", 1, NULL, "CharStorage"},        {"uint8", 1, NULL, "ByteStorage"},
+    {"float8_e4m3fn", 1, NULL, NULL},        {"float8_e5m2", 1, NULL, NULL},
 };
+#define NDTYPES (sizeof(dtypes) / sizeof(dtypes[0]))
 
 const struct kvp_dtype *kvp_dtype_find(const char *name)
 {
     if (!name)
         return NULL;
-    for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++)
+    for (size_t i = 0; i < NDTYPES; i++)
         if (strcmp(dtypes[i].name, name) == 0)
             return &dtypes[i];
     return NULL;
+}
+
+const struct kvp_dtype *kvp_dtype_find_torch(const char *name)
+{
+    const struct kvp_dtype *d = kvp_dtype_find(name);
+    for (size_t i = 0; !d && name && i < NDTYPES; i++)
+        if (dtypes[i].torch_alias && strcmp(dtypes[i].torch_alias, name) == 0)
+            d = &dtypes[i];
+    return d;
+}
+
+const struct kvp_dtype *kvp_dtype_at(size_t i)
+{
+    return i < NDTYPES ? &dtypes[i] : NULL;
 }
 
 const char *kvp_dtype_names(void)

@@ -9,13 +9,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A dtype kvpool knows, with the names torch gives it (LMCache's workers send torch's names;
+ * the pickle transport writes torch's storage classes). */
 struct kvp_dtype {
-    const char *name;
-    uint32_t size; /* bytes per element */
+    const char *name;          /* kvpool's name, torch's canonical one: "float16" */
+    uint32_t size;             /* bytes per element */
+    const char *torch_alias;   /* torch's other name for it ("half"), or NULL */
+    const char *torch_storage; /* its legacy torch storage class ("HalfStorage"), or NULL for
+                                * the dtypes torch pickles over an UntypedStorage */
 };
 
 /* The dtype called name, or NULL when kvpool does not know it. */
 const struct kvp_dtype *kvp_dtype_find(const char *name);
+
+/* The dtype called name or torch's alias name ("half", "float", "double"), or NULL. */
+const struct kvp_dtype *kvp_dtype_find_torch(const char *name);
+
+/* The i-th dtype of the table, NULL past its end (for callers that index it). */
+const struct kvp_dtype *kvp_dtype_at(size_t i);
 
 /* Comma-separated list of known dtype names (for error messages and --help). */
 const char *kvp_dtype_names(void);

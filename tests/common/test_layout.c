@@ -41,6 +41,27 @@ static void test_dtype_unknown(void **state)
     assert_null(kvp_dtype_find("float8"));
 }
 
+/* torch's alias names reach their dtype; kvpool's own names still work, anything else does not.
+ * Every dtype is reachable by index, and the table ends. */
+static void test_dtype_torch_names(void **state)
+{
+    (void)state;
+    assert_string_equal(kvp_dtype_find_torch("half")->name, "float16");
+    assert_string_equal(kvp_dtype_find_torch("float")->name, "float32");
+    assert_string_equal(kvp_dtype_find_torch("double")->name, "float64");
+    assert_string_equal(kvp_dtype_find_torch("bfloat16")->name, "bfloat16");
+    assert_null(kvp_dtype_find_torch("Half"));
+    assert_null(kvp_dtype_find_torch(NULL));
+    assert_string_equal(kvp_dtype_find("float16")->torch_storage, "HalfStorage");
+    assert_null(kvp_dtype_find("float8_e5m2")->torch_storage);
+    size_t n = 0;
+    while (kvp_dtype_at(n)) {
+        assert_ptr_equal(kvp_dtype_find(kvp_dtype_at(n)->name), kvp_dtype_at(n));
+        n++;
+    }
+    assert_int_equal(n, 8);
+}
+
 static void test_shape_kv(void **state)
 {
     (void)state;
@@ -146,10 +167,11 @@ static void test_chunk_range(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtype_sizes), cmocka_unit_test(test_dtype_unknown),
-        cmocka_unit_test(test_shape_kv),    cmocka_unit_test(test_shape_mla),
-        cmocka_unit_test(test_zero_dims),   cmocka_unit_test(test_overflow),
-        cmocka_unit_test(test_max_bytes),   cmocka_unit_test(test_chunk_range),
+        cmocka_unit_test(test_dtype_sizes),       cmocka_unit_test(test_dtype_unknown),
+        cmocka_unit_test(test_dtype_torch_names), cmocka_unit_test(test_shape_kv),
+        cmocka_unit_test(test_shape_mla),         cmocka_unit_test(test_zero_dims),
+        cmocka_unit_test(test_overflow),          cmocka_unit_test(test_max_bytes),
+        cmocka_unit_test(test_chunk_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

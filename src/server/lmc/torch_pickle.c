@@ -88,22 +88,10 @@ enum {
     OP_BYTEARRAY8 = 0x96,
 };
 
-/*
- * The dtypes of common/layout.h with their torch pickle form: the legacy storage class of a
- * _rebuild_tensor_v2 tensor, or NULL for torch's "new" dtypes, which travel as
- * _rebuild_tensor_v3 over an UntypedStorage (counted in bytes) with the dtype as a global.
- */
-struct tp_dtype {
-    const char *name;
-    const char *storage;
-};
-
-static const struct tp_dtype tp_dtypes[] = {
-    {"float16", "HalfStorage"},   {"bfloat16", "BFloat16Storage"}, {"float32", "FloatStorage"},
-    {"float64", "DoubleStorage"}, {"int8", "CharStorage"},         {"uint8", "ByteStorage"},
-    {"float8_e4m3fn", NULL},      {"float8_e5m2", NULL},
-};
-#define TP_NDTYPES (sizeof(tp_dtypes) / sizeof(tp_dtypes[0]))
+/* The dtypes are common/layout.h's, with their torch pickle form (struct kvp_dtype's
+ * torch_storage): the legacy storage class of a _rebuild_tensor_v2 tensor, or NULL for torch's
+ * "new" dtypes, which travel as _rebuild_tensor_v3 over an UntypedStorage (counted in bytes)
+ * with the dtype as a global. */
 
 /*
  * The torch.save header every blob starts with: the magic number (LONG1), the protocol version
@@ -123,7 +111,8 @@ static const uint8_t tp_blob_header[] = {
     0x6e, 0x67, 0x71, 0x07, 0x4b, 0x04, 0x75, 0x75, 0x2e,
 };
 
-/* The names a payload may use (the whitelist); torch dtypes are matched against tp_dtypes. */
+/* The names a payload may use (the whitelist); torch dtypes are matched against common/layout.h's
+ * table. */
 enum tp_global {
     TG_REBUILD_V2 = 1,
     TG_REBUILD_V3,
@@ -197,7 +186,7 @@ static const char *const tp_kind_names[] = {
 struct tp_item {
     uint8_t kind;
     uint8_t g;       /* TK_GLOBAL */
-    uint8_t dtype;   /* TK_GLOBAL of TG_DTYPE: index in tp_dtypes */
+    uint8_t dtype;   /* TK_GLOBAL of TG_DTYPE: index in common/layout.h's table (kvp_dtype_at()) */
     uint8_t untyped; /* TK_STORAGE, TK_TARGS: an UntypedStorage (_rebuild_tensor_v3) */
     uint32_t n;      /* TK_INTS, TK_TENSORS, TK_LIST */
     uint32_t first;  /* TK_TENSORS */
@@ -218,8 +207,7 @@ struct tp_dec {
     size_t limit;     /* reads stop here: the end of the current frame, or len */
     size_t frame_end; /* end of the last FRAME (0: none yet) */
     const struct kvp_tpickle_expect *exp;
-    const struct tp_dtype *dt;
-    uint32_t itemsize;
+    const struct kvp_dtype *dt;
     uint64_t chunk_bytes;
     int64_t stride[KVP_TPICKLE_MAX_DIMS];
     struct kvp_tpickle_tensor *out;
@@ -262,26 +250,13 @@ static bool slice_is(const uint8_t *p, uint64_t n, const char *s)
     return strlen(s) == n && memcmp(p, s, n) == 0;
 }
 
-static const struct tp_dtype *dtype_find(const char *name, uint32_t *itemsize)
-{
-    const struct kvp_dtype *kd = kvp_dtype_find(name);
-    if (!kd)
-        return NULL;
-    for (size_t i = 0; i < TP_NDTYPES; i++)
-        if (strcmp(tp_dtypes[i].name, name) == 0) {
-            *itemsize = kd->size;
-            return &tp_dtypes[i];
-        }
-    return NULL;
-}
-
 int kvp_tpickle_layout_check(const struct kvp_tpickle_layout *l, uint64_t *bytes, char *why,
                              size_t why_size)
 {
-    uint32_t itemsize = 0;
     if (!l || !l->dtype)
         return kvp_why(why, why_size, -EINVAL, "no layout");
-    if (!dtype_find(l->dtype, &itemsize))
+    const struct kvp_dtype *dt = kvp_dtype_find(l->dtype);
+    if (!dt)
         return kvp_why(why, why_size, -EINVAL, "dtype %.32s has no torch pickle form", l->dtype);
     if (l->ndim < 1 || l->ndim > KVP_TPICKLE_MAX_DIMS)
         return kvp_why(why, why_size, -EINVAL, "%u dimensions, 1..%d allowed", l->ndim,
@@ -295,10 +270,10 @@ int kvp_tpickle_layout_check(const struct kvp_tpickle_layout *l, uint64_t *bytes
             return kvp_why(why, why_size, -EINVAL, "shape overflows 63 bits");
         numel *= l->shape[i];
     }
-    if (numel > (uint64_t)INT64_MAX / itemsize)
+    if (numel > (uint64_t)INT64_MAX / dt->size)
         return kvp_why(why, why_size, -EINVAL, "chunk bytes overflow 63 bits");
     if (bytes)
-        *bytes = numel * itemsize;
+        *bytes = numel * dt->size;
     return 0;
 }
 
@@ -476,14 +451,15 @@ static int blob_check(struct tp_dec *d, uint64_t off, uint64_t len, struct tp_it
     bool untyped_cls = slice_is(cls, clslen, "UntypedStorage") &&
                        (slice_is(mod, modlen, "torch") || slice_is(mod, modlen, "torch.storage"));
     bool torch_mod = slice_is(mod, modlen, "torch");
-    bool ok = d->dt->storage ? torch_mod && slice_is(cls, clslen, d->dt->storage) : untyped_cls;
+    bool ok = d->dt->torch_storage ? torch_mod && slice_is(cls, clslen, d->dt->torch_storage)
+                                   : untyped_cls;
     if (!ok && untyped_cls)
         return fail(d, "storage blob: untyped storage for dtype %s", d->dt->name);
     if (!ok)
         return fail(d, "storage blob names global %s.%s, not the storage of %s",
                     printable(mod, modlen, p1, sizeof(p1)), printable(cls, clslen, p2, sizeof(p2)),
                     d->dt->name);
-    bool untyped = d->dt->storage == NULL;
+    bool untyped = d->dt->torch_storage == NULL;
     if (!blob_str(&b, &key, &keylen) || !blob_str(&b, &s, &slen) || !slice_is(s, slen, "cpu"))
         return fail(d, "storage blob: no key or not a 'cpu' storage");
     if (!blob_count(&b, &numel) || !blob_byte(&b, OP_NONE) || !blob_byte(&b, OP_TUPLE) ||
@@ -499,7 +475,7 @@ static int blob_check(struct tp_dec *d, uint64_t off, uint64_t len, struct tp_it
         return fail(d, "storage blob: data header does not repeat numel %llu",
                     (unsigned long long)numel);
     b.pos += 8;
-    uint64_t elsize = untyped ? 1 : d->itemsize;
+    uint64_t elsize = untyped ? 1 : d->dt->size;
     uint64_t have = b.n - b.pos;
     if (numel > UINT64_MAX / elsize || numel * elsize != have)
         return fail(d, "storage blob: numel %llu does not match its %llu data bytes",
@@ -565,8 +541,8 @@ static int tensor_args(struct tp_dec *d, const struct tp_item *a, uint32_t n, st
     if (n == 7) {
         if (a[6].g != TG_DTYPE)
             return fail(d, "tensor dtype argument is not a dtype");
-        if (&tp_dtypes[a[6].dtype] != d->dt)
-            return fail(d, "dtype %s, registered %s", tp_dtypes[a[6].dtype].name, d->dt->name);
+        if (kvp_dtype_at(a[6].dtype) != d->dt)
+            return fail(d, "dtype %s, registered %s", kvp_dtype_at(a[6].dtype)->name, d->dt->name);
     }
     *res = (struct tp_item){.kind = TK_TARGS,
                             .untyped = a[0].untyped,
@@ -584,8 +560,8 @@ static int view_args(struct tp_dec *d, const struct tp_item *a, struct tp_item *
     if (a[0].kind == TK_FLAT) {
         if (a[1].kind != TK_GLOBAL || a[1].g != TG_DTYPE)
             return fail(d, "view of a flat tensor as a %s, not a dtype", tp_kind_names[a[1].kind]);
-        if (&tp_dtypes[a[1].dtype] != d->dt)
-            return fail(d, "dtype %s, registered %s", tp_dtypes[a[1].dtype].name, d->dt->name);
+        if (kvp_dtype_at(a[1].dtype) != d->dt)
+            return fail(d, "dtype %s, registered %s", kvp_dtype_at(a[1].dtype)->name, d->dt->name);
         *res = (struct tp_item){.kind = TK_DTARGS, .off = a[0].off, .len = a[0].len};
         return 0;
     }
@@ -711,8 +687,8 @@ static int stack_global(struct tp_dec *d)
     for (size_t i = 0; i < sizeof(tp_globals) / sizeof(tp_globals[0]) && !res.g; i++)
         if (slice_is(mp, m->len, tp_globals[i].module) && slice_is(np, nm->len, tp_globals[i].name))
             res.g = (uint8_t)tp_globals[i].g;
-    for (size_t i = 0; i < TP_NDTYPES && !res.g; i++)
-        if (slice_is(mp, m->len, "torch") && slice_is(np, nm->len, tp_dtypes[i].name)) {
+    for (size_t i = 0; kvp_dtype_at(i) && !res.g; i++)
+        if (slice_is(mp, m->len, "torch") && slice_is(np, nm->len, kvp_dtype_at(i)->name)) {
             res.g = TG_DTYPE;
             res.dtype = (uint8_t)i;
         }
@@ -921,7 +897,7 @@ int kvp_tpickle_decode(const uint8_t *buf, size_t len, const struct kvp_tpickle_
     rc = kvp_tpickle_layout_check(&exp->layout, &d.chunk_bytes, why, why_size);
     if (rc < 0)
         return rc;
-    d.dt = dtype_find(exp->layout.dtype, &d.itemsize);
+    d.dt = kvp_dtype_find(exp->layout.dtype);
     /* A bound beyond 64 bits bounds nothing a buffer can hold. */
     if (kvp_tpickle_max_payload(exp, &max) < 0)
         max = UINT64_MAX;
@@ -1020,11 +996,10 @@ static void w_tuple(struct tp_w *w, const uint64_t *v, uint32_t n)
 int kvp_tpickle_template_init(struct kvp_tpickle_template *t, const struct kvp_tpickle_layout *l,
                               char *why, size_t why_size)
 {
-    uint32_t itemsize = 0;
     int rc = kvp_tpickle_layout_check(l, &t->chunk_bytes, why, why_size);
     if (rc < 0)
         return rc;
-    const struct tp_dtype *dt = dtype_find(l->dtype, &itemsize);
+    const struct kvp_dtype *dt = kvp_dtype_find(l->dtype);
 
     static const uint8_t start[] = {OP_PROTO, 5, OP_EMPTY_LIST, OP_MARK};
     static const uint8_t end[] = {OP_APPENDS, OP_STOP};
