@@ -448,6 +448,11 @@ void lmc_mp_writer_init(struct lmc_mp_writer *w)
     memset(w, 0, sizeof(*w));
 }
 
+void lmc_mp_writer_init_fixed(struct lmc_mp_writer *w, uint8_t *buf, size_t cap)
+{
+    *w = (struct lmc_mp_writer){.buf = buf, .cap = cap, .fixed = true};
+}
+
 void lmc_mp_writer_reset(struct lmc_mp_writer *w)
 {
     w->len = 0;
@@ -456,7 +461,8 @@ void lmc_mp_writer_reset(struct lmc_mp_writer *w)
 
 void lmc_mp_writer_free(struct lmc_mp_writer *w)
 {
-    free(w->buf);
+    if (!w->fixed)
+        free(w->buf);
     memset(w, 0, sizeof(*w));
 }
 
@@ -470,6 +476,10 @@ static uint8_t *room(struct lmc_mp_writer *w, size_t n)
         return NULL;
     }
     if (w->len + n > w->cap) {
+        if (w->fixed) {
+            w->failed = true;
+            return NULL;
+        }
         size_t cap = w->cap ? w->cap : 256;
         while (cap < w->len + n)
             cap *= 2;

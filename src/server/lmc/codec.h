@@ -92,9 +92,12 @@ struct lmc_mp_writer {
     uint8_t *buf;
     size_t len, cap;
     bool failed;
+    bool fixed; /* buf is the caller's, of cap bytes: never grown nor freed */
 };
 
 void lmc_mp_writer_init(struct lmc_mp_writer *w);
+/* A writer into the caller's buf of cap bytes: what does not fit sets failed. No free needed. */
+void lmc_mp_writer_init_fixed(struct lmc_mp_writer *w, uint8_t *buf, size_t cap);
 void lmc_mp_writer_reset(struct lmc_mp_writer *w); /* len = 0, failed = false; keeps buf */
 void lmc_mp_writer_free(struct lmc_mp_writer *w);
 

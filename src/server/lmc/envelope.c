@@ -329,89 +329,17 @@ fail:
 
 /* ---- encoding ---------------------------------------------------------------------------- */
 
-/* A bounded byte writer over the template's piece. */
-struct piece {
-    uint8_t *p;
-    uint32_t len, cap;
-    bool over;
-};
-
-static void put(struct piece *w, const void *b, uint32_t n)
-{
-    if (w->over || n > w->cap - w->len) {
-        w->over = true;
-        return;
-    }
-    memcpy(w->p + w->len, b, n);
-    w->len += n;
-}
-
-static void put_be(struct piece *w, uint8_t tag, uint64_t v, unsigned n)
-{
-    uint8_t b[9];
-    b[0] = tag;
-    for (unsigned i = 0; i < n; i++)
-        b[1 + i] = (uint8_t)(v >> (8 * (n - 1 - i)));
-    put(w, b, 1 + n);
-}
-
-/* msgspec's smallest forms (the same rules as codec.c's writer). */
-static void put_uint(struct piece *w, uint64_t v)
-{
-    if (v <= 0x7f)
-        put_be(w, (uint8_t)v, 0, 0);
-    else if (v <= UINT8_MAX)
-        put_be(w, 0xcc, v, 1);
-    else if (v <= UINT16_MAX)
-        put_be(w, 0xcd, v, 2);
-    else if (v <= UINT32_MAX)
-        put_be(w, 0xce, v, 4);
-    else
-        put_be(w, 0xcf, v, 8);
-}
-
-static void put_str(struct piece *w, const char *s)
-{
-    size_t n = strlen(s);
-    if (n <= 31)
-        put_be(w, (uint8_t)(0xa0 | n), 0, 0);
-    else if (n <= UINT8_MAX)
-        put_be(w, 0xd9, n, 1);
-    else
-        w->over = true; /* names and dtypes are short */
-    put(w, s, (uint32_t)n);
-}
-
-static void put_array(struct piece *w, uint32_t n)
-{
-    if (n <= 15)
-        put_be(w, (uint8_t)(0x90 | n), 0, 0);
-    else if (n <= UINT16_MAX)
-        put_be(w, 0xdc, n, 2);
-    else
-        put_be(w, 0xdd, n, 4);
-}
-
-static void put_bin_header(struct piece *w, uint64_t n)
-{
-    if (n <= UINT8_MAX)
-        put_be(w, 0xc4, n, 1);
-    else if (n <= UINT16_MAX)
-        put_be(w, 0xc5, n, 2);
-    else
-        put_be(w, 0xc6, n, 4); /* chunks are at most 2 GiB */
-}
-
 /* {"version": 1, "tensors": [ with the array header of n tensors; at most 23 bytes. */
 static uint32_t put_head(uint8_t *dst, uint32_t n)
 {
-    struct piece w = {.p = dst, .cap = 32};
-    put_be(&w, 0x82, 0, 0);
-    put_str(&w, "version");
-    put_uint(&w, 1);
-    put_str(&w, "tensors");
-    put_array(&w, n);
-    return w.len;
+    struct lmc_mp_writer w;
+    lmc_mp_writer_init_fixed(&w, dst, 32);
+    lmc_mp_put_map(&w, 2);
+    lmc_mp_put_cstr(&w, "version");
+    lmc_mp_put_uint(&w, 1);
+    lmc_mp_put_cstr(&w, "tensors");
+    lmc_mp_put_array(&w, n);
+    return (uint32_t)w.len;
 }
 
 int kvp_envelope_template_init(struct kvp_envelope_template *t, const struct kvp_envelope_layout *l,
@@ -420,19 +348,21 @@ int kvp_envelope_template_init(struct kvp_envelope_template *t, const struct kvp
     int rc = kvp_envelope_layout_check(l, &t->chunk_bytes, why, why_size);
     if (rc)
         return rc;
-    struct piece w = {.p = t->pre, .cap = sizeof(t->pre)};
-    put_be(&w, 0x83, 0, 0);
-    put_str(&w, "dtype");
-    put_str(&w, l->dtype);
-    put_str(&w, "shape");
-    put_array(&w, l->ndim);
+    /* msgspec's smallest forms, as codec.c's writer writes them. */
+    struct lmc_mp_writer w;
+    lmc_mp_writer_init_fixed(&w, t->pre, sizeof(t->pre));
+    lmc_mp_put_map(&w, 3);
+    lmc_mp_put_cstr(&w, "dtype");
+    lmc_mp_put_cstr(&w, l->dtype);
+    lmc_mp_put_cstr(&w, "shape");
+    lmc_mp_put_array(&w, l->ndim);
     for (uint32_t i = 0; i < l->ndim; i++)
-        put_uint(&w, l->shape[i]);
-    put_str(&w, "data");
-    put_bin_header(&w, t->chunk_bytes);
-    if (w.over) /* 16 dimensions of 9 bytes and a dtype name of 127 still fit */
+        lmc_mp_put_uint(&w, l->shape[i]);
+    lmc_mp_put_cstr(&w, "data");
+    lmc_mp_put_bin_header(&w, t->chunk_bytes);
+    if (w.failed) /* 16 dimensions of 9 bytes and a dtype name of 127 still fit */
         return kvp_why(why, why_size, -EINVAL, "the tensor header does not fit");
-    t->pre_len = w.len;
+    t->pre_len = (uint32_t)w.len;
     return 0;
 }
 
