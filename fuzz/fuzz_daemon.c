@@ -1,8 +1,8 @@
 /*
  * fuzz_daemon.c - one daemon connection, end to end: the bytes a client sends go through the
- * daemon's real connection code (session.c: framing, header and body decoding, every handler in
- * handlers.c, the store and the registry), exactly as kvpoold runs them, minus the listening
- * socket.
+ * daemon's real connection code (sessions.c and session.c: the request loop, framing, header and
+ * body decoding, every handler in handlers.c, the store and the registry), exactly as kvpoold
+ * runs them, minus the listening socket (listener.c).
  *
  * Input: the byte stream a client writes on its connection (frames back to back; a committed
  * seed is a plausible session: HELLO, REGISTER, PREPARE_STORE, STORE_INLINE with payload, ...).
@@ -31,13 +31,14 @@
 #include "core/daemon.h"
 #include "core/owner.h"
 #include "fuzz.h"
-#include "kvp/listener.h"
+#include "kvp/sessions.h"
 #include "server_setup.h"
 
 #define POOL_SIZE (64u << 10)
 #define CHUNK_TOKENS 4u
 
 static struct kvp_server srv;
+static struct kvp_sessions *sessions; /* the connection's set, as the listener's would be */
 static struct kvp_offer offer;
 
 static uint64_t rd_le(const uint8_t *p, int n)
@@ -146,6 +147,7 @@ static void init_once(void)
     fuzz_server_init(&srv, POOL_SIZE, CHUNK_TOKENS);
     srv.cfg.io_timeout_ms = 5000;
     kvp_owners_init(&srv.owners);
+    FUZZ_CHECK(kvp_sessions_new(&srv, NULL, &sessions) == 0);
     /* SHM offered, so that shm registrations and PREPARE_RETRIEVE are reachable too. */
     offer = fuzz_shm_offer("kvpool_l1_pool_fuzz", POOL_SIZE, CHUNK_TOKENS);
 }
@@ -217,8 +219,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvp_registry_init(&srv.registry, &offer);
     FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 
-    struct kvp_session *c = kvp_session_new(&srv, sv[0]);
-    FUZZ_CHECK(c != NULL && srv.nconns == 1);
+    struct kvp_session *c = kvp_session_new(sessions, sv[0]);
+    FUZZ_CHECK(c != NULL && kvp_sessions_count(sessions) == 1);
+    FUZZ_CHECK(kvp_owners_count(&srv.owners) == 1);
 
     struct feeder f = {
         .fd = sv[1],
@@ -234,7 +237,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_join(tid, NULL);
     close(sv[1]);
 
-    FUZZ_CHECK(srv.nconns == 0 && srv.conns == NULL);
+    FUZZ_CHECK(kvp_sessions_count(sessions) == 0);
+    /* Its owner left the list before its socket closed: no callback can reach it. */
+    FUZZ_CHECK(kvp_owners_count(&srv.owners) == 0);
+    FUZZ_CHECK(kvp_owners_notify(&srv.owners, KVP_OWNER_DROP, NULL, 0) == 0);
     check_replies(&f);
     struct kvp_store_gauges g;
     kvp_store_get_gauges(&srv.store, &g);

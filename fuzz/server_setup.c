@@ -5,7 +5,6 @@
  */
 #include "server_setup.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -18,10 +17,7 @@ void fuzz_server_init(struct kvp_server *srv, uint64_t pool_size, uint32_t chunk
     kvp_config_defaults(&srv->cfg);
     srv->cfg.l1_size = pool_size;
     srv->cfg.chunk_tokens = chunk_tokens;
-    srv->listen_fd = -1;
     srv->wake_fds[0] = srv->wake_fds[1] = -1;
-    pthread_mutex_init(&srv->conns_lock, NULL);
-    pthread_cond_init(&srv->conns_cv, NULL);
 }
 
 void fuzz_server_pool(struct kvp_server *srv, const char *shm_name)

@@ -13,7 +13,7 @@
 #include "core/daemon.h"
 
 /* Silences the log and gives srv default settings with a pool of pool_size bytes cut into
- * chunks of chunk_tokens, no listening socket and no wake pipe, and its connection lock. */
+ * chunks of chunk_tokens, no front end and no wake pipe. */
 void fuzz_server_init(struct kvp_server *srv, uint64_t pool_size, uint32_t chunk_tokens);
 
 /* Gives srv a fresh heap-backed segment of cfg.l1_size bytes and an empty store over it. With a

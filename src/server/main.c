@@ -7,7 +7,8 @@
  * reservation) ends the start-up early, also with status 0.
  *
  * SIGHUP reloads the configuration, as PostgreSQL and nginx do: the handler only flags it and
- * wakes the accept loop, which returns here; the main thread parses the same layers again (the
+ * wakes the main loop (server.c), which returns here; the main thread parses the same layers again
+ * (the
  * --config file, the KVPOOL_* environment, the command line, which still win over the file),
  * applies the options the option table marks reloadable (kvp_server_reconfigure() logs each
  * change, and each change that needs a restart) and serves on. A file with an error is reported
@@ -107,8 +108,8 @@ int main(int argc, char **argv)
     kvp_notify_stopping();
     log_info("kvpoold stopping");
     kvp_server_destroy(&server);
-    /* The lock file stays (server.c): removing it would let two daemons that opened it at
-     * different moments both think they own the socket. */
+    /* The lock file stays (kvp/listener.c): removing it would let two daemons that opened it
+     * at different moments both think they own the socket. */
     char lock[sizeof(cfg.socket_path) + 8];
     snprintf(lock, sizeof(lock), "%s.lock", cfg.socket_path);
     explicit_bzero(&cfg, sizeof(cfg));

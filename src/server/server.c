@@ -1,48 +1,44 @@
 /*
- * server.c - start-up, the accept loop, the expiry thread and shutdown.
+ * server.c - the daemon's life cycle: every part opened, started and stopped in order, the main
+ * loop (signals, reloads, kvpool's accepts) and the configuration reload. The parts do their
+ * own work: the front ends (kvp/listener.h, lmc/listener.h, http/http.h), the core's memory
+ * (transport.c, segment.c, store.c, registry.c), the housekeeping thread (expiry.c), the warm-up
+ * (warmup.c) and the L2 tier (l2.h).
  *
  * Start-up order (each step logs what it decided). Everything that can be wrong with the
- * configuration or the socket path is found before the pool, which may take minutes to
- * reserve, is touched:
- *   1. the socket's owner lock: flock(LOCK_EX|LOCK_NB) on <socket>.lock (0600, created if
- *      needed, never unlinked: unlinking a lock file races with the next daemon opening it).
- *      Held until exit, it makes one daemon at a time the owner of the socket path; a second
- *      one exits at once naming the owner's pid, which the lock file holds. A missing socket
- *      directory is found here; the default one (socket_path.c) is created 0700 first, and
- *      refused if another user owns it or it is writable by group or others.
- *   2. the socket path: a file that is not a socket is refused; a socket that answers belongs
- *      to a daemon that does not take the lock and is refused; a dead one is replaced. The new
- *      socket is bound (not yet listening: a client gets ECONNREFUSED until step 6, never a
- *      hang) with --socket-mode (umask is tightened around bind so it is never more open than
- *      that, even briefly), and its inode is recorded;
- *   2b. the HTTP endpoint (http.c, --http): bound, and answering in a thread of its own (503
- *      "starting" from /api/healthcheck until the end of step 6), so that a port in use fails
- *      the start-up at once and a probe can watch a long reservation;
- *   3. crash leftovers: segments of dead daemons in /dev/shm are removed (segment.c), so the
+ * configuration, the socket path or an address is found before the pool, which may take
+ * minutes to reserve, is touched:
+ *   1. open the front ends: kvpool's (the socket's owner lock, then its socket bound but not
+ *      listening: a client gets ECONNREFUSED until step 5, never a hang), the descriptor budget
+ *      of all of them, the HTTP endpoint (bound, and answering 503 "starting" from
+ *      /api/healthcheck until the end of step 5, so that a probe can watch a long reservation),
+ *      LMCache's (--lmcache, bound);
+ *   2. crash leftovers: segments of dead daemons in /dev/shm are removed (segment.c), so the
  *      gate counts the space they held;
- *   4. the transport decision (transport.c): capacity gate (shm_gate.c) on the segment size
+ *   3. the transport decision (transport.c): capacity gate (shm_gate.c) on the segment size
  *      (header page + pool), then the shared segment (segment.c), or private memory when the
  *      gate or the reservation said no; a segment held by a live daemon is fatal. Only the
  *      first KVP_RESERVE_FIRST bytes of the pool are reserved here, so start-up takes the same
  *      time for any pool size;
- *   5. store and registry over that memory (the store hands out reserved pages only);
- *   6. listen, the expiry thread, the thread that reserves the rest of the pool (warmup.c; it
- *      logs its progress and stops early on SIGINT/SIGTERM/SIGHUP), the "ready" line and
+ *   4. the core over that memory: store, L2 tier, registry (shared by the front ends that
+ *      register instances);
+ *   5. start the front ends and the threads: kvpool's listens, the housekeeping thread
+ *      (expiry.c), LMCache's serves, the thread that reserves the rest of the pool (warmup.c; it
+ *      logs its progress and stops early on SIGINT/SIGTERM/SIGHUP), then the "ready" line and
  *      READY=1 to a service manager (notify.c).
  * A failure logs exactly one ERROR line saying what is wrong, and kvp_server_start() returns.
  *
- * Threads: the main thread accepts and checks credentials; each connection has a detached thread
- * and joins the connection list (session.c, which owns a connection's whole life); connections
- * that are not served are answered by the refusals thread (refusals.c); one expiry
- * thread cancels overdue reservations and reports rate-limited log counts once a second, and
- * notices a segment that shrank under the daemon (seg_guard.c, segment_lost()); one
- * warm-up thread reserves the rest of the pool after start-up (warmup.c). The
- * threads are created with the stop signals blocked, so only the main thread handles them.
- * Shutdown: the signal handler writes to a self-pipe; the main thread stops accepting, shuts
- * every connection's socket down (their threads see EOF, release their holds and exit), waits
- * for them, then frees the store, unlinks the segment, and unlinks the socket file only if it
- * is still the one this daemon bound (same device and inode): a path taken over by another
- * daemon is left alone. The lock goes last.
+ * Threads: the main thread runs the loop: the self-pipe (stop and reload requests from the
+ * signal handlers) and kvpool's listening socket (its accepts are quick: refusals are answered
+ * off this thread). Every other thread is a part's own, created with the stop signals blocked,
+ * so only the main thread handles them.
+ *
+ * Shutdown, in the reverse order: no new clients on kvpool's socket (closed, its file unlinked
+ * if still ours); every client of every front end told to go (KVP_OWNER_DROP, owner.h: kvpool's
+ * connections are shut down, their threads release their holds and exit), and kvpool's waited
+ * for; LMCache's front end closed; the warm-up and housekeeping threads; the HTTP endpoint
+ * (503 "stopping" until then); the L2 tier; registry, store and segment. kvpool's socket lock
+ * goes last.
  */
 #include "server.h"
 
@@ -50,221 +46,28 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/listen_addr.h"
 #include "base/log.h"
 #include "base/notify.h"
 #include "common/errors.h"
-#include "common/msg.h"
-#include "common/socket_path.h"
+#include "core/expiry.h"
 #include "core/owner.h"
 #include "core/seg_guard.h"
 #include "core/shm_gate.h"
-#include "core/stats.h"
 #include "core/transport.h"
 #include "core/warmup.h"
 #include "http/http.h"
+#include "kvp/latency.h"
 #include "kvp/listener.h"
-#include "kvp/refusals.h"
 #include "l2/l2.h"
+#include "lmc/latency.h"
 #include "lmc/listener.h"
-
-/* The directory part of path, for messages. */
-static void dir_of(const char *path, char *dir, size_t size)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, size, ".");
-    else if (slash == path)
-        snprintf(dir, size, "/");
-    else
-        snprintf(dir, size, "%.*s", (int)(slash - path), path);
-}
-
-/* The pid the owner wrote into the lock file, 0 while it has not (yet). */
-static long lock_owner_pid(int fd)
-{
-    char buf[32];
-    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    return strtol(buf, NULL, 10);
-}
-
-/* Step 1: the owner lock of the socket path. Returns 0 or a negative errno after logging. */
-static int take_socket_lock(struct kvp_server *s)
-{
-    const char *path = s->cfg.socket_path;
-    char lock[sizeof(s->cfg.socket_path) + 8], dir[sizeof(s->cfg.socket_path)];
-    struct stat st;
-
-    snprintf(lock, sizeof(lock), "%s.lock", path);
-    dir_of(path, dir, sizeof(dir));
-    /* The default path lives in a private directory that we create; one that somebody else
-     * made (or opened up) may hold a planted socket: refuse it (docs/SECURITY.md). */
-    char def[sizeof(s->cfg.socket_path)];
-    if (kvp_socket_path_default(def, sizeof(def)) > 0 && strcmp(def, path) == 0) {
-        char why[512];
-        int rc = kvp_socket_dir_prepare(dir, geteuid(), why, sizeof(why));
-        if (rc < 0) {
-            log_error("%s: %s", rc == -EPERM ? "Refusing to start" : "Cannot start", why);
-            return rc;
-        }
-    }
-    int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        int err = errno;
-        if (err == ENOENT)
-            log_error("Cannot start: the socket directory %s does not exist (--socket %s)", dir,
-                      path);
-        else if (err == ENOTDIR)
-            log_error("Cannot start: the socket directory %s is not a directory (--socket %s)", dir,
-                      path);
-        else if (err == EACCES)
-            log_error("Cannot start: no permission to create %s in the socket directory %s", lock,
-                      dir);
-        else if (err == ELOOP)
-            log_error("Refusing to start: the lock file %s is a symbolic link", lock);
-        else
-            log_error("Cannot start: cannot create the lock file %s: %s", lock, kvp_strerror(-err));
-        return -err;
-    }
-    /* A lock file of another user could be held forever by that user: not ours to trust. */
-    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || !S_ISREG(st.st_mode)) {
-        log_error("Refusing to start: the lock file %s is not a regular file of uid %d", lock,
-                  (int)geteuid());
-        close(fd);
-        return -EPERM;
-    }
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int err = errno;
-        long pid = 0;
-        if (err == EWOULDBLOCK) {
-            /* The owner writes its pid right after locking: give it a moment. */
-            for (int i = 0; i < 50 && (pid = lock_owner_pid(fd)) <= 0; i++)
-                usleep(2000);
-            if (pid > 0)
-                log_error("Refusing to start: another kvpoold (pid %ld) owns socket %s", pid, path);
-            else
-                log_error("Refusing to start: another kvpoold owns socket %s (it holds %s)", path,
-                          lock);
-        } else {
-            log_error("Cannot start: cannot lock %s: %s", lock, kvp_strerror(-err));
-        }
-        close(fd);
-        return -err;
-    }
-    char buf[32];
-    int n = snprintf(buf, sizeof(buf), "%ld\n", (long)getpid());
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)n, 0) != n)
-        log_warn("Cannot write our pid into %s: %s", lock, kvp_strerror(-errno));
-    s->lock_fd = fd;
-    return 0;
-}
-
-/* True if something accepts connections on path: a daemon that does not take the lock. */
-static bool socket_answers(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return false;
-    int rc = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
-    close(fd);
-    return rc == 0;
-}
-
-/*
- * Step 2: binds the socket, without listening. A dead socket file is replaced, anything else
- * at the path is refused. Records the inode so that shutdown removes only our own file.
- */
-static int bind_socket(struct kvp_server *s)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    const char *path = s->cfg.socket_path;
-    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
-
-    struct stat st;
-    int fd, err;
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            log_error("Refusing to start: %s exists and is not a socket (remove it or choose "
-                      "another --socket)",
-                      path);
-            return -EEXIST;
-        }
-        if (socket_answers(path)) {
-            log_error("Refusing to start: another kvpoold is listening on %s", path);
-            return -EADDRINUSE;
-        }
-        log_debug("Replacing the dead socket file %s", path);
-        unlink(path);
-    } else if (errno != ENOENT) {
-        err = errno;
-        log_error("Cannot start: cannot inspect %s: %s", path, kvp_strerror(-err));
-        return -err;
-    }
-
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        err = errno;
-        log_error("Cannot start: cannot create a Unix socket: %s", kvp_strerror(-err));
-        return -err;
-    }
-    mode_t old = umask(0777 & ~s->cfg.socket_mode);
-    int rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
-    err = errno;
-    umask(old);
-    if (rc != 0) {
-        close(fd);
-        log_error("Cannot start: cannot bind %s: %s", path, kvp_strerror(-err));
-        return -err;
-    }
-    s->listen_fd = fd;
-    if (stat(path, &st) != 0) {
-        err = errno;
-        log_error("Cannot start: cannot inspect the socket %s just bound: %s", path,
-                  kvp_strerror(-err));
-        return -err;
-    }
-    s->socket_dev = st.st_dev;
-    s->socket_ino = st.st_ino;
-    s->socket_bound = true;
-    if (chmod(path, s->cfg.socket_mode) != 0) {
-        err = errno;
-        log_error("Cannot start: cannot set mode %o on %s: %s", s->cfg.socket_mode, path,
-                  kvp_strerror(-err));
-        return -err;
-    }
-    return 0;
-}
-
-/* At exit: unlinks the socket file only if it is still the one we bound. */
-static void unlink_own_socket(struct kvp_server *s)
-{
-    struct stat st;
-    const char *path = s->cfg.socket_path;
-    if (lstat(path, &st) != 0)
-        return;
-    if (!S_ISSOCK(st.st_mode) || st.st_dev != s->socket_dev || st.st_ino != s->socket_ino) {
-        log_info("Leaving %s alone: it is no longer the socket this kvpoold bound", path);
-        return;
-    }
-    unlink(path);
-}
 
 /* Descriptors the daemon needs besides one per client: lock, socket, pipe, segment, logs... */
 #define KVP_FD_RESERVE 64
@@ -309,80 +112,6 @@ static int check_fd_limit(const struct kvp_config *cfg)
     log_debug("Raised the file descriptor limit to %llu for --max-clients %" PRIu32,
               (unsigned long long)need, cfg->max_clients);
     return 0;
-}
-
-/*
- * The segment shrank under the daemon and the guard replaced it with private memory
- * (seg_guard.h): said once, at ERROR; the instances on shm are moved to inline and their
- * connections closed, so that their libraries reconnect and register again, inline (a
- * reservation written through a mapping the daemon no longer shares could only be refused); the
- * chunks, whose bytes are lost, are dropped (the pinned ones a second later, by the caller,
- * once the transfers that pinned them have ended).
- */
-static void segment_lost(struct kvp_server *s, int64_t size_now)
-{
-    static uint64_t owners[KVP_MAX_INSTANCES];
-    struct kvp_clear_result r;
-    uint32_t nowners = 0;
-
-    uint32_t moved = kvp_registry_stop_shm(&s->registry, kvp_seg_guard_reason(), owners,
-                                           KVP_MAX_INSTANCES, &nowners);
-    kvp_sessions_drop(s, owners, nowners);
-    kvp_store_clear(&s->store, &r);
-    log_error("The shared segment /dev/shm/%s shrank to %lld of %" PRIu64 " bytes under kvpoold "
-              "(another process truncated it). kvpoold no longer uses shared memory: its pool is "
-              "private memory now, the %" PRIu64 " chunks it held are dropped (%" PRIu64
-              " pinned ones once released), and every worker is served inline (%" PRIu32
-              " instance(s) on shm had their connection closed, to register again)",
-              s->seg.name, (long long)size_now, s->seg.size, r.dropped, r.pinned, moved);
-}
-
-/* Once a second: cancel reservations older than --reserve-timeout, notice a segment that
- * shrank. Woken early at shutdown. */
-static void *expiry_main(void *arg)
-{
-    struct kvp_server *s = arg;
-    kvp_thread_name("kvp-expiry");
-    /* The chunks pinned when the segment was lost are still there, reserved before lost_ms;
-     * the ones stored since, in private memory, are sound. */
-    bool clear_again = false;
-    uint64_t lost_ms = 0;
-
-    pthread_mutex_lock(&s->expiry_lock);
-    while (!atomic_load(&s->stopping)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
-        pthread_cond_timedwait(&s->expiry_cv, &s->expiry_lock, &ts);
-        if (atomic_load(&s->stopping))
-            break;
-        pthread_mutex_unlock(&s->expiry_lock);
-        kvp_log_rl_flush(kvp_mono_ms());
-        int64_t size_now;
-        kvp_seg_guard_check();
-        if (clear_again) {
-            struct kvp_clear_result r;
-            kvp_store_clear_older(&s->store, lost_ms, &r);
-            clear_again = false;
-            log_debug("Dropped %" PRIu64 " more chunks of the lost segment", r.dropped);
-        }
-        if (kvp_seg_guard_take_report(&size_now)) {
-            lost_ms = kvp_mono_ms();
-            segment_lost(s, size_now);
-            clear_again = true;
-        }
-        /* SIGHUP may change it: every round reads it anew. */
-        uint32_t timeout_s = atomic_load_explicit(&s->reserve_timeout_s, memory_order_relaxed);
-        uint32_t n = kvp_store_expire(&s->store, kvp_mono_ms(), (uint64_t)timeout_s * 1000);
-        if (n) {
-            KVP_COUNT(reservations_expired, n);
-            log_warn("Cancelled %" PRIu32 " reserved chunk(s) not committed within %" PRIu32 " s",
-                     n, timeout_s);
-        }
-        pthread_mutex_lock(&s->expiry_lock);
-    }
-    pthread_mutex_unlock(&s->expiry_lock);
-    return NULL;
 }
 
 /*
@@ -435,19 +164,14 @@ int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
     memset(s, 0, sizeof(*s));
     s->cfg = *cfg;
     s->seg = (struct kvp_segment)KVP_SEGMENT_INIT;
-    s->listen_fd = -1;
-    s->lock_fd = -1;
     s->wake_fds[0] = s->wake_fds[1] = -1;
     s->started_mono_ms = kvp_mono_ms();
     s->started_wall_ms = kvp_wall_ms();
     kvp_owners_init(&s->owners);
     atomic_init(&s->reserve_timeout_s, cfg->reserve_timeout_s);
-    atomic_init(&s->io_timeout_ms, cfg->io_timeout_ms);
-    atomic_init(&s->follow_cpu, cfg->follow_cpu);
-    pthread_mutex_init(&s->conns_lock, NULL);
-    pthread_cond_init(&s->conns_cv, NULL);
-    pthread_mutex_init(&s->expiry_lock, NULL);
-    pthread_cond_init(&s->expiry_cv, NULL);
+    /* Each front end's request-latency family, for the reports (core/stats.h). */
+    (void)kvp_request_latency_register();
+    (void)lmc_latency_register();
     if (pipe2(s->wake_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
         int err = errno;
         log_error("Cannot start: cannot create the wake-up pipe: %s", kvp_strerror(-err));
@@ -471,10 +195,8 @@ int kvp_server_start(struct kvp_server *s)
 {
     const struct kvp_config *cfg = &s->cfg;
 
-    int rc = take_socket_lock(s);
-    if (rc)
-        return rc;
-    rc = bind_socket(s);
+    /* 1. The front ends' addresses, before the pool is reserved. */
+    int rc = kvp_listener_open(s, &s->kvp);
     if (rc)
         return rc;
     rc = check_fd_limit(cfg);
@@ -483,12 +205,12 @@ int kvp_server_start(struct kvp_server *s)
     rc = kvp_http_start(s);
     if (rc)
         return rc;
-    /* The LMCache front end's address too is taken before the pool is reserved. */
     if (cfg->lmcache[0] && (rc = lmc_listener_open(s, &s->lmc)))
         return rc;
     if (atomic_load(&s->stopping))
         return -ECANCELED;
 
+    /* 2. and 3. The pool's memory. */
     kvp_segment_sweep(KVP_SHM_DIR, cfg->shm_enabled ? cfg->shm_name : NULL, KVP_SWEEP_MIN_AGE_S);
     kvp_segment_set_reserve_control(progress_interval(), &s->stopping);
     rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason), &s->gate);
@@ -500,6 +222,8 @@ int kvp_server_start(struct kvp_server *s)
     if (rc)
         log_warn("Cannot install the SIGBUS handler that survives a truncated segment: %s",
                  kvp_strerror(rc));
+
+    /* 4. The core. */
     rc = kvp_store_init(&s->store, KVP_SEG_HEADER, cfg->l1_size,
                         kvp_segment_pool_bytes(s->seg.reserved));
     if (rc) {
@@ -511,7 +235,6 @@ int kvp_server_start(struct kvp_server *s)
     rc = kvp_l2_start(cfg, &s->store, s->seg.base, &s->l2);
     if (rc)
         return rc;
-
     struct kvp_offer offer = {
         .shm_enabled = s->seg.shared,
         .memfd = s->seg.memfd,
@@ -525,23 +248,15 @@ int kvp_server_start(struct kvp_server *s)
     kvp_registry_share(&s->registry, cfg->lmcache[0] ? 2 : 1);
     s->registry_ready = true;
 
-    rc = kvp_refusals_start(&s->refusals);
+    /* 5. Serving. */
+    rc = kvp_listener_start(s->kvp);
+    if (rc)
+        return rc;
+    rc = kvp_expiry_start(s);
     if (rc) {
-        log_error("Cannot start: cannot create the thread that answers refused connections: %s",
-                  kvp_strerror(rc));
+        log_error("Cannot start: cannot create the expiry thread: %s", kvp_strerror(rc));
         return rc;
     }
-    if (listen(s->listen_fd, 128) != 0) {
-        int err = errno;
-        log_error("Cannot start: cannot listen on %s: %s", cfg->socket_path, kvp_strerror(-err));
-        return -err;
-    }
-    rc = kvp_thread_create(&s->expiry_thread, NULL, expiry_main, s);
-    if (rc) {
-        log_error("Cannot start: cannot create the expiry thread: %s", kvp_strerror(-rc));
-        return -rc;
-    }
-    s->expiry_started = true;
     if (s->lmc && (rc = lmc_listener_start(s->lmc)))
         return rc;
     (void)kvp_warmup_start(s);
@@ -599,103 +314,15 @@ void kvp_server_reconfigure(struct kvp_server *s, struct kvp_config *cur,
     kvp_log_set_level(cur->log_level);
     kvp_log_set_format(cur->log_format);
     atomic_store_explicit(&s->reserve_timeout_s, cur->reserve_timeout_s, memory_order_relaxed);
-    atomic_store_explicit(&s->io_timeout_ms, cur->io_timeout_ms, memory_order_relaxed);
-    atomic_store_explicit(&s->follow_cpu, cur->follow_cpu, memory_order_relaxed);
     kvp_l2_set_limits(s->l2, cur->l2_ttl_s, cur->l2_timeout_ms);
-    /* Read by the accept loop only, which is this thread. */
-    memcpy(s->cfg.allow_uids, cur->allow_uids, sizeof(s->cfg.allow_uids));
-    s->cfg.n_allow_uids = cur->n_allow_uids;
-    memcpy(s->cfg.allow_gids, cur->allow_gids, sizeof(s->cfg.allow_gids));
-    s->cfg.n_allow_gids = cur->n_allow_gids;
+    /* The peer policy, io-timeout and follow-cpu; its accepts run on this thread. */
+    kvp_listener_reconfigure(s->kvp, cur);
 
     if (!changed)
         log_info("Reloaded the configuration: nothing changed");
     else
         log_info("Reloaded the configuration: %d change(s) applied, %d waiting for a restart",
                  changed - pending, pending);
-}
-
-/* Peer-credential policy: the daemon's own uid, --allow-uid, or a member of --allow-gid. */
-static bool peer_allowed(const struct kvp_config *cfg, const struct ucred *cr)
-{
-    if ((uid_t)cr->uid == geteuid())
-        return true;
-    for (uint32_t i = 0; i < cfg->n_allow_uids; i++)
-        if ((uint32_t)cr->uid == cfg->allow_uids[i])
-            return true;
-    if (cfg->n_allow_gids == 0)
-        return false;
-    /* The peer's primary gid from SO_PEERCRED, then its supplementary groups from /proc. */
-    for (uint32_t i = 0; i < cfg->n_allow_gids; i++)
-        if ((uint32_t)cr->gid == cfg->allow_gids[i])
-            return true;
-    char path[64], line[1024];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)cr->pid);
-    FILE *f = fopen(path, "re");
-    bool ok = false;
-    while (f && !ok && fgets(line, sizeof(line), f)) {
-        if (strncmp(line, "Groups:", 7) != 0)
-            continue;
-        char *p = line + 7, *end;
-        for (unsigned long g = strtoul(p, &end, 10); end != p; g = strtoul(p, &end, 10)) {
-            for (uint32_t i = 0; i < cfg->n_allow_gids; i++)
-                ok |= g == cfg->allow_gids[i];
-            p = end;
-        }
-    }
-    if (f)
-        fclose(f);
-    return ok;
-}
-
-/*
- * Accepts one connection, checks its peer credentials and the connection limit, and starts its
- * thread. Refusals are answered (with a reason) rather than silently dropped, and never make
- * this loop wait for the refused peer (refusals.c).
- */
-static void accept_one(struct kvp_server *s)
-{
-    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        if (err != EAGAIN && err != EINTR && err != ECONNABORTED) {
-            log_error_rl("accept: %s", kvp_strerror(-err));
-            /* EMFILE and friends: back off instead of spinning. */
-            usleep(100000);
-        }
-        return;
-    }
-    struct ucred cr;
-    socklen_t crlen = sizeof(cr);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) != 0 || !peer_allowed(&s->cfg, &cr)) {
-        char msg[128];
-        KVP_COUNT(connections_rejected, 1);
-        snprintf(msg, sizeof(msg), "uid %d is not allowed to use this kvpoold (see --allow-uid)",
-                 (int)cr.uid);
-        log_warn_rl("Refusing a connection from pid %d uid %d gid %d: not allowed by "
-                    "--allow-uid/--allow-gid",
-                    (int)cr.pid, (int)cr.uid, (int)cr.gid);
-        kvp_refusals_add(s->refusals, fd, -EACCES, msg);
-        return;
-    }
-    int rc = kvp_session_spawn(s, fd);
-    if (rc == -EUSERS) {
-        KVP_COUNT(connections_rejected, 1);
-        log_warn_rl("Refusing a connection: %" PRIu32 " clients connected (--max-clients)",
-                    s->cfg.max_clients);
-        kvp_refusals_add(s->refusals, fd, -EUSERS, "too many clients connected (--max-clients)");
-        return;
-    }
-    if (rc < 0) {
-        char msg[160];
-        KVP_COUNT(connections_rejected, 1);
-        log_error_rl("Cannot serve a new connection: %s", kvp_strerror(rc));
-        snprintf(msg, sizeof(msg), "kvpoold cannot serve a new connection now: %s%s",
-                 kvp_strerror(rc), rc == -EAGAIN ? " (no thread for it)" : "");
-        kvp_refusals_add(s->refusals, fd, rc, msg);
-        return;
-    }
-    KVP_COUNT(connections_accepted, 1);
 }
 
 /* Empties the self-pipe (non-blocking): its bytes only wake the loop, the flags say why. */
@@ -706,10 +333,10 @@ static void drain_wake_pipe(struct kvp_server *s)
         ;
 }
 
-/* The accept loop: returns when the self-pipe says stop, or reload. */
+/* The main loop: returns when the self-pipe says stop, or reload. */
 int kvp_server_run(struct kvp_server *s)
 {
-    struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
+    struct pollfd p[2] = {{.fd = kvp_listener_fd(s->kvp), .events = POLLIN},
                           {.fd = s->wake_fds[0], .events = POLLIN}};
 
     while (!atomic_load(&s->stopping)) {
@@ -728,37 +355,24 @@ int kvp_server_run(struct kvp_server *s)
                 return KVP_SERVER_RELOAD;
         }
         if (p[0].revents & POLLIN)
-            accept_one(s);
+            kvp_listener_accept(s->kvp);
     }
     return 0;
 }
 
-/* Order matters: no new clients, then no live connections, then the memory they pointed into. */
+/* Order matters: no new clients, then no live ones, then the memory they pointed into. */
 void kvp_server_destroy(struct kvp_server *s)
 {
     atomic_store(&s->stopping, true);
-    if (s->listen_fd >= 0) {
-        close(s->listen_fd);
-        s->listen_fd = -1;
-    }
-    if (s->socket_bound)
-        unlink_own_socket(s);
-
-    kvp_sessions_close_all(s);
+    kvp_listener_stop(s->kvp);
+    /* Every client of every front end: each front end ends its own (owner.h). */
+    kvp_owners_notify(&s->owners, KVP_OWNER_DROP, NULL, 0);
+    kvp_listener_drain(s->kvp);
     /* The LMCache instances' holds go before the store does. */
     lmc_listener_close(s->lmc);
     s->lmc = NULL;
-    /* After the connections: one that cannot get its buffers hands its socket over. */
-    kvp_refusals_stop(s->refusals);
-    s->refusals = NULL;
     kvp_warmup_join(s);
-
-    if (s->expiry_started) {
-        pthread_mutex_lock(&s->expiry_lock);
-        pthread_cond_signal(&s->expiry_cv);
-        pthread_mutex_unlock(&s->expiry_lock);
-        pthread_join(s->expiry_thread, NULL);
-    }
+    kvp_expiry_stop(s);
     /* Until here a health probe saw 503 "stopping"; its answers read the store and registry. */
     kvp_http_stop(s);
     /* Nobody calls into the tier any more (connections, reports); its threads use the store. */
@@ -772,15 +386,10 @@ void kvp_server_destroy(struct kvp_server *s)
     kvp_segment_destroy(&s->seg);
     kvp_log_rl_flush_all();
     /* Last: until here a new daemon on this socket would find our files in use. */
-    if (s->lock_fd >= 0)
-        close(s->lock_fd);
-    s->lock_fd = -1;
+    kvp_listener_close(s->kvp);
+    s->kvp = NULL;
     for (int i = 0; i < 2; i++)
         if (s->wake_fds[i] >= 0)
             close(s->wake_fds[i]);
     kvp_owners_destroy(&s->owners);
-    pthread_mutex_destroy(&s->conns_lock);
-    pthread_cond_destroy(&s->conns_cv);
-    pthread_mutex_destroy(&s->expiry_lock);
-    pthread_cond_destroy(&s->expiry_cv);
 }

@@ -1,6 +1,6 @@
 /*
- * server.h - the daemon's life cycle: start-up in order, the accept loop, stop and shutdown
- * (server.c). The context it builds is struct kvp_server (daemon.h).
+ * server.h - the daemon's life cycle: start-up in order, the main loop, reload, stop and
+ * shutdown (server.c). The context it builds is struct kvp_server (daemon.h).
  */
 #ifndef KVP_SERVER_H
 #define KVP_SERVER_H
@@ -14,9 +14,11 @@
 int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg);
 
 /*
- * Builds everything the daemon needs before serving, in this order: the socket's owner lock,
- * the bound socket, removal of dead daemons' segments, capacity gate, segment (or private
- * memory), store, registry, listening, expiry thread. Logs the start-up line. Returns 0,
+ * Builds everything the daemon needs before serving, in this order: the front ends opened
+ * (kvpool's socket lock and bound socket, the HTTP endpoint, LMCache's address), removal of
+ * dead daemons' segments, capacity gate, segment (or private memory), store, L2 tier, registry,
+ * then the front ends and threads started (kvpool's socket listening, the expiry thread,
+ * LMCache's front end, the warm-up). Logs the start-up line. Returns 0,
  * -ECANCELED when kvp_server_stop() was called meanwhile (not an error: nothing was logged), or
  * another negative errno after logging exactly one ERROR line that says why.
  * kvp_server_destroy() undoes any part.
@@ -26,16 +28,16 @@ int kvp_server_start(struct kvp_server *s);
 #define KVP_SERVER_RELOAD 1 /* kvp_server_run(): a reload was requested */
 
 /*
- * Accepts and serves connections until kvp_server_stop() (returns 0) or
+ * The main loop: accepts kvpool's connections until kvp_server_stop() (returns 0) or
  * kvp_server_request_reload() (returns KVP_SERVER_RELOAD: the caller reloads and calls it again;
- * the daemon serves meanwhile, on its connections' threads). A negative errno on failure.
+ * the daemon serves meanwhile, on its front ends' threads). A negative errno on failure.
  */
 int kvp_server_run(struct kvp_server *s);
 
 /* Asks the server to stop. Async-signal-safe. */
 void kvp_server_stop(struct kvp_server *s);
 
-/* Asks the accept loop to return KVP_SERVER_RELOAD. Async-signal-safe. */
+/* Asks the main loop to return KVP_SERVER_RELOAD. Async-signal-safe. */
 void kvp_server_request_reload(struct kvp_server *s);
 
 /*
@@ -48,8 +50,9 @@ void kvp_server_request_reload(struct kvp_server *s);
 void kvp_server_reconfigure(struct kvp_server *s, struct kvp_config *cur,
                             const struct kvp_config *next);
 
-/* Closes every connection, waits for their threads, releases memory, unlinks segment and
- * socket. Safe after a failed or partial start. */
+/* Stops every front end (every client told to go, KVP_OWNER_DROP, and waited for), releases
+ * memory, unlinks segment and socket, and releases the socket's lock last. Safe after a failed
+ * or partial start. */
 void kvp_server_destroy(struct kvp_server *s);
 
 #endif /* KVP_SERVER_H */

@@ -3,7 +3,10 @@
 # (kvpool_<family>, with _total for a counter) and its STATS name, each in backquotes. A row
 # added to a map without its line in the documentation fails here, naming what is missing. With
 # METRICS_C (src/server/report/metrics.c), so does every family that file writes itself (its
-# "# TYPE kvpool_..." lines: the histograms, the build info, the families by front end).
+# "# TYPE kvpool_..." lines and its quoted "kvpool_..." names: the build info, the families by
+# front end), and every histogram family declared anywhere in the daemon (METRICS_C's folder's
+# parent, src/server: each front end's and the core's ".name" and ".max_name" of a
+# struct kvp_hist_family).
 #
 # Usage: test_http_doc.sh STATS_H HTTP_MD [METRICS_C]
 set -eu
@@ -45,6 +48,15 @@ ROWS
 if [ -n "$metrics_c" ]; then
     families=$(grep -o '# TYPE kvpool_[a-z][a-z0-9_]*' "$metrics_c" | sed 's/# TYPE //' | sort -u)
     [ -n "$families" ] || { echo "FAIL: no '# TYPE kvpool_' line in $metrics_c" >&2; exit 1; }
+    server=$(dirname "$(dirname "$metrics_c")")
+    hists=$(grep -rhoE '\.(max_)?name = "kvpool_[a-z][a-z0-9_]*"' --include='*.c' "$server" |
+        sed 's/.*"\(kvpool_[a-z0-9_]*\)"/\1/' | sort -u)
+    for h in kvpool_request_duration_seconds kvpool_lmcache_request_duration_seconds \
+        kvpool_store_lock_hold_seconds; do
+        echo "$hists" | grep -qx "$h" || { echo "FAIL: no histogram family $h in $server" >&2; exit 1; }
+    done
+    quoted=$(grep -oE '"kvpool_[a-z][a-z0-9_]*"' "$metrics_c" | tr -d '"' | sort -u)
+    families=$(printf '%s\n%s\n%s\n' "$families" "$hists" "$quoted" | sort -u)
     for metric in $families; do
         n=$((n + 1))
         if ! grep -q "\`$metric\`" "$doc"; then

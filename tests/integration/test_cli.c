@@ -754,7 +754,12 @@ static void test_watch_once(void **state)
     assert_non_null(strstr(line, ", lmcache 0.0/s; not counting this watch)"));
     line_with(out, "Stores", line, sizeof(line));
     assert_non_null(strstr(line, "(shm "));
+    /* Every transport's byte rate, LMCache's in-band ones too. */
+    assert_non_null(strstr(line, ", inline "));
+    assert_non_null(strstr(line, ", pickle "));
+    assert_non_null(strstr(line, ", envelope "));
     line_with(out, "Retrieves", line, sizeof(line));
+    assert_non_null(strstr(line, ", pickle "));
     line_with(out, "Evictions", line, sizeof(line));
     line_with(out, "Pool", line, sizeof(line));
     assert_non_null(strstr(line, "8.00 KiB of 4.00 MiB used (0.2%), 1 objects"));

@@ -3,7 +3,8 @@
  * (promtool check metrics, Debian's prometheus package) accepts the text, and the samples equal
  * what was done: transfers per transport, instances per transport, evictions and allocation
  * failures in a full pool, reservations dropped for each cause (abort, unregister, disconnect,
- * timeout), protocol errors, connected clients, and request counts per opcode.
+ * timeout), protocol errors, connected clients by front end, request counts per opcode, and
+ * the store lock's hold histogram with its maximum.
  *
  * Exit 77 (skipped) when promtool is not installed: scripts/install-deps.sh check installs it.
  */
@@ -118,7 +119,7 @@ static void test_transfers_by_transport(void **state)
     kvpt_retrieve_seq(b, 2, 3);
     assert_rc(lookup(a, 1, 5), 5);
     assert_rc(lookup(b, 2, 4), 3);
-    assert_int_equal(wait_value(port, "kvpool_connected_clients", 2), 2);
+    assert_int_equal(wait_value(port, "kvpool_connected_clients{front_end=\"kvpool\"}", 2), 2);
     char *m = metrics(port);
     const long long pings = value(m, "kvpool_request_duration_seconds_count{op=\"ping\"}");
     free(m);
@@ -142,12 +143,17 @@ static void test_transfers_by_transport(void **state)
     assert_int_equal(value(m, "kvpool_retrieve_bytes_total{transport=\"inline\"}"), 3 * cb_bytes);
     assert_int_equal(value(m, "kvpool_registrations_total{transport=\"shm\"}"), 1);
     assert_int_equal(value(m, "kvpool_registrations_total{transport=\"inline\"}"), 1);
+    /* LMCache's transports have their rows from the start, at 0 without LMCache workers. */
+    assert_int_equal(value(m, "kvpool_store_chunks_total{transport=\"pickle\"}"), 0);
+    assert_int_equal(value(m, "kvpool_store_chunks_total{transport=\"envelope\"}"), 0);
+    assert_int_equal(value(m, "kvpool_retrieve_bytes_total{transport=\"pickle\"}"), 0);
+    assert_int_equal(value(m, "kvpool_registrations_total{transport=\"envelope\"}"), 0);
     /* Two here, one in each kvpt_store_seq(). */
     assert_int_equal(value(m, "kvpool_lookups_total"), 4);
     assert_int_equal(value(m, "kvpool_lookup_hit_chunks_total"), 16);
     assert_int_equal(value(m, "kvpool_evictions_total"), 0);
     assert_int_equal(value(m, "kvpool_allocation_failures_total"), 0);
-    assert_int_equal(value(m, "kvpool_connected_clients"), 2);
+    assert_int_equal(value(m, "kvpool_connected_clients{front_end=\"kvpool\"}"), 2);
     /* Every client is a connection of kvpool's protocol: no other front end has a series. */
     assert_int_equal(value(m, "kvpool_clients{front_end=\"kvpool\"}"), 2);
     assert_null(strstr(m, "front_end=\"lmcache\""));
@@ -159,6 +165,14 @@ static void test_transfers_by_transport(void **state)
     assert_int_equal(value(m, "kvpool_request_duration_seconds_bucket{op=\"ping\",le=\"+Inf\"}"),
                      pings + 10);
     assert_int_equal(value(m, "kvpool_request_duration_seconds_count{op=\"map_segment\"}"), 0);
+    /* No LMCache front end: its family is absent. The store lock was taken by every store. */
+    assert_null(strstr(m, "kvpool_lmcache_request_duration_seconds"));
+    const long long holds = value(m, "kvpool_store_lock_hold_seconds_count");
+    assert_true(holds > 0);
+    assert_int_equal(value(m, "kvpool_store_lock_hold_seconds_bucket{le=\"+Inf\"}"), holds);
+    int found = 0;
+    assert_true(kvpt_metric(m, "kvpool_store_lock_hold_max_seconds", &found) > 0);
+    assert_true(found);
     free(m);
     kvp_client_close(ca);
     kvp_client_close(cb);
@@ -271,14 +285,14 @@ static void test_drop_causes_and_errors(void **state)
         assert_rc(kvpt_raw_call(fds[i], KVP_OP_PING, NULL, 0, &r), 0);
         free(r.body);
     }
-    assert_int_equal(wait_value(port, "kvpool_connected_clients", 3), 3);
+    assert_int_equal(wait_value(port, "kvpool_connected_clients{front_end=\"kvpool\"}", 3), 3);
     char *m = metrics(port);
     assert_int_equal(value(m, "kvpool_reserved_chunks_dropped_total{cause=\"abort\"}"), 2);
     assert_int_equal(value(m, "kvpool_reserved_chunks_dropped_total{cause=\"unregister\"}"), 2);
     assert_int_equal(value(m, "kvpool_reserved_chunks_dropped_total{cause=\"disconnect\"}"), 2);
     assert_int_equal(value(m, "kvpool_reserved_chunks_dropped_total{cause=\"timeout\"}"), 2);
     assert_int_equal(value(m, "kvpool_protocol_errors_total"), 1);
-    assert_int_equal(value(m, "kvpool_connected_clients"), 3);
+    assert_int_equal(value(m, "kvpool_connected_clients{front_end=\"kvpool\"}"), 3);
     assert_int_equal(value(m, "kvpool_reserved_objects"), 0);
     assert_int_equal(value(m, "kvpool_expired_objects"), 0);
     assert_int_equal(value(m, "kvpool_pool_used_bytes"), 0);

@@ -283,9 +283,11 @@ class Envelope(Base):
         self.assertIn(instance_line(w.iid, "envelope transport (SHM disabled by configuration)"),
                       log)
         self.assertIn("Using safe inline engine-driven transfer strategy", log)
-        # The chunks travelled in the messages: stored and retrieved through the daemon.
+        # The chunks travelled in the messages: stored and retrieved through the daemon, and
+        # counted under the envelope transport, not kvpool's inline one.
         st = self.d.status()["counters"]
-        self.assertEqual((st["store_chunks_inline"], st["retrieve_chunks_inline"]), (3, 3))
+        self.assertEqual((st["store_chunks_envelope"], st["retrieve_chunks_envelope"]), (3, 3))
+        self.assertEqual((st["store_chunks_inline"], st["retrieve_chunks_inline"]), (0, 0))
         self.assertEqual((st["store_chunks_shm"], st["retrieve_chunks_shm"]), (0, 0))
 
     def test_float16(self):

@@ -6,7 +6,9 @@
  * test_http_metrics.c requires it). Instances and clients are counted by front end: a second
  * front end's owner (made and registering through the operations layer) gets its own series,
  * and so does a transport the renderer has no special case for ("pickle", from a snapshot
- * completed by hand).
+ * completed by hand). Histograms: one renderer for every registered family (stats.h): kvpool's
+ * opcodes, LMCache's operations once served, the store lock with its maximum, and a family this
+ * test registers itself, with and without a label.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -21,10 +23,14 @@
 #include <cmocka.h>
 
 #include "common/kvp_assert.h"
+#include "common/wire.h"
 #include "core/ops.h"
 #include "core/owner.h"
 #include "core/snapshot.h"
 #include "core/stats.h"
+#include "kvp/latency.h"
+#include "lmc/latency.h"
+#include "lmc/messages.h"
 #include "report/metrics.h"
 #include "server_fixture.h"
 
@@ -168,6 +174,8 @@ static void test_format_and_families(void **state)
         "# TYPE kvpool_connected_clients gauge",
         "# TYPE kvpool_clients gauge",
         "# TYPE kvpool_request_duration_seconds histogram",
+        "# TYPE kvpool_store_lock_hold_seconds histogram",
+        "# TYPE kvpool_store_lock_hold_max_seconds gauge",
         "# TYPE kvpool_build_info gauge",
     };
     for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
@@ -187,6 +195,18 @@ static void test_format_and_families(void **state)
     assert_true(sample(text, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}") == 0);
     assert_true(sample(text, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
     assert_true(sample(text, "kvpool_clients{front_end=\"kvpool\"}") == 0);
+    assert_true(sample(text, "kvpool_connected_clients{front_end=\"kvpool\"}") == 0);
+    /* The clients are counted by front end only: no unlabelled sample beside them. */
+    assert_null(strstr(text, "\nkvpool_connected_clients "));
+    /* Every transport has its rows, each under its own name. */
+    for (const char *t = "shm\0inline\0pickle\0envelope\0"; *t; t += strlen(t) + 1) {
+        static const char *const fams[] = {"registrations", "store_chunks", "store_bytes",
+                                           "retrieve_chunks", "retrieve_bytes"};
+        for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
+            snprintf(series, sizeof(series), "kvpool_%s_total{transport=\"%s\"}", fams[f], t);
+            sample(text, series);
+        }
+    }
     free(text);
     fx_server_stop(&s);
 }
@@ -239,13 +259,13 @@ static void test_histogram(void **state)
                 c0 + 2);
     /* Cumulative, and +Inf is the count, for every opcode. */
     for (int op = 1; op < KVP_OP_MAX_; op++) {
-        char name[32], series[160];
+        char name[32], series[160], le[32];
         double prev = 0;
         kvp_op_label((uint16_t)op, name, sizeof(name));
-        for (int b = 0; b < KVP_LATENCY_BUCKETS; b++) {
+        for (uint32_t b = 0; b < kvp_latency_bounds.n; b++) {
+            kvp_hist_le(&kvp_latency_bounds, b, le, sizeof(le));
             snprintf(series, sizeof(series),
-                     "kvpool_request_duration_seconds_bucket{op=\"%s\",le=\"%s\"}", name,
-                     kvp_latency_bound_le[b]);
+                     "kvpool_request_duration_seconds_bucket{op=\"%s\",le=\"%s\"}", name, le);
             double v = sample(t, series);
             assert_true(v >= prev);
             prev = v;
@@ -293,6 +313,8 @@ static void test_front_ends(void **state)
     assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"inline\"}") == 1);
     assert_true(sample(t, "kvpool_clients{front_end=\"kvpool\"}") == 1);
     assert_true(sample(t, "kvpool_clients{front_end=\"lmcache\"}") == 2);
+    assert_true(sample(t, "kvpool_connected_clients{front_end=\"kvpool\"}") == 1);
+    assert_true(sample(t, "kvpool_connected_clients{front_end=\"lmcache\"}") == 2);
     /* The family is described once, whatever the number of front ends. */
     assert_non_null(strstr(t, "# TYPE kvpool_instances gauge\n"));
     assert_null(strstr(strstr(t, "# TYPE kvpool_instances gauge\n") + 1,
@@ -306,11 +328,13 @@ static void test_front_ends(void **state)
     check_format(t);
     assert_null(strstr(t, "front_end=\"lmcache\""));
     assert_true(sample(t, "kvpool_clients{front_end=\"kvpool\"}") == 1);
+    assert_true(sample(t, "kvpool_connected_clients{front_end=\"kvpool\"}") == 1);
     free(t);
     kvp_owner_destroy(&own);
     t = metrics(&s);
     assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"shm\"}") == 0);
     assert_true(sample(t, "kvpool_clients{front_end=\"kvpool\"}") == 0);
+    assert_true(sample(t, "kvpool_connected_clients{front_end=\"kvpool\"}") == 0);
     free(t);
     fx_server_stop(&s);
 }
@@ -346,6 +370,142 @@ static void test_transport_label(void **state)
     assert_true(sample(t, "kvpool_instances{front_end=\"lmcache\",transport=\"envelope\"}") == 2);
     assert_true(sample(t, "kvpool_instances{front_end=\"a\\\"b\\\\c\",transport=\"shm\"}") == 1);
     assert_true(sample(t, "kvpool_instances{front_end=\"kvpool\",transport=\"inline\"}") == 0);
+    free(t);
+    fx_server_stop(&s);
+}
+
+/* The store lock's family: no label, its maximum as a gauge beside it. */
+static void test_lock_hold(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, true);
+    /* Every snapshot takes the store lock too: counts only grow by at least what is recorded
+     * here, but no real hold of this test lasts a second. */
+    char *t0 = metrics(&s);
+    double c0 = sample(t0, "kvpool_store_lock_hold_seconds_count");
+    double over0 = sample(t0, "kvpool_store_lock_hold_seconds_bucket{le=\"+Inf\"}") -
+                   sample(t0, "kvpool_store_lock_hold_seconds_bucket{le=\"1\"}");
+    double b0 = sample(t0, "kvpool_store_lock_hold_seconds_bucket{le=\"5e-06\"}");
+    free(t0);
+    kvp_lock_hold_record(3000);        /* 3 us */
+    kvp_lock_hold_record(5000000000u); /* 5 s: the longest, beyond 1 s */
+    char *t = metrics(&s);
+    check_format(t);
+    double c = sample(t, "kvpool_store_lock_hold_seconds_count");
+    assert_true(c >= c0 + 2);
+    assert_true(sample(t, "kvpool_store_lock_hold_seconds_bucket{le=\"+Inf\"}") == c);
+    assert_true(sample(t, "kvpool_store_lock_hold_seconds_bucket{le=\"+Inf\"}") -
+                    sample(t, "kvpool_store_lock_hold_seconds_bucket{le=\"1\"}") ==
+                over0 + 1);
+    assert_true(sample(t, "kvpool_store_lock_hold_seconds_bucket{le=\"5e-06\"}") >= b0 + 1);
+    assert_true(sample(t, "kvpool_store_lock_hold_seconds_sum") >= 5.000003);
+    assert_true(sample(t, "kvpool_store_lock_hold_max_seconds") == 5.0);
+    /* No label: the series are the family's name alone. */
+    assert_null(strstr(t, "kvpool_store_lock_hold_seconds_count{"));
+    free(t);
+    fx_server_stop(&s);
+}
+
+/* LMCache's family: absent until its first request, then its served operations only, with
+ * the front end's names. */
+static void test_lmc_family(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, true);
+    char *t = metrics(&s);
+    assert_null(strstr(t, "kvpool_lmcache_request_duration_seconds"));
+    free(t);
+    kvp_lmc_latency_record(LMC_OP_PREPARE_STORE, "prepare_store", 700000); /* 0.7 ms */
+    kvp_lmc_latency_record(LMC_OP_PREPARE_STORE, "prepare_store", 20000);  /* 20 us */
+    kvp_lmc_latency_record(LMC_OP_UNKNOWN, "?", 1);                        /* not recorded */
+    t = metrics(&s);
+    check_format(t);
+    assert_true(has_line(t, "# TYPE kvpool_lmcache_request_duration_seconds histogram"));
+    assert_true(sample(t, "kvpool_lmcache_request_duration_seconds_count{op=\"prepare_store\"}") ==
+                2);
+    assert_true(sample(t, "kvpool_lmcache_request_duration_seconds_bucket{op=\"prepare_store\","
+                          "le=\"5e-05\"}") == 1);
+    assert_true(sample(t, "kvpool_lmcache_request_duration_seconds_bucket{op=\"prepare_store\","
+                          "le=\"0.001\"}") == 2);
+    assert_null(strstr(t, "kvpool_lmcache_request_duration_seconds_count{op=\"lookup\"}"));
+    assert_null(strstr(t, "op=\"?\""));
+    /* No maximum for the request latencies: only a family that asks for one has it. */
+    assert_null(strstr(t, "kvpool_lmcache_request_duration_seconds_max"));
+    free(t);
+    fx_server_stop(&s);
+}
+
+/* Whatever registers a family gets it rendered, by what it declares: this test's own, one with
+ * a label (a series only once recorded, a maximum per series, a value that needs escaping) and
+ * one without. */
+static struct kvp_hist test_series[3];
+static const char *const test_values[3] = {"first", NULL, "a\"b"};
+static const struct kvp_hist_family test_family = {
+    .name = "kvpool_test_duration_seconds",
+    .help = "a family registered by test_metrics.c",
+    .label = "step",
+    .values = test_values,
+    .nseries = 3,
+    .series = test_series,
+    .bounds = &kvp_latency_bounds,
+    .max_name = "kvpool_test_duration_max_seconds",
+    .max_help = "the longest step",
+};
+static struct kvp_hist plain_series;
+static const struct kvp_hist_family plain_family = {
+    .name = "kvpool_test_plain_seconds",
+    .help = "a family without a label",
+    .nseries = 1,
+    .series = &plain_series,
+    .bounds = &kvp_lock_hold_bounds,
+    .always = true,
+};
+
+static void test_registered_family(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, true);
+    assert_rc(kvp_hist_family_register(&test_family), 0);
+    assert_rc(kvp_hist_family_register(&plain_family), 0);
+    char *t = metrics(&s);
+    check_format(t);
+    /* Nothing recorded: the labelled family is absent, the "always" one is there at 0. */
+    assert_null(strstr(t, "kvpool_test_duration_seconds"));
+    assert_true(sample(t, "kvpool_test_plain_seconds_count") == 0);
+    assert_true(sample(t, "kvpool_test_plain_seconds_bucket{le=\"1e-06\"}") == 0);
+    assert_true(sample(t, "kvpool_test_plain_seconds_bucket{le=\"+Inf\"}") == 0);
+    free(t);
+
+    kvp_hist_family_record(&test_family, 0, 2000000);  /* 2 ms */
+    kvp_hist_family_record(&test_family, 0, 100000);   /* 0.1 ms */
+    kvp_hist_family_record(&test_family, 1, 1);        /* no series: ignored */
+    kvp_hist_family_record(&test_family, 2, 30000);    /* 30 us */
+    kvp_hist_family_record(&test_family, 3, 1);        /* beyond the family: ignored */
+    kvp_hist_family_record(&plain_family, 0, 2500000); /* 2.5 ms */
+    t = metrics(&s);
+    check_format(t);
+    assert_true(has_line(t, "# HELP kvpool_test_duration_seconds a family registered by "
+                            "test_metrics.c"));
+    assert_true(has_line(t, "# TYPE kvpool_test_duration_seconds histogram"));
+    assert_true(sample(t, "kvpool_test_duration_seconds_bucket{step=\"first\",le=\"5e-05\"}") == 0);
+    assert_true(sample(t, "kvpool_test_duration_seconds_bucket{step=\"first\",le=\"0.0001\"}") ==
+                1);
+    assert_true(sample(t, "kvpool_test_duration_seconds_bucket{step=\"first\",le=\"0.0025\"}") ==
+                2);
+    assert_true(sample(t, "kvpool_test_duration_seconds_bucket{step=\"first\",le=\"+Inf\"}") == 2);
+    assert_true(sample(t, "kvpool_test_duration_seconds_count{step=\"first\"}") == 2);
+    assert_true(sample(t, "kvpool_test_duration_seconds_sum{step=\"first\"}") == 0.0021);
+    assert_true(sample(t, "kvpool_test_duration_seconds_count{step=\"a\\\"b\"}") == 1);
+    assert_true(has_line(t, "# TYPE kvpool_test_duration_max_seconds gauge"));
+    assert_true(sample(t, "kvpool_test_duration_max_seconds{step=\"first\"}") == 0.002);
+    assert_true(sample(t, "kvpool_test_duration_max_seconds{step=\"a\\\"b\"}") == 0.00003);
+    assert_true(sample(t, "kvpool_test_plain_seconds_count") == 1);
+    assert_true(sample(t, "kvpool_test_plain_seconds_bucket{le=\"0.0025\"}") == 1);
+    assert_true(sample(t, "kvpool_test_plain_seconds_bucket{le=\"0.001\"}") == 0);
+    assert_null(strstr(t, "kvpool_test_plain_seconds_max"));
     free(t);
     fx_server_stop(&s);
 }
@@ -391,9 +551,15 @@ static void test_promtool(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_format_and_families), cmocka_unit_test(test_values_follow_events),
-        cmocka_unit_test(test_histogram),           cmocka_unit_test(test_front_ends),
-        cmocka_unit_test(test_transport_label),     cmocka_unit_test(test_promtool),
+        cmocka_unit_test(test_format_and_families),
+        cmocka_unit_test(test_values_follow_events),
+        cmocka_unit_test(test_histogram),
+        cmocka_unit_test(test_front_ends),
+        cmocka_unit_test(test_transport_label),
+        cmocka_unit_test(test_lock_hold),
+        cmocka_unit_test(test_lmc_family),
+        cmocka_unit_test(test_registered_family),
+        cmocka_unit_test(test_promtool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,15 +10,25 @@
  *   - an owner's release (its client died): reservations aborted, pins dropped, instances
  *     unregistered, keys free for others;
  *   - the hold limit, reservation expiry, clear while pinned, a pinning lookup;
- *   - key sources: chunk ids in their own namespace, salts, and the core's limits on both.
+ *   - key sources: chunk ids in their own namespace, salts, and the core's limits on both;
+ *   - a commit through shared memory once the segment is lost (seg_guard.h): refused and its
+ *     reservation dropped, nothing published (in a child process: the guard is process-wide);
+ *   - the counters by the instance's transport: an LMCache pickle (or envelope) instance's
+ *     registration, commit and retrieve count under "pickle" ("envelope"), never "inline",
+ *     also after it left shm; the instance gauges by transport; the connections gauge is the
+ *     kvpool front end's owners, not the other front ends'.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -28,6 +38,8 @@
 #include "core/daemon.h"
 #include "core/ops.h"
 #include "core/owner.h"
+#include "core/seg_guard.h"
+#include "core/stats.h"
 
 #define C 16u                       /* tokens per chunk */
 #define POOL (1u << 20)             /* 1 MiB: 128 chunks of 8 KiB */
@@ -62,13 +74,11 @@ static struct kvp_server *core_new(bool shm)
     };
     kvp_registry_init(&s->registry, &offer);
     kvp_owners_init(&s->owners);
-    pthread_mutex_init(&s->conns_lock, NULL);
     return s;
 }
 
 static void core_free(struct kvp_server *s)
 {
-    pthread_mutex_destroy(&s->conns_lock);
     kvp_owners_destroy(&s->owners);
     kvp_registry_destroy(&s->registry);
     kvp_store_destroy(&s->store);
@@ -537,6 +547,172 @@ static void test_key_sources(void **state)
     core_free(s);
 }
 
+/* What counter id counts now, less what it counted at before[]. */
+static uint64_t delta(const uint64_t *before, enum kvp_counter_id id)
+{
+    uint64_t now[KVP_NCOUNTERS];
+    kvp_counters_read(now);
+    return now[id] - before[id];
+}
+
+/* Stores chunks [0, 2) of sequence seq the way an in-band front end does (the bytes come in its
+ * messages: iovecs, then a commit "via inline"), then retrieves them the same way. */
+static void store_and_retrieve_in_band(struct kvp_owner *o, uint32_t h, uint32_t seq)
+{
+    struct kvp_key_src src = tokens(seq, 2 * C, 0, 2 * C);
+    struct kvp_op_slots res;
+    assert_rc(kvp_op_prepare_store(o, h, &src, &res, M), 0);
+    uint64_t id = res.id;
+    assert_int_equal(res.nslots, 2);
+    assert_rc(kvp_op_store_inline_begin(o, h, id, 2 * CHUNK, &res, M), 0);
+    for (uint32_t i = 0; i < 2; i++)
+        memset(res.iov[i].iov_base, 0x30 + (int)i, CHUNK);
+    assert_rc(kvp_op_commit_store(o, h, id, KVP_VIA_INLINE, M), 2);
+    src = tokens(seq, 2 * C, 0, 2 * C);
+    assert_rc(kvp_op_retrieve_inline_begin(o, h, &src, &res, M), 0);
+    assert_int_equal(res.nslots, 2);
+    kvp_op_retrieve_inline_end(o, h, &res, true);
+}
+
+static void test_counts_by_transport(void **state)
+{
+    (void)state;
+    struct kvp_server *s = core_new(true);
+    struct kvp_owner lmc, own;
+    uint64_t c0[KVP_NCOUNTERS];
+    kvp_owner_init(&lmc, s, "lmcache", -1, 0);
+    kvp_owner_init(&own, s, "kvpool", 7, 7);
+
+    /* An LMCache pickle instance: every count under "pickle", none under "inline". */
+    kvp_counters_read(c0);
+    uint32_t hp = reg(&lmc, "lmcache-pickle", KVP_REG_PICKLE);
+    assert_int_equal(delta(c0, KVP_CTR_registrations), 1);
+    assert_int_equal(delta(c0, KVP_CTR_registrations_pickle), 1);
+    assert_int_equal(delta(c0, KVP_CTR_registrations_inline), 0);
+    assert_int_equal(delta(c0, KVP_CTR_registrations_shm), 0);
+    store_and_retrieve_in_band(&lmc, hp, 20);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_committed), 2);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_pickle), 2);
+    assert_int_equal(delta(c0, KVP_CTR_store_bytes_pickle), 2 * CHUNK);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_inline), 0);
+    assert_int_equal(delta(c0, KVP_CTR_store_bytes_inline), 0);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_chunks), 2);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_chunks_pickle), 2);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_bytes_pickle), 2 * CHUNK);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_chunks_inline), 0);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_bytes_inline), 0);
+
+    /* The same for the tensor envelope. */
+    kvp_counters_read(c0);
+    uint32_t he = reg(&lmc, "lmcache-envelope", KVP_REG_ENVELOPE);
+    store_and_retrieve_in_band(&lmc, he, 21);
+    assert_int_equal(delta(c0, KVP_CTR_registrations_envelope), 1);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_envelope), 2);
+    assert_int_equal(delta(c0, KVP_CTR_store_bytes_envelope), 2 * CHUNK);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_chunks_envelope), 2);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_bytes_envelope), 2 * CHUNK);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_inline) +
+                         delta(c0, KVP_CTR_store_chunks_pickle),
+                     0);
+
+    /* kvpool's inline transport keeps its own rows. */
+    kvp_counters_read(c0);
+    uint32_t hi = reg(&own, "native-inline", KVP_REG_INLINE);
+    store_and_retrieve_in_band(&own, hi, 22);
+    assert_int_equal(delta(c0, KVP_CTR_registrations_inline), 1);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_inline), 2);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_chunks_inline), 2);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_pickle), 0);
+
+    /* Registered on shm, then moved to pickle (a worker that could not map the segment): its
+     * registration stays counted under shm, its transfers from then on under pickle. */
+    kvp_counters_read(c0);
+    uint32_t hm = reg(&lmc, "lmcache-moved", KVP_REG_SHM);
+    assert_int_equal(delta(c0, KVP_CTR_registrations_shm), 1);
+    assert_rc(kvp_op_leave_shm(&lmc, hm, KVP_REG_PICKLE, "cannot map", M), 1);
+    store_and_retrieve_in_band(&lmc, hm, 23);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_pickle), 2);
+    assert_int_equal(delta(c0, KVP_CTR_retrieve_chunks_pickle), 2);
+    assert_int_equal(delta(c0, KVP_CTR_store_chunks_shm) + delta(c0, KVP_CTR_store_chunks_inline),
+                     0);
+
+    /* The gauges: instances by transport, and the connections of kvpool's protocol are its
+     * front end's owners only (one here; the LMCache owner is not a connection). */
+    struct kvp_snapshot snap;
+    assert_rc(kvp_op_stats(&own, &snap, M), 0);
+    assert_int_equal(snap.gauges[KVP_GAUGE_instances], 4);
+    assert_int_equal(snap.gauges[KVP_GAUGE_instances_pickle], 2);
+    assert_int_equal(snap.gauges[KVP_GAUGE_instances_envelope], 1);
+    assert_int_equal(snap.gauges[KVP_GAUGE_instances_inline], 1);
+    assert_int_equal(snap.gauges[KVP_GAUGE_instances_shm], 0);
+    assert_int_equal(snap.gauges[KVP_GAUGE_connections], 1);
+    kvp_snapshot_free(&snap);
+    kvp_owner_destroy(&own);
+    assert_rc(kvp_op_stats(&lmc, &snap, M), 0);
+    assert_int_equal(snap.gauges[KVP_GAUGE_connections], 0);
+    kvp_snapshot_free(&snap);
+    kvp_owner_destroy(&lmc);
+    core_free(s);
+}
+
+/* Child of test_commit_after_segment_lost: 0, or the number of the check that failed. */
+static int child_commit_after_loss(void)
+{
+    struct kvp_server *s = core_new(true);
+    struct kvp_owner a;
+    kvp_owner_init(&a, s, "kvpool", 1, 1);
+    uint32_t h = reg(&a, "a", KVP_REG_SHM);
+    struct kvp_key_src src = tokens(7, 2 * C, 0, 2 * C);
+    struct kvp_op_slots res;
+    if (kvp_op_prepare_store(&a, h, &src, &res, M) != 0 || res.nslots != 2)
+        return 1;
+    /* A segment of its own, truncated under the guard: the guard trips, as it would for the
+     * daemon's pool. */
+    char path[96];
+    snprintf(path, sizeof(path), "/dev/shm/kvpool_ops_guard_%ld", (long)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || ftruncate(fd, 1 << 16) != 0)
+        return 2;
+    unlink(path);
+    void *p = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED || kvp_seg_guard_arm(p, 1 << 16, fd) != 0)
+        return 3;
+    if (ftruncate(fd, 0) != 0 || !kvp_seg_guard_check() || !kvp_seg_guard_tripped())
+        return 4;
+    if (kvp_op_commit_store(&a, h, res.id, KVP_VIA_SHM, M) != -EOPNOTSUPP ||
+        !strstr(msg, "shared segment is lost"))
+        return 5;
+    /* Dropped, not published: the keys are free, and the reservation is gone. */
+    if (looked_up(&a, h, 7, 2) != 0 || gauge(s, "reserved") != 0)
+        return 6;
+    if (kvp_op_commit_store(&a, h, res.id, KVP_VIA_SHM, M) != -ENOENT)
+        return 7;
+    /* An inline commit still publishes: its bytes came through the socket. */
+    struct kvp_op_slots in;
+    src = tokens(8, C, 0, C);
+    if (kvp_op_prepare_store(&a, h, &src, &in, M) != 0 || in.nslots != 1)
+        return 8;
+    if (kvp_op_commit_store(&a, h, in.id, KVP_VIA_INLINE, M) != 1 || looked_up(&a, h, 8, 1) != 1)
+        return 9;
+    kvp_seg_guard_disarm();
+    kvp_owner_destroy(&a);
+    core_free(s);
+    return 0;
+}
+
+static void test_commit_after_segment_lost(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(child_commit_after_loss());
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -547,6 +723,8 @@ int main(void)
         cmocka_unit_test(test_hold_limit_and_expiry),
         cmocka_unit_test(test_clear_while_pinned),
         cmocka_unit_test(test_key_sources),
+        cmocka_unit_test(test_counts_by_transport),
+        cmocka_unit_test(test_commit_after_segment_lost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,7 @@
 #include "core/stats.h"
 #include "kvp/listener.h"
 #include "kvp/session.h"
+#include "kvp/sessions.h"
 #include "report/status_json.h"
 #include "server_fixture.h"
 
@@ -268,7 +269,7 @@ static void test_clients(void **state)
     int sv[2];
     fx_server_start(&s, true);
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    assert_rc(kvp_session_spawn(&s, sv[0]), 0);
+    assert_rc(kvp_session_spawn(kvp_listener_sessions(s.kvp), sv[0]), 0);
 
     json_t *st = status(&s);
     assert_int_equal(num(st, "clients.connected"), 1);
@@ -315,7 +316,7 @@ static void test_second_front_end(void **state)
 
     fx_server_start(&s, true);
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    assert_rc(kvp_session_spawn(&s, sv[0]), 0);
+    assert_rc(kvp_session_spawn(kvp_listener_sessions(s.kvp), sv[0]), 0);
     fx_register(&s, "native", 1000, KVP_REG_SHM, NULL); /* an id no owner has */
     kvp_owner_init(&lmc, &s, "lmcache", -1, 0);
     fx_spec(&q, "lmcache-42", KVP_REG_INLINE, "workers without the segment");
@@ -353,6 +354,11 @@ static void test_second_front_end(void **state)
     }
     assert_int_equal(native, 1);
     assert_int_equal(num(st, "clients.connected"), 1);
+    /* Counted from the owners, by front end: the connection, the LMCache worker. */
+    assert_int_equal(num(st, "gauges.connections"), 1);
+    assert_int_equal(num(st, "clients.by_front_end.kvpool"), 1);
+    assert_int_equal(num(st, "clients.by_front_end.lmcache"), 1);
+    assert_int_equal(num(st, "gauges.instances_pickle"), 0);
     json_decref(st);
 
     /* Its owner goes: its instance and its client leave the report. */

@@ -3,8 +3,9 @@
  * instances and clients of several front ends (src/tools/cli/status.c): the FRONT END column,
  * the counts by transport with a transport this program has no case for ("pickle", and one no
  * daemon has yet) shown as itself rather than folded into "inline", the clients of another front
- * end beside kvpool's connections, names with terminal controls escaped, and a document of an
- * older daemon (no "front_end") still shown.
+ * end beside kvpool's connections, names with terminal controls escaped, a document of an
+ * older daemon (no "front_end") still shown, and the totals summed over every transport's
+ * counters (LMCache's pickle and envelope too, absent in an older daemon's).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -214,6 +215,31 @@ static void test_status_table(void **state)
     json_decref(doc);
 }
 
+/* "Totals:": bytes stored and retrieved over every transport, not only shm and inline. */
+static void test_totals_by_transport(void **state)
+{
+    (void)state;
+    char line[512];
+    json_t *doc = doc_of("{\"pool\": {}, \"counters\": {\"store_bytes_shm\": 1024,"
+                         " \"store_bytes_inline\": 1024, \"store_bytes_pickle\": 4096,"
+                         " \"store_bytes_envelope\": 2048, \"retrieve_bytes_shm\": 0,"
+                         " \"retrieve_bytes_inline\": 512, \"retrieve_bytes_pickle\": 512,"
+                         " \"retrieve_bytes_envelope\": 1024, \"evictions\": 3}}");
+    const char *out = status_text(doc);
+    line_with(out, "Totals:", line, sizeof(line));
+    assert_non_null(strstr(line, "Totals:     8.00 KiB stored, 2.00 KiB retrieved, 3 evictions"));
+    json_decref(doc);
+
+    /* An older daemon's counters have shm and inline only. */
+    doc = doc_of("{\"pool\": {}, \"counters\": {\"store_bytes_shm\": 1024,"
+                 " \"store_bytes_inline\": 1024, \"retrieve_bytes_shm\": 1024,"
+                 " \"retrieve_bytes_inline\": 0, \"evictions\": 0}}");
+    out = status_text(doc);
+    line_with(out, "Totals:", line, sizeof(line));
+    assert_non_null(strstr(line, "Totals:     2.00 KiB stored, 1.00 KiB retrieved, 0 evictions"));
+    json_decref(doc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -221,6 +247,7 @@ int main(void)
         cmocka_unit_test(test_status_table),
         cmocka_unit_test(test_lmcache_line),
         cmocka_unit_test(test_health_lines),
+        cmocka_unit_test(test_totals_by_transport),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -357,7 +357,7 @@ class EndToEnd(unittest.TestCase):
 
     def test_end_to_end(self):
         expect_transport = "shm" if TRANSPORT == "shm" else "pickle"
-        counter_transport = "shm" if TRANSPORT == "shm" else "inline"
+        counter_transport = "shm" if TRANSPORT == "shm" else "pickle"
         model1 = os.path.join(self.dir, "tiny-llama-1")
         model2 = os.path.join(self.dir, "tiny-llama-2")
         write_model(model1, seed=1)

@@ -1,8 +1,8 @@
 /*
- * daemon.h - the daemon's shared context: configuration, pool memory, store, registry, listener,
- * the set of live connections, the HTTP endpoint and the L2 tier. Every module that works on the
- * daemon includes this header; only main.c includes server.h, the life cycle that builds and
- * tears it down.
+ * daemon.h - the daemon's shared context: configuration, pool memory, store, registry, owners,
+ * the front ends (each behind one pointer to its own state: kvpool's, LMCache's, HTTP), the L2
+ * tier and the housekeeping thread. Every module that works on the daemon includes this header;
+ * only main.c includes server.h, the life cycle that builds and tears it down.
  */
 #ifndef KVP_DAEMON_H
 #define KVP_DAEMON_H
@@ -12,7 +12,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <sys/types.h>
 
 #include "base/clock.h"
 #include "base/config.h"
@@ -22,8 +21,7 @@
 #include "core/store.h"
 #include "core/transport.h"
 
-struct kvp_session;
-struct kvp_refusals;
+struct kvp_listener;
 struct kvp_http;
 struct kvp_l2;
 struct lmc_listener;
@@ -51,6 +49,7 @@ struct kvp_server {
     /* Set (release) once start-up is complete: from then on, until kvp_server_destroy(), the
      * store, registry and segment may be read by the reporting threads (acquire). */
     atomic_bool serving;
+    struct kvp_listener *kvp; /* kvpool's own front end (kvp/listener.h) */
     struct kvp_http *http;    /* the HTTP endpoint (http.c), NULL with --http off */
     struct kvp_l2 *l2;        /* the L2 tier (l2.h), NULL with --l2 off */
     struct lmc_listener *lmc; /* the LMCache front end (lmc/listener.h), NULL without --lmcache */
@@ -59,37 +58,25 @@ struct kvp_server {
      * read by the health check). */
     _Atomic uint64_t unknown_instance_ms;
 
-    int lock_fd; /* <socket>.lock, flocked for our lifetime */
-    int listen_fd;
-    struct kvp_refusals *refusals; /* answers connections that are not served (refusals.c) */
-    bool socket_bound;             /* the socket file at cfg.socket_path is ours ... */
-    dev_t socket_dev;              /* ... as long as it is this inode */
-    ino_t socket_ino;
-    int wake_fds[2]; /* self-pipe: stop and reload requests, expiry wake-up */
+    int wake_fds[2]; /* self-pipe: stop and reload requests */
     atomic_bool stopping;
-    atomic_bool reload_requested; /* SIGHUP: the accept loop returns to main() to reload */
+    atomic_bool reload_requested; /* SIGHUP: the main loop returns to main() to reload */
 
-    /* The options SIGHUP changes (config.c's table says which) that threads other than the main
-     * one read: stored by the main thread (kvp_server_reconfigure), loaded relaxed where they
-     * are used (each value is used on its own). cfg keeps the values of start-up. */
+    /* An option SIGHUP changes (config.c's table says which) that a thread of the core reads:
+     * stored by the main thread (kvp_server_reconfigure), loaded relaxed where it is used. The
+     * front ends keep their own (kvp_listener_reconfigure). cfg keeps the values of start-up. */
     _Atomic uint32_t reserve_timeout_s;
-    _Atomic uint32_t io_timeout_ms;
-    atomic_bool follow_cpu;
 
     struct kvp_owners owners; /* the clients of every front end (owner.c) */
 
-    pthread_mutex_t conns_lock; /* guards conns, nconns (kvp/listener.c) */
-    pthread_cond_t conns_cv;    /* signalled when a connection thread exits */
-    struct kvp_session *conns;
-    uint32_t nconns;
-
+    /* The housekeeping thread (expiry.c); expiry_lock guards its sleep, with expiry_cv. */
     pthread_t expiry_thread;
     bool expiry_started;
+    pthread_mutex_t expiry_lock;
+    pthread_cond_t expiry_cv;
     pthread_t warmup_thread;    /* reserves the rest of the pool (warmup.c) */
     uint64_t reserved_at_start; /* seg.reserved before that thread started (it writes it) */
     bool warmup_started;
-    pthread_mutex_t expiry_lock;
-    pthread_cond_t expiry_cv;
 };
 
 /* A request of s named an instance this daemon has not registered: counted

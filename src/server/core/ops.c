@@ -33,6 +33,7 @@
 #include "common/chunk_hash.h"
 #include "common/layout.h"
 #include "core/daemon.h"
+#include "core/seg_guard.h"
 #include "core/stats.h"
 #include "l2/l2.h"
 
@@ -45,6 +46,60 @@ __attribute__((format(printf, 4, 5))) static int fail(char *msg, size_t msg_size
     vsnprintf(msg, msg_size, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+/* ---- counting by transport ---- */
+
+/* The counters of one transport (stats.h): every transfer and registration is counted under
+ * the transport of the instance it concerns, so that each transport of registry.h has its own
+ * rows and none is folded into another (an LMCache pickle commit is not an inline one). */
+struct transport_counters {
+    _Atomic uint64_t *registrations;
+    _Atomic uint64_t *store_chunks, *store_bytes;
+    _Atomic uint64_t *retrieve_chunks, *retrieve_bytes;
+};
+
+#define TRANSPORT_COUNTERS(t)                                                 \
+    {                                                                         \
+        &kvp_counters.registrations_##t, &kvp_counters.store_chunks_##t,      \
+            &kvp_counters.store_bytes_##t, &kvp_counters.retrieve_chunks_##t, \
+            &kvp_counters.retrieve_bytes_##t                                  \
+    }
+
+static const struct transport_counters by_transport[] = {
+    [KVP_REG_SHM] = TRANSPORT_COUNTERS(shm),
+    [KVP_REG_INLINE] = TRANSPORT_COUNTERS(inline),
+    [KVP_REG_PICKLE] = TRANSPORT_COUNTERS(pickle),
+    [KVP_REG_ENVELOPE] = TRANSPORT_COUNTERS(envelope),
+};
+
+/* The counters of transport; NULL for one that has none (KVP_REG_AUTO is never an instance's
+ * transport: kvp_registry_choose_transport() has chosen by then). */
+static const struct transport_counters *counters_of(uint8_t transport)
+{
+    if (transport >= sizeof(by_transport) / sizeof(by_transport[0]) ||
+        !by_transport[transport].registrations)
+        return NULL;
+    return &by_transport[transport];
+}
+
+static void count(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+/* A transfer of chunks (and their bytes) stored or retrieved on transport. */
+static void count_transfer(uint8_t transport, bool store, uint64_t chunks, uint64_t bytes)
+{
+    const struct transport_counters *t = counters_of(transport);
+    if (store)
+        KVP_COUNT(store_chunks_committed, chunks);
+    else
+        KVP_COUNT(retrieve_chunks, chunks);
+    if (!t)
+        return;
+    count(store ? t->store_chunks : t->retrieve_chunks, chunks);
+    count(store ? t->store_bytes : t->retrieve_bytes, bytes);
 }
 
 /* ---- registration ---- */
@@ -73,6 +128,12 @@ int kvp_op_register(struct kvp_owner *o, const struct kvp_reg_spec *spec, const 
         log_warn("Registration of instance '%s' from pid %d refused: %s", spec->instance_id,
                  (int)o->pid, msg);
         return rc;
+    }
+    if (!*existing) {
+        const struct transport_counters *t = counters_of(inst.transport);
+        KVP_COUNT(registrations, 1);
+        if (t)
+            count(t->registrations, 1);
     }
     *out = inst;
     return 0;
@@ -381,8 +442,9 @@ int kvp_op_prepare_store(struct kvp_owner *o, uint32_t handle, const struct kvp_
     return 0;
 }
 
-/* Publishes a reservation and ends the hold. Returns the count or -ETIMEDOUT. */
-static int commit_hold(struct kvp_owner *o, struct kvp_hold *hold, enum kvp_via via, char *msg,
+/* Publishes a reservation of an instance on transport and ends the hold. Returns the count or
+ * -ETIMEDOUT. */
+static int commit_hold(struct kvp_owner *o, struct kvp_hold *hold, uint8_t transport, char *msg,
                        size_t msg_size)
 {
     uint64_t id = hold->id, chunk_bytes = hold->chunk_bytes;
@@ -396,14 +458,7 @@ static int commit_hold(struct kvp_owner *o, struct kvp_hold *hold, enum kvp_via 
                     "stored",
                     id);
     uint64_t bytes = (uint64_t)rc * chunk_bytes;
-    KVP_COUNT(store_chunks_committed, rc);
-    if (via == KVP_VIA_INLINE) {
-        KVP_COUNT(store_chunks_inline, rc);
-        KVP_COUNT(store_bytes_inline, bytes);
-    } else {
-        KVP_COUNT(store_chunks_shm, rc);
-        KVP_COUNT(store_bytes_shm, bytes);
-    }
+    count_transfer(transport, true, (uint64_t)rc, bytes);
     kvp_registry_count_io(&o->srv->registry, handle, true, (uint64_t)rc, bytes);
     l2_stored(o, handle, nkeys);
     return rc;
@@ -425,20 +480,32 @@ int kvp_op_commit_store(struct kvp_owner *o, uint32_t handle, uint64_t id, enum 
     struct kvp_hold *hold = find_reservation(o, handle, id, msg, msg_size);
     if (!hold)
         return -ENOENT;
+    /* The instance's transport, for the checks and the counters; an instance gone meanwhile
+     * (its holds go with it, so only in a race) is counted by how the bytes came. */
+    struct kvp_registration inst;
+    bool known = kvp_registry_get_owned(&o->srv->registry, handle, o->id, &inst) == 0;
+    uint8_t transport = known ? inst.transport
+                              : (via == KVP_VIA_INLINE ? KVP_REG_INLINE : KVP_REG_SHM);
     /* An inline worker has no pointers into the pool, so nothing wrote its slots: publishing
      * them would serve stale bytes (of evicted chunks, maybe of another salt) under its keys.
      * The reservation is dropped, as the client library forgets the plan after any commit. */
-    struct kvp_registration inst;
-    if (via == KVP_VIA_SHM &&
-        kvp_registry_get_owned(&o->srv->registry, handle, o->id, &inst) == 0 &&
-        inst.transport != KVP_REG_SHM) {
+    if (via == KVP_VIA_SHM && known && inst.transport != KVP_REG_SHM) {
         kvp_holds_release(&o->holds, hold, KVP_DROP_ABORT);
         return fail(msg, msg_size, -EOPNOTSUPP,
                     "instance %s uses the inline transport: its data must be sent inline; "
                     "reservation %" PRIu64 " dropped",
                     inst.spec.instance_id, id);
     }
-    return commit_hold(o, hold, via, msg, msg_size);
+    /* Once the segment is lost (seg_guard.h), bytes written through a mapping of it never
+     * reached the pool the daemon now uses: nothing of such a commit may be published. */
+    if (via == KVP_VIA_SHM && kvp_seg_guard_tripped()) {
+        kvp_holds_release(&o->holds, hold, KVP_DROP_ABORT);
+        return fail(msg, msg_size, -EOPNOTSUPP,
+                    "the shared segment is lost: data written through it cannot be stored; "
+                    "reservation %" PRIu64 " dropped",
+                    id);
+    }
+    return commit_hold(o, hold, transport, msg, msg_size);
 }
 
 int kvp_op_abort_store(struct kvp_owner *o, uint32_t handle, uint64_t id, enum kvp_drop_cause why,
@@ -514,9 +581,7 @@ int kvp_op_prepare_retrieve(struct kvp_owner *o, uint32_t handle, const struct k
     }
     /* Counted when pinned: the worker copies the bytes out of the mapping by itself. */
     uint64_t bytes = (uint64_t)n * k.inst.layout.bytes;
-    KVP_COUNT(retrieve_chunks, n);
-    KVP_COUNT(retrieve_chunks_shm, n);
-    KVP_COUNT(retrieve_bytes_shm, bytes);
+    count_transfer(k.inst.transport, false, n, bytes);
     kvp_registry_count_io(&s->registry, k.inst.handle, false, n, bytes);
     res->nchunks = k.n;
     res->nslots = n;
@@ -558,6 +623,7 @@ int kvp_op_retrieve_inline_begin(struct kvp_owner *o, uint32_t handle,
     res->objs = o->objs;
     res->iov = o->iov;
     res->chunk_bytes = k.inst.layout.bytes;
+    res->transport = k.inst.transport;
     return 0;
 }
 
@@ -570,9 +636,7 @@ void kvp_op_retrieve_inline_end(struct kvp_owner *o, uint32_t handle, struct kvp
     if (!sent)
         return;
     uint64_t bytes = (uint64_t)n * res->chunk_bytes;
-    KVP_COUNT(retrieve_chunks, n);
-    KVP_COUNT(retrieve_chunks_inline, n);
-    KVP_COUNT(retrieve_bytes_inline, bytes);
+    count_transfer(res->transport, false, n, bytes);
     KVP_COUNT(inline_bytes_out, bytes);
     kvp_registry_count_io(&o->srv->registry, handle, false, n, bytes);
 }

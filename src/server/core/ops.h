@@ -97,7 +97,8 @@ struct kvp_key_src {
     uint32_t rank;
 };
 
-/* How the bytes of a commit travelled (the counters it goes to). */
+/* How the bytes of a commit travelled: a commit "via shm" of an instance not on shm is refused.
+ * The counters follow the instance's transport (shm, inline, pickle, envelope), not this. */
 enum kvp_via { KVP_VIA_SHM, KVP_VIA_INLINE };
 
 /* What a prepare, an inline begin or a lookup made. Arrays are the owner's scratch. */
@@ -112,6 +113,7 @@ struct kvp_op_slots {
     const uint32_t *idx;  /* prepare-store: chunk index in the range of slot k; else NULL (k) */
     struct iovec *iov;    /* inline begins: nslots iovecs over the slots' bytes; else NULL */
     uint64_t chunk_bytes; /* bytes of each slot (the instance's chunk) */
+    uint8_t transport;    /* retrieve-inline begins: the instance's (what the end counts under) */
 };
 
 /* Flags of kvp_op_lookup(). */

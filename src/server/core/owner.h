@@ -35,6 +35,9 @@ struct kvp_owner;
  * take another lock of the core, or end the owner itself; it hands the event to the thread that
  * serves the owner (shut a socket down, set an atomic flag), which then ends or changes the owner
  * as usual (kvp_owner_release(), kvp_owner_destroy()). A NULL callback ignores the event.
+ * Lifetime: a callback may run until kvp_owner_destroy() or kvp_owner_set_ops(o, NULL) has
+ * returned (both take the lock), so whatever it touches (a socket, a flag) must live until then:
+ * unlist the owner before closing or freeing it.
  */
 struct kvp_owner_ops {
     /* The shared segment is lost (seg_guard.h): the owner has an instance on shared memory,

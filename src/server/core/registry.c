@@ -35,6 +35,7 @@ void kvp_registry_init(struct kvp_registry *r, const struct kvp_offer *offer)
 {
     memset(r, 0, sizeof(*r));
     r->offer = *offer;
+    atomic_init(&r->shm_lost, false);
     r->max_per_frontend = KVP_MAX_INSTANCES;
     pthread_mutex_init(&r->lock, NULL);
 }
@@ -114,6 +115,10 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
                                   const char *cannot_map, char *msg, size_t msg_size)
 {
     const struct kvp_reg_spec *req = &inst->spec;
+    /* A lost segment is refused like one the worker cannot map: inline, with the reason. */
+    bool lost = atomic_load_explicit(&r->shm_lost, memory_order_acquire);
+    if (lost && !cannot_map)
+        cannot_map = r->lost_reason;
 
     if (kvp_reg_transport_in_band(req->transport)) {
         /* The front end moves the chunks inside its own messages (LMCache's pickle or envelope
@@ -122,6 +127,7 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
         snprintf(inst->reason, sizeof(inst->reason), "%s",
                  req->reason[0]          ? req->reason
                  : !r->offer.shm_enabled ? r->offer.shm_reason
+                 : lost                  ? r->lost_reason
                                          : "the worker does not map the segment");
         return 0;
     }
@@ -145,6 +151,8 @@ int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_regis
         snprintf(inst->reason, sizeof(inst->reason), "%s", req->reason);
     else if (req->transport == KVP_REG_INLINE)
         snprintf(inst->reason, sizeof(inst->reason), "requested by worker");
+    else if (lost)
+        snprintf(inst->reason, sizeof(inst->reason), "%s", r->lost_reason);
     else
         snprintf(inst->reason, sizeof(inst->reason), "worker did not map the segment");
     return 0;
@@ -300,11 +308,7 @@ int kvp_registry_add(struct kvp_registry *r, struct kvp_registration *inst, uint
     atomic_store_explicit(&io->retrieved_bytes, 0, memory_order_relaxed);
     pthread_mutex_unlock(&r->lock);
 
-    KVP_COUNT(registrations, 1);
-    if (inst->transport == KVP_REG_SHM)
-        KVP_COUNT(registrations_shm, 1);
-    else
-        KVP_COUNT(registrations_inline, 1);
+    /* Counted by the operations layer (ops.c), under the instance's transport. */
     log_transport(inst, &r->offer);
     return 0;
 }
@@ -384,25 +388,31 @@ uint32_t kvp_registry_remove_owner(struct kvp_registry *r, uint64_t owner)
     return removed;
 }
 
-uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
+/* The reason is written before the flag (release), so a reader that sees the flag (acquire)
+ * reads it whole; it is never written again. */
+uint32_t kvp_registry_lose_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
                                uint32_t cap, uint32_t *nowners)
 {
-    uint32_t moved = 0;
+    uint32_t on_shm = 0;
     *nowners = 0;
     pthread_mutex_lock(&r->lock);
+    if (!atomic_load_explicit(&r->shm_lost, memory_order_relaxed)) {
+        snprintf(r->lost_reason, sizeof(r->lost_reason), "%s", reason);
+        atomic_store_explicit(&r->shm_lost, true, memory_order_release);
+    }
     for (int i = 0; i < KVP_MAX_INSTANCES; i++) {
-        struct kvp_registration *inst = &r->slots[i].inst;
+        const struct kvp_registration *inst = &r->slots[i].inst;
         if (!r->slots[i].used || inst->transport != KVP_REG_SHM)
             continue;
-        inst->transport = KVP_REG_INLINE;
-        snprintf(inst->reason, sizeof(inst->reason), "%s", reason);
-        moved++;
-        if (*nowners < cap)
+        on_shm++;
+        uint32_t k = 0;
+        while (k < *nowners && owners[k] != inst->owner)
+            k++;
+        if (k == *nowners && *nowners < cap)
             owners[(*nowners)++] = inst->owner;
     }
-    r->count_shm = 0;
     pthread_mutex_unlock(&r->lock);
-    return moved;
+    return on_shm;
 }
 
 int kvp_registry_leave_shm(struct kvp_registry *r, uint32_t handle, uint64_t owner,

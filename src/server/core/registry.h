@@ -121,6 +121,10 @@ struct kvp_offer {
 struct kvp_registry {
     pthread_mutex_t lock;
     struct kvp_offer offer;
+    /* Set once (release) by kvp_registry_lose_shm() after lost_reason is written: shared memory
+     * is no longer offered, whatever the offer says (read with acquire, without the lock). */
+    atomic_bool shm_lost;
+    char lost_reason[KVP_MAX_REASON + 1];
     uint32_t count;
     uint32_t count_shm; /* of count, those on the shm transport */
     /* The most one front end may register, so that every front end keeps room in the table
@@ -155,8 +159,8 @@ int kvp_registry_validate(const struct kvp_registry *r, const struct kvp_reg_spe
  * Decides the transport of a validated instance (the single place where SHM versus inline is
  * chosen per worker). cannot_map is NULL when there is evidence that the worker can map the
  * segment (kvp_transport_peer_can_map()), else why not: a claim of shm then gets the inline
- * transport with that reason. Returns 0, or -EOPNOTSUPP when the worker insists on shm and the
- * daemon has none (msg says why).
+ * transport with that reason, as it does once the segment is lost (kvp_registry_lose_shm()).
+ * Returns 0, or -EOPNOTSUPP when the worker insists on shm and the daemon has none (msg says why).
  */
 int kvp_registry_choose_transport(const struct kvp_registry *r, struct kvp_registration *inst,
                                   const char *cannot_map, char *msg, size_t msg_size);
@@ -193,13 +197,16 @@ void kvp_registration_key_ns(const struct kvp_registration *inst, const void *sa
                              uint32_t salt_len, struct kvp_key_ns *ns);
 
 /*
- * The daemon stopped using its segment (seg_guard.h): every instance on the shm transport is
- * moved to inline with reason, so that a commit of a reservation it wrote through its mapping
- * is refused from now on (new registrations are kept off shm by the evidence check,
- * transport.c). Writes the connection ids that owned such instances to owners (at most cap, the
- * count to *nowners; an id may repeat). Returns how many instances were moved.
+ * The daemon lost its segment (seg_guard.h): from now on the registry offers no shared memory,
+ * for reason (recorded once, by the first call): a registration that claims or may take the shm
+ * transport gets inline with that reason (kvp_registry_choose_transport()); in-band transports
+ * are kept as asked. The registrations on shm are left as they are: each front end moves or ends
+ * its own in its own terms, told through their owners (KVP_OWNER_SHM_LOST, owner.h), and a
+ * registration is never rewritten to a transport its front end does not have. Writes the ids of
+ * the owners with an instance on shm to owners (each id once, at most cap, their count to
+ * *nowners). Returns how many instances are on shm.
  */
-uint32_t kvp_registry_stop_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
+uint32_t kvp_registry_lose_shm(struct kvp_registry *r, const char *reason, uint64_t *owners,
                                uint32_t cap, uint32_t *nowners);
 
 /*

@@ -6,14 +6,15 @@
  * worker. Each owner is asked in turn, under its own lock, for a copy: the store for its gauges
  * (kvp_store_get_gauges), the registry for its instances and their transfer counts and for their
  * count by front end and transport, the owner list (owner.c) for the clients of every front end
- * and their count by front end, the server for the kvpool protocol's connection count (the one
+ * and their count by front end, of which the kvpool protocol's is its connection count (the one
  * number --max-clients bounds). Instances and clients come from the registry and the owner list
  * only, never from a front end's own list of connections, so an instance registered through any
  * front end is reported the same way, with its front end's name. The locks
  * are leaf locks and are taken one after the other, so the snapshot is a set of consistent parts
  * rather than one instant: an instance may be counted in "instances" and have disconnected by the
- * time the client list is copied. Counters and the latency and lock-hold histograms are relaxed
- * atomic loads, no lock at all.
+ * time the client list is copied. Counters and the histograms of every registered family
+ * (stats.h) are relaxed atomic loads, no lock at all: the snapshot copies what a family
+ * declares (its series and their label values) without knowing whose operations they are.
  *
  * Memory: the lists are allocated before any lock is taken, at their bound (KVP_MAX_INSTANCES
  * instances; the owners counted just before, and a few more), so a copy never allocates under
@@ -31,10 +32,49 @@
 #include "core/owner.h"
 #include "l2/l2.h"
 
+/* Copies the series of every registered family into out (at most cap); returns how many. */
+static uint32_t copy_hists(struct kvp_snap_hist *out, uint32_t cap)
+{
+    const struct kvp_hist_family *fams[KVP_HIST_FAMILIES];
+    uint32_t nfams = kvp_hist_families(fams, KVP_HIST_FAMILIES), n = 0;
+
+    for (uint32_t k = 0; k < nfams; k++) {
+        const struct kvp_hist_family *f = fams[k];
+        for (uint32_t i = 0; i < f->nseries && n < cap; i++) {
+            if (f->label && !f->values[i])
+                continue;
+            kvp_hist_read(&f->series[i], f->bounds, &out[n].h);
+            if (!f->always && out[n].h.count == 0)
+                continue;
+            out[n].family = f;
+            out[n].value = f->label ? f->values[i] : NULL;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* The gauge of the instances on a transport; NULL for a transport without one. */
+static uint64_t *instances_gauge(uint64_t *v, uint8_t transport)
+{
+    switch (transport) {
+    case KVP_REG_SHM:
+        return &v[KVP_GAUGE_instances_shm];
+    case KVP_REG_INLINE:
+        return &v[KVP_GAUGE_instances_inline];
+    case KVP_REG_PICKLE:
+        return &v[KVP_GAUGE_instances_pickle];
+    case KVP_REG_ENVELOPE:
+        return &v[KVP_GAUGE_instances_envelope];
+    default:
+        return NULL;
+    }
+}
+
 int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot *snap)
 {
     struct kvp_store_gauges g;
-    uint32_t ninst, nshm = 0, ninline = 0;
+    uint32_t ninst;
 
     *snap = (struct kvp_snapshot){.taken_ms = kvp_wall_ms(), .started_ms = s->started_wall_ms};
     if (flags & KVP_SNAP_LISTS) {
@@ -52,29 +92,30 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     }
 
     kvp_counters_read(snap->counters);
-    kvp_latency_read(snap->latency);
-    kvp_lock_hold_read(&snap->lock_hold);
-    snap->nlmc_latency = kvp_lmc_latency_read(snap->lmc_latency, KVP_LMC_OP_REPORTED);
+    snap->nhists = copy_hists(snap->hists, KVP_SNAP_HISTS);
 
     kvp_store_get_gauges(&s->store, &g);
     snap->ninstance_groups = kvp_registry_count_groups(&s->registry, snap->instance_groups,
                                                        KVP_SNAP_GROUPS, &ninst);
-    for (uint32_t i = 0; i < snap->ninstance_groups; i++) {
-        nshm += snap->instance_groups[i].transport == KVP_REG_SHM ? snap->instance_groups[i].count
-                                                                  : 0;
-        ninline += snap->instance_groups[i].transport == KVP_REG_INLINE
-                       ? snap->instance_groups[i].count
-                       : 0;
-    }
     snap->nclient_groups = kvp_owners_count_groups(&s->owners, snap->client_groups,
                                                    KVP_SNAP_GROUPS);
-    pthread_mutex_lock(&s->conns_lock);
-    uint32_t nconns = s->nconns;
-    pthread_mutex_unlock(&s->conns_lock);
+    /* The connections of the daemon's own protocol (what --max-clients bounds) are the owners
+     * of its front end: counted with the others, never read from the front end's own list. */
+    uint32_t nconns = 0;
+    for (uint32_t i = 0; i < snap->nclient_groups; i++)
+        if (strcmp(snap->client_groups[i].frontend, KVP_OWN_FRONTEND) == 0)
+            nconns = snap->client_groups[i].count;
 
     /* Every gauge of KVP_GAUGE_MAP gets its value here: a new one must be added below. */
-    _Static_assert(KVP_NGAUGES == 19, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
+    _Static_assert(KVP_NGAUGES == 21, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
     uint64_t *v = snap->gauges;
+    /* The instances by transport, summed over the front ends (a transport without a gauge of
+     * its own is still in kvpool_instances{front_end,transport} and in "instances"). */
+    for (uint32_t i = 0; i < snap->ninstance_groups; i++) {
+        uint64_t *by = instances_gauge(v, snap->instance_groups[i].transport);
+        if (by)
+            *by += snap->instance_groups[i].count;
+    }
     v[KVP_GAUGE_pool_size] = g.pool_size;
     v[KVP_GAUGE_pool_reserved] = g.pool_reserved;
     v[KVP_GAUGE_pool_used] = g.pool_used;
@@ -84,8 +125,6 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     v[KVP_GAUGE_objects_expired] = g.expired;
     v[KVP_GAUGE_objects_pinned] = g.pinned;
     v[KVP_GAUGE_instances] = ninst;
-    v[KVP_GAUGE_instances_shm] = nshm;
-    v[KVP_GAUGE_instances_inline] = ninline; /* a third transport counts in neither */
     v[KVP_GAUGE_connections] = nconns;
     v[KVP_GAUGE_max_clients] = s->cfg.max_clients;
     v[KVP_GAUGE_shm_enabled] = s->seg.shared;

@@ -1,9 +1,10 @@
 /*
- * snapshot.h - one copy of everything the daemon reports (counters, gauges, the latency
- * histogram, the instances and the connected clients), taken with each lock held only for
- * copying, so that the renderers (the STATS reply in kvp/handlers.c, report/status_json.c,
- * report/metrics.c) format it without holding any lock. Every instance and client is there,
- * whichever front end registered it (owner.h, registry.h), each with its front end's name.
+ * snapshot.h - one copy of everything the daemon reports (counters, gauges, the histograms of
+ * every registered family, the instances and the connected clients), taken with each lock held
+ * only for copying, so that the renderers (the STATS reply in kvp/handlers.c,
+ * report/status_json.c, report/metrics.c) format it without holding any lock. Every instance
+ * and client is there, whichever front end registered it (owner.h, registry.h), each with its
+ * front end's name.
  */
 #ifndef KVP_SNAPSHOT_H
 #define KVP_SNAPSHOT_H
@@ -21,15 +22,32 @@ struct kvp_server;
  * the daemon's own names, a few of each. */
 #define KVP_SNAP_GROUPS 32
 
+/* The front end that is always served: the daemon's own protocol (kvp/). Its owners are the
+ * connections --max-clients bounds (the gauge "connections"), and the reports show its series
+ * even when it has no instance or client. */
+#define KVP_OWN_FRONTEND "kvpool"
+
+/* Histograms a snapshot copies, over every registered family (stats.h): the native opcodes,
+ * the LMCache operations served so far and the store lock come to fewer than half of it. */
+#define KVP_SNAP_HISTS 96
+
+/* One histogram of a snapshot: its family, its label's value (NULL in a family without a
+ * label) and its copy. */
+struct kvp_snap_hist {
+    const struct kvp_hist_family *family;
+    const char *value;
+    struct kvp_hist_copy h;
+};
+
 struct kvp_snapshot {
     int64_t taken_ms;   /* wall clock of the snapshot, ms since the epoch */
     int64_t started_ms; /* wall clock of the daemon's start */
     uint64_t counters[KVP_NCOUNTERS];
     uint64_t gauges[KVP_NGAUGES];
-    struct kvp_latency_copy latency[KVP_OP_MAX_];                 /* by opcode */
-    struct kvp_hold_copy lock_hold;                               /* the store lock's hold times */
-    struct kvp_lmc_latency_copy lmc_latency[KVP_LMC_OP_REPORTED]; /* LMCache operations seen */
-    uint32_t nlmc_latency;
+    /* The series of every registered family, in registration order, a family's series
+     * adjacent: all of those of an "always" family, the recorded ones of the others. */
+    struct kvp_snap_hist hists[KVP_SNAP_HISTS];
+    uint32_t nhists;
 
     /* The instances by front end and transport, the clients (owners) by front end: always
      * taken, for the labelled families of /metrics (kvpool_instances, kvpool_clients). */
@@ -50,8 +68,8 @@ struct kvp_snapshot {
 
 /*
  * Takes a snapshot of s, which must have started (store and registry ready). Takes the store,
- * registry, owner-list and connection-list locks one after the other (never two at once), each for
- * a copy. Returns 0, or -ENOMEM (nothing to free). Free with kvp_snapshot_free().
+ * registry and owner-list locks one after the other (never two at once), each for a copy. Returns
+ * 0, or -ENOMEM (nothing to free). Free with kvp_snapshot_free().
  */
 int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot *snap);
 

@@ -1,7 +1,9 @@
 /*
- * stats.h - the daemon's counters, gauges and request-latency histogram, each defined once and
- * rendered from that one definition to every report: the STATS reply (`kvpool stats`,
- * handlers.c), the status JSON (status.c) and the Prometheus metrics (metrics.c).
+ * stats.h - the daemon's counters and gauges, each defined once and rendered from that one
+ * definition to every report: the STATS reply (`kvpool stats`, kvp/handlers.c), the status JSON
+ * (report/status_json.c) and the Prometheus metrics (report/metrics.c); and the registry of the
+ * histogram families those reports render (histogram.h), with the core's own, the store lock's
+ * hold time.
  *
  * A row of KVP_COUNTER_MAP or KVP_GAUGE_MAP is
  *
@@ -12,15 +14,21 @@
  *           "_total" suffix, which metrics.c adds); rows of one family are adjacent and differ
  *           by the value of their label. NULL for a total that is only the sum of a labelled
  *           family (Prometheus users sum() it; STATS keeps the name it always had), and for
- *           the rows metrics.c renders with more labels than one (the instances by front end
- *           and transport: kvpool_instances{front_end,transport});
+ *           the rows metrics.c renders from the snapshot's groups instead, with a front_end
+ *           label (the instances by front end and transport:
+ *           kvpool_instances{front_end,transport}; the clients by front end:
+ *           kvpool_connected_clients{front_end});
  *   label   the family's label name ("" for none): "transport" or "cause";
  *   value   this row's value of that label;
  *   help    one line; the first row of a family gives the family's HELP text.
  *
  * Counters are relaxed atomics, incremented where the event happens: each is independent and
  * only ever read for reporting. Gauges are not stored: snapshot.c reads them from their owners
- * (store, registry, connection list) when a report is made.
+ * (store, registry, owner list) when a report is made.
+ *
+ * Rows by transport name every transport of registry.h (shm, inline, pickle, envelope), each
+ * counted under the transport of the instance it concerns (core/ops.c), never folded into
+ * another: an LMCache pickle commit is a store_chunks_pickle, not a store_chunks_inline.
  */
 #ifndef KVP_STATS_H
 #define KVP_STATS_H
@@ -29,7 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/wire.h"
+#include "core/histogram.h"
 
 #define KVP_COUNTER_MAP(XX)                                                                       \
     XX(connections_accepted, "connections_accepted", "", "", "connections accepted")              \
@@ -43,6 +51,10 @@
        "instances registered, by the transport they use")                                         \
     XX(registrations_inline, "registrations", "transport", "inline",                              \
        "instances registered on the inline transport")                                            \
+    XX(registrations_pickle, "registrations", "transport", "pickle",                              \
+       "instances registered on LMCache's pickle transport")                                      \
+    XX(registrations_envelope, "registrations", "transport", "envelope",                          \
+       "instances registered on LMCache's tensor envelope transport")                             \
     XX(lookups, "lookups", "", "", "lookup requests")                                             \
     XX(lookup_chunks, "lookup_chunks", "", "", "full chunks asked about by lookups")              \
     XX(lookup_hit_chunks, "lookup_hit_chunks", "", "", "chunks found cached by lookups")          \
@@ -53,10 +65,18 @@
        "chunks stored (published by commit), by the transport that carried them")                 \
     XX(store_chunks_inline, "store_chunks", "transport", "inline",                                \
        "chunks stored through the socket (STORE_INLINE)")                                         \
+    XX(store_chunks_pickle, "store_chunks", "transport", "pickle",                                \
+       "chunks stored inside LMCache messages (pickle transport)")                                \
+    XX(store_chunks_envelope, "store_chunks", "transport", "envelope",                            \
+       "chunks stored inside LMCache messages (tensor envelope transport)")                       \
     XX(store_bytes_shm, "store_bytes", "transport", "shm",                                        \
        "chunk bytes stored (published by commit), by the transport that carried them")            \
     XX(store_bytes_inline, "store_bytes", "transport", "inline",                                  \
        "chunk bytes stored through the socket")                                                   \
+    XX(store_bytes_pickle, "store_bytes", "transport", "pickle",                                  \
+       "chunk bytes stored on the pickle transport")                                              \
+    XX(store_bytes_envelope, "store_bytes", "transport", "envelope",                              \
+       "chunk bytes stored on the tensor envelope transport")                                     \
     XX(store_chunks_cached, "store_chunks_cached", "", "",                                        \
        "chunks skipped by prepare-store because cached")                                          \
     XX(store_chunks_busy, "store_chunks_busy", "", "",                                            \
@@ -78,10 +98,18 @@
        "chunks retrieved (pinned for a copy out of the mapping, or sent), by transport")          \
     XX(retrieve_chunks_inline, "retrieve_chunks", "transport", "inline",                          \
        "chunks sent through the socket (RETRIEVE_INLINE)")                                        \
+    XX(retrieve_chunks_pickle, "retrieve_chunks", "transport", "pickle",                          \
+       "chunks sent inside LMCache messages (pickle transport)")                                  \
+    XX(retrieve_chunks_envelope, "retrieve_chunks", "transport", "envelope",                      \
+       "chunks sent inside LMCache messages (tensor envelope transport)")                         \
     XX(retrieve_bytes_shm, "retrieve_bytes", "transport", "shm",                                  \
        "chunk bytes retrieved, by transport")                                                     \
     XX(retrieve_bytes_inline, "retrieve_bytes", "transport", "inline",                            \
        "chunk bytes sent through the socket")                                                     \
+    XX(retrieve_bytes_pickle, "retrieve_bytes", "transport", "pickle",                            \
+       "chunk bytes sent on the pickle transport")                                                \
+    XX(retrieve_bytes_envelope, "retrieve_bytes", "transport", "envelope",                        \
+       "chunk bytes sent on the tensor envelope transport")                                       \
     XX(evictions, "evictions", "", "", "committed chunks evicted to make room")                   \
     XX(l2_write_queued, "l2_write_queued", "", "", "chunks queued for a copy to L2")              \
     XX(l2_written_chunks, "l2_written_chunks", "", "", "chunks copied to L2 (write-behind)")      \
@@ -156,10 +184,13 @@
     XX(instances, NULL, "", "", "registered instances")                                       \
     XX(instances_shm, NULL, "", "", "registered instances on the shm transport")              \
     XX(instances_inline, NULL, "", "", "registered instances on the inline transport")        \
+    XX(instances_pickle, NULL, "", "", "registered instances on the pickle transport")        \
+    XX(instances_envelope, NULL, "", "", "registered instances on the envelope transport")    \
     XX(l2_up, "l2_up", "", "", "1 when the L2 tier answers, 0 when it is unreachable or off") \
     XX(l2_backlog_chunks, "l2_backlog_chunks", "", "", "chunks waiting for a copy to L2")     \
     XX(l2_backlog_bytes, "l2_backlog_bytes", "", "", "bytes waiting for a copy to L2")        \
-    XX(connections, "connected_clients", "", "", "client connections being served")           \
+    XX(connections, NULL, "", "",                                                             \
+       "connections of kvpool's own protocol being served (what --max-clients bounds)")       \
     XX(max_clients, "max_clients", "", "", "connections allowed at once (--max-clients)")     \
     XX(shm_enabled, "shm_enabled", "", "",                                                    \
        "1 when the pool is shared memory (workers may use the shm transport), else 0")        \
@@ -207,91 +238,35 @@ extern struct kvp_counters kvp_counters;
 /* Copies every counter into v[KVP_NCOUNTERS], in map order (relaxed loads). */
 void kvp_counters_read(uint64_t *v);
 
-/* ---- request latency: kvpool_request_duration_seconds{op} ---- */
+/* ---- histogram families: what the reports render (histogram.h) ---- */
+
+/* Families one daemon registers at most. */
+#define KVP_HIST_FAMILIES 8
 
 /*
- * Upper bounds of the histogram's buckets in nanoseconds (the last bucket, +Inf, is implicit),
- * from 50 us (a PING) to 10 s (a stalled 32 MiB inline transfer). Fixed, so that recording is
- * one comparison loop and two relaxed increments, without any lock.
+ * Adds f to the families the reports render, after those registered before it (the store
+ * lock's, kvp_lock_hold_family, is always the first). A front end registers its family at
+ * start-up (kvp_server_init()); registering one again does nothing. f and what it points to
+ * must outlive the process (static storage). Returns 0, or -ENOSPC when KVP_HIST_FAMILIES
+ * are registered.
  */
-#define KVP_LATENCY_BUCKETS 16
-extern const uint64_t kvp_latency_bound_ns[KVP_LATENCY_BUCKETS];
-/* The same bounds as Prometheus writes them in the "le" label. */
-extern const char *const kvp_latency_bound_le[KVP_LATENCY_BUCKETS];
+int kvp_hist_family_register(const struct kvp_hist_family *f);
 
-/* One opcode's histogram: per-bucket counts (not cumulative; the last is +Inf) and the sum. */
-struct kvp_latency {
-    _Atomic uint64_t bucket[KVP_LATENCY_BUCKETS + 1];
-    _Atomic uint64_t sum_ns;
-};
-
-/* A copy of one opcode's histogram. count is the sum of the buckets, so it always equals the
- * +Inf bucket of the cumulative rendering even while requests are being recorded. */
-struct kvp_latency_copy {
-    uint64_t bucket[KVP_LATENCY_BUCKETS + 1];
-    uint64_t sum_ns;
-    uint64_t count;
-};
-
-/* The name of opcode op in lower case ("prepare_store"): the op label of the histogram and
- * the key of the status JSON's "requests". */
-void kvp_op_label(uint16_t op, char *out, size_t size);
-
-/* Records one request of opcode op that took ns nanoseconds. Unknown opcodes are ignored. */
-void kvp_latency_record(uint16_t op, uint64_t ns);
-
-/* Copies the histogram of every opcode 1..KVP_OP_MAX_-1 into out (index = opcode; out[0] is
- * zeroed). */
-void kvp_latency_read(struct kvp_latency_copy out[KVP_OP_MAX_]);
-
-/* ---- the LMCache front end's request latency: kvpool_lmcache_request_duration_seconds{op} ---- */
-
-/* LMCache operation ids below this are recorded (LMCache's own end at 103: lmc/messages.h). */
-#define KVP_LMC_OP_IDS 128
-/* Operations a snapshot reports: those recorded at least once, lowest ids first. */
-#define KVP_LMC_OP_REPORTED 32
-
-/* A copy of one LMCache operation's histogram (same buckets as kvp_latency_bound_ns). */
-struct kvp_lmc_latency_copy {
-    const char *op; /* the operation's name, as the front end gave it */
-    struct kvp_latency_copy h;
-};
-
-/*
- * Records one LMCache request of operation id op, named name (a string that outlives the
- * daemon), that took ns nanoseconds: from its arrival on the front end's thread to its reply
- * handed to ZeroMQ. Ids of KVP_LMC_OP_IDS and above are ignored. No lock.
- */
-void kvp_lmc_latency_record(unsigned op, const char *name, uint64_t ns);
-
-/* Copies the histograms of the operations recorded so far, at most cap of them, lowest ids
- * first, into out. Returns how many. */
-uint32_t kvp_lmc_latency_read(struct kvp_lmc_latency_copy *out, uint32_t cap);
+/* Copies the registered families, at most cap, in registration order into out; returns how
+ * many. */
+uint32_t kvp_hist_families(const struct kvp_hist_family **out, uint32_t cap);
 
 /* ---- the store lock's hold time: kvpool_store_lock_hold_seconds ---- */
 
-/*
- * Upper bounds of its buckets in nanoseconds (the last bucket, +Inf, is implicit), from 1 us (a
- * lookup) to 1 s. Recorded by store.c at every release of the store lock, without any lock.
- */
-#define KVP_HOLD_BUCKETS 15
-extern const uint64_t kvp_hold_bound_ns[KVP_HOLD_BUCKETS];
-/* The same bounds as Prometheus writes them in the "le" label. */
-extern const char *const kvp_hold_bound_le[KVP_HOLD_BUCKETS];
+/* Its buckets: 1 us (a lookup) to 1 s. */
+extern const struct kvp_hist_bounds kvp_lock_hold_bounds;
 
-/* A copy of the histogram: per-bucket counts (not cumulative; the last is +Inf), their sum
- * (count), the sum of the hold times and the longest hold since the daemon started. */
-struct kvp_hold_copy {
-    uint64_t bucket[KVP_HOLD_BUCKETS + 1];
-    uint64_t sum_ns;
-    uint64_t count;
-    uint64_t max_ns;
-};
+/* The family: one histogram without a label, with its maximum beside it
+ * (kvpool_store_lock_hold_max_seconds), every series reported from the start. */
+extern const struct kvp_hist_family kvp_lock_hold_family;
 
-/* Records one hold of the store lock that lasted ns nanoseconds. */
+/* Records one hold of the store lock that lasted ns nanoseconds (store.c, at every release).
+ * No lock. */
 void kvp_lock_hold_record(uint64_t ns);
-
-/* Copies the histogram into out. */
-void kvp_lock_hold_read(struct kvp_hold_copy *out);
 
 #endif /* KVP_STATS_H */

@@ -29,13 +29,11 @@
 #include <sched.h>
 
 #include "base/log.h"
-#include "core/daemon.h"
 #include "kvp/session.h"
 
-void kvp_placement_follow(struct kvp_session *c, uint32_t hint)
+void kvp_placement_follow(struct kvp_session *c, uint32_t hint, bool on)
 {
-    if (hint == 0 || c->placement_off ||
-        !atomic_load_explicit(&c->srv->follow_cpu, memory_order_relaxed))
+    if (hint == 0 || c->placement_off || !on)
         return;
     int cpu = (int)hint - 1;
     if (cpu == c->cpu || cpu >= CPU_SETSIZE)

@@ -16,18 +16,22 @@
 #include "core/owner.h"
 
 struct kvp_server;
+struct kvp_sessions;
 
 /* Bytes a session reads ahead with a request's header (a lookup's body is 1 KiB of tokens). */
 #define KVP_SESSION_READAHEAD 4096u
 
 struct kvp_session {
     struct kvp_server *srv;
+    struct kvp_sessions *set; /* the set it belongs to (sessions.h) */
+    /* Its socket: open while the owner is listed, since the owner's callbacks shut it down from
+     * other threads (sessions.c). */
     int fd;
     /* The connection as the core knows it: its id (also the connection's), the peer's pid and
      * uid (SO_PEERCRED), when it connected, its reservations, pins and scratch. Set before the
-     * connection joins the server's list. */
+     * connection joins its set's list. */
     struct kvp_owner owner;
-    struct kvp_session *prev, *next; /* server's connection list */
+    struct kvp_session *prev, *next; /* its set's list, under the set's lock */
 
     /* Bytes read ahead of the current frame (session.c): a request's header and a small body
      * come in one recv(), and what follows them waits here for the next read. */

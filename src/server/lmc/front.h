@@ -1,13 +1,16 @@
 /*
  * front.h - inside the LMCache front end: one decoded request, the front end's state, and the
  * calls between the listener (listener.c: the socket and its thread), the request handlers
- * (handlers.c) and the LMCache semantics kvpool's own protocol does not have (instances.c:
- * instances and their liveness, lookup read locks, prefetch jobs, sessions).
+ * (handlers.c) and the LMCache semantics kvpool's own protocol does not have (their state in
+ * state.h: instances and their liveness in instances.h, pending prepare/commit pairs in
+ * pending.h, stores and retrieves in transfers.h and inband.h, prefetch jobs and lookup read
+ * locks in jobs.h).
  *
  * Threads: everything here belongs to the listener's one thread, which owns the ZeroMQ socket,
  * calls lmc_dispatch() for every request and lmc_tick() between them: no lock. The core (the
  * operations, the store, the registry) takes its own locks. Only the counters in struct
- * lmc_gauges are read by other threads (the reports), as relaxed atomics.
+ * lmc_gauges are read by other threads (the reports), as relaxed atomics, and only the events of
+ * the instances are written by other threads (their owners' callbacks: atomics, instances.c).
  */
 #ifndef KVP_LMC_FRONT_H
 #define KVP_LMC_FRONT_H
@@ -45,7 +48,9 @@ struct lmc_front {
     void *value_ctx;
     bool value_external;
     uint8_t *tokens; /* KVP_MAX_TOKENS * 4 bytes: a key's token ids */
-    uint64_t now_ms; /* monotonic time of the request being served */
+    /* Monotonic time of the request being served, or of the tick: the listener sets it, and
+     * every time rule of the semantics (reaping, the read TTL) reads it, never a clock. */
+    uint64_t now_ms;
     /* What the request came to, in words, for the DEBUG line of each request ("3 of 5 chunks
      * hit"); "" when nothing was said. Written only while DEBUG is logged (lmc_outcome()). */
     char outcome[160];
@@ -54,7 +59,7 @@ struct lmc_front {
      * lmc_peer_of() computes it. */
     uint64_t peer;
     uint8_t peer_key[16]; /* crypto_shorthash_KEYBYTES */
-    struct lmc_state *st; /* instances.c */
+    struct lmc_state *st; /* state.h */
     uint64_t warned_ops;  /* bit per unsupported operation id already logged at WARN */
     bool warned_unknown;
     /* Set by a handler whose reply opens a stream (subscribe_kv_events): the listener then

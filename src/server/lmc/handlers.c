@@ -1,7 +1,7 @@
 /*
  * handlers.c - one handler per LMCache operation: decode the payloads, call the semantics
- * (instances.c, over the core's operations), encode the reply (docs/LMCACHE.md is the
- * contract).
+ * (instances.h, transfers.h, jobs.h: over the core's operations), encode the reply
+ * (docs/LMCACHE.md is the contract).
  *
  * The dispatch table gives each served operation the payload counts LMCache 0.5.5, 0.5.6 and
  * 0.5.7 send (ping, clear and end_session have a shorter older form; 0.5.7 adds a third payload
@@ -30,8 +30,11 @@
 #include "core/daemon.h"
 #include "core/stats.h"
 #include "lmc/front.h"
+#include "lmc/inband.h"
 #include "lmc/instances.h"
+#include "lmc/jobs.h"
 #include "lmc/messages.h"
+#include "lmc/transfers.h"
 
 typedef bool (*lmc_handler_fn)(struct lmc_front *f, const struct lmc_req *r);
 

@@ -1,18 +1,22 @@
 /*
- * instances.h - what LMCache's protocol has and kvpool's own does not, over the core's
- * operations (core/ops.h): LMCache instances and their liveness, the pending prepare/commit
- * pairs of each, lookup read locks held for a request's readers, prefetch jobs whose result is
- * delivered exactly once, and sessions (docs/LMCACHE.md, "Semantics").
+ * instances.h - LMCache instances and their liveness, over the core's owners and operations
+ * (core/owner.h, core/ops.h; docs/LMCACHE.md, "Instances", "Liveness", "Restarts", "Shared memory
+ * lost"): registration, unregistration, pings, reaping, and what the daemon tells an instance
+ * from other threads (the shared segment lost, the end of its client).
  *
  * Each LMCache instance (one worker rank, named by its 63-bit instance id) is an owner of the
- * core (core/owner.h) with one registration; its requests act as that owner, so reaping it is
- * the core's owner release: its reservations aborted, its pins (its retrieves' and the lookup
- * read locks it was chosen to hold) dropped, its registration gone. Keys are the core's, derived
- * from the registration with the rank each request names (the key's worker_id).
+ * core with one registration; its requests act as that owner, so ending it is the core's owner
+ * release: its reservations aborted, its pins (its retrieves' and the lookup read locks it was
+ * chosen to hold) dropped, its registration gone. Its owner carries this front end's callbacks
+ * (struct kvp_owner_ops): another thread's event only marks the instance, and this front end's
+ * thread ends it at its next request, ping or tick.
  *
- * Everything is bounded: LMC_MAX_INSTANCES instances, LMC_MAX_PENDING pending pairs each,
- * LMC_MAX_JOBS prefetch jobs (the oldest is dropped, its locks released, when a lookup finds
- * the table full), LMC_MAX_REAPED remembered reaped ids. Called from the listener's thread only.
+ * Every time rule reads the time of the request being served, lmc_front.now_ms, never a clock
+ * of its own: an instance silent longer than --lmcache-reap-timeout (pinged) or
+ * --lmcache-registration-grace (never pinged) is reaped at the first tick after, not a
+ * millisecond before. The ids of instances gone (reaped, dropped, told, unregistered: the last
+ * LMC_MAX_REAPED) are remembered for their pings. At most LMC_MAX_INSTANCES instances. Called
+ * from the listener's thread only.
  */
 #ifndef KVP_LMC_INSTANCES_H
 #define KVP_LMC_INSTANCES_H
@@ -20,19 +24,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "lmc/envelope.h"
-#include "lmc/front.h"
-#include "lmc/messages.h"
-#include "lmc/torch_pickle.h"
+#include "lmc/state.h"
 
-#define LMC_MAX_INSTANCES 1024u
-#define LMC_MAX_PENDING 64u
-#define LMC_MAX_JOBS 4096u
-#define LMC_MAX_REAPED 256u
-/* Unclaimed lookup read locks are dropped after LMCache's read TTL. */
-#define LMC_READ_TTL_MS (300u * 1000u)
-
+/* Sets up f->st. Returns 0 or -ENOMEM. */
 int lmc_state_init(struct lmc_front *f);
+
+/* Ends every job and instance (reservations aborted, pins dropped), then frees f->st. */
 void lmc_state_destroy(struct lmc_front *f);
 
 /* What a registration answers. */
@@ -48,44 +45,25 @@ void lmc_inst_unregister(struct lmc_front *f, uint64_t iid);
 /* The answer to a ping of instance iid (has false: the scheduler's, without an id). */
 bool lmc_inst_ping(struct lmc_front *f, bool has, uint64_t iid);
 
-/* Slots of a prepare. */
-struct lmc_slots {
-    uint32_t n;
-    struct lmc_slot *slots; /* LMC state scratch: valid until the next request */
-    uint32_t *chunk_indices;
-    struct lmc_slot_shape shape;
-    bool no_buffers; /* prepare_store: answer {} (an in-band instance) */
-    /* prepare_retrieve of an in-band instance: the chunks to encode (n of them, pinned until
-     * lmc_retrieve_in_band_end()) in a tensor envelope (envelope: etpl) or a pickle (tpl). */
-    bool in_band;
-    bool envelope;
-    const uint8_t *const *chunks;
-    const struct kvp_tpickle_template *tpl;
-    const struct kvp_envelope_template *etpl;
-};
-
-void lmc_prepare_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
-                       struct lmc_slots *out);
-/* A commit: data_len 0 publishes the pending prepare's slots; otherwise data carries the range's
- * chunks, a tensor envelope (LMCache 0.5.7, envelope.h) or a pickle (older workers; never
- * unpickled: torch_pickle.h recognises it), decoded, then copied into fresh slots. */
-bool lmc_commit_store(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
-                      const uint8_t *data, uint64_t data_len);
-bool lmc_prepare_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
-                          struct lmc_slots *out);
-/* Ends an in-band prepare_retrieve's pins once its reply is built (sent: counted as
- * retrieved). */
-void lmc_retrieve_in_band_end(struct lmc_front *f, bool sent);
-bool lmc_commit_retrieve(struct lmc_front *f, uint64_t iid, const struct lmc_key *k);
-
-void lmc_lookup(struct lmc_front *f, const struct lmc_key *k);
-/* The job's hit count, once; 0 for an unknown or consumed request id. */
-int64_t lmc_query(struct lmc_front *f, const char *request_id);
-void lmc_free_lookup_locks(struct lmc_front *f, const struct lmc_key *k);
-void lmc_end_session(struct lmc_front *f, const char *request_id);
+/* Frees every chunk nobody pins (LMCache's clear). */
 void lmc_clear(struct lmc_front *f);
 
-/* Reaps silent instances and expires unclaimed lookup locks; returns ms until the next run. */
+/* Reaps silent instances, ends those another thread marked, expires unclaimed lookup locks;
+ * returns the ms until it wants to run again (at most 1000: marks are noticed here). */
 uint64_t lmc_state_tick(struct lmc_front *f);
+
+/* The instance a keyed worker request of operation op (for the logs) acts for, its liveness
+ * refreshed and its rank taken from k; NULL (logged) when it cannot act: unknown (counted),
+ * refused, or k has no worker_id. */
+struct lmc_inst *lmc_inst_worker(struct lmc_front *f, uint64_t iid, const struct lmc_key *k,
+                                 const char *op);
+
+/* Instance iid with its liveness refreshed, or NULL (counted as an unknown instance). */
+struct lmc_inst *lmc_inst_seen(struct lmc_front *f, uint64_t iid);
+
+/* in's worker was offered the segment but sends its chunks in the messages, in form
+ * (KVP_REG_PICKLE or KVP_REG_ENVELOPE): its registration moves to that in-band transport for
+ * good (logged once). Returns whether in is in band now. */
+bool lmc_inst_leave_shm(struct lmc_front *f, struct lmc_inst *in, uint8_t form);
 
 #endif /* KVP_LMC_INSTANCES_H */

@@ -99,6 +99,7 @@
 #include "core/daemon.h"
 #include "core/stats.h"
 #include "lmc/front.h"
+#include "lmc/latency.h"
 
 /* Frames kept of one message: identity, uid, op and LMC_MAX_PAYLOADS payloads. */
 #define MAX_FRAMES (3 + LMC_MAX_PAYLOADS)

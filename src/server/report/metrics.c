@@ -8,18 +8,23 @@
  * their label's value). Counters get the "_total" suffix; rows without a family (totals that are
  * a sum of a labelled family) are left to sum() on the Prometheus side.
  *
- * The latency histograms (requests by opcode, and the store lock's hold time with its maximum
- * beside it) are cumulative, as the format wants: each "le" bucket counts every
- * request at most that long. The stored buckets are not cumulative (one increment per request),
- * and _count is their sum, so the +Inf bucket always equals _count.
+ * Histograms have one renderer, write_hists(), for every family registered with the core
+ * (stats.h): the request latencies of each front end, declared in its own folder (kvp/ by
+ * opcode, lmc/ by LMCache operation), and the store lock's hold time with its maximum beside it.
+ * It knows a family only by what the family declares (name, help, label, label values, bucket
+ * bounds, a maximum gauge), so this layer includes no front end. Buckets are cumulative, as
+ * the format wants: each "le" bucket counts every value at most that long. The stored buckets
+ * are not cumulative (one increment per value), and _count is their sum, so the +Inf bucket
+ * always equals _count.
  *
  * Labels carry only the daemon's own values (transport, cause, op, version, front_end): no
  * worker-supplied string ever becomes a label, so the series count is bounded. The instances and
  * the clients are counted by front end (owner.h: "kvpool", "lmcache") from the snapshot's groups,
  * which come from the registry and the owner list, whichever front end made them:
- * kvpool_instances{front_end,transport} and kvpool_clients{front_end}. The daemon's own protocol
- * is always served, so its series are always there (0 when it has none), as they were before
- * other front ends existed; another front end's appear with its first instance or client. A
+ * kvpool_instances{front_end,transport} and kvpool_connected_clients{front_end} (and its
+ * former name kvpool_clients{front_end}, the same numbers, for one release). The daemon's own
+ * protocol is always served, so its series are always there (0 when it has none), as they were
+ * before other front ends existed; another front end's appear with its first instance or client. A
  * transport is named by kvp_reg_transport_name(), so a new one is a new label value, not a
  * miscount. Front-end names are escaped as label values all the same (they never need it).
  *
@@ -39,7 +44,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/wire.h"
 #include "core/daemon.h"
 #include "core/snapshot.h"
 #include "core/stats.h"
@@ -82,7 +86,7 @@ static void write_label_value(FILE *f, const char *v)
 }
 
 /* The front end that is always there: kvpool's own protocol (kvp/). */
-#define OWN_FRONTEND "kvpool"
+#define OWN_FRONTEND KVP_OWN_FRONTEND
 
 /* One sample of kvpool_instances. */
 static void write_instances_sample(FILE *f, const char *frontend, uint8_t transport, uint64_t n)
@@ -113,102 +117,96 @@ static void write_instances(FILE *f, const struct kvp_snapshot *snap)
             write_instances_sample(f, OWN_FRONTEND, own[k], 0);
 }
 
-/* kvpool_clients{front_end}: the owners of each front end (a kvpool connection, an LMCache
- * worker), kvpool's always. */
-static void write_clients(FILE *f, const struct kvp_snapshot *snap)
+/* The owners of each front end (a kvpool connection, an LMCache worker) as family name,
+ * kvpool's always. */
+static void write_clients(FILE *f, const struct kvp_snapshot *snap, const char *name,
+                          const char *help)
 {
     bool own = false;
 
-    fprintf(f, "# HELP kvpool_clients clients the daemon serves, by front end (a kvpool "
-               "connection, an LMCache worker)\n"
-               "# TYPE kvpool_clients gauge\n");
+    fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
     for (uint32_t i = 0; i < snap->nclient_groups; i++) {
         const struct kvp_owner_group *g = &snap->client_groups[i];
         own |= strcmp(g->frontend, OWN_FRONTEND) == 0;
-        fputs("kvpool_clients{front_end=\"", f);
+        fprintf(f, "%s{front_end=\"", name);
         write_label_value(f, g->frontend);
         fprintf(f, "\"} %" PRIu32 "\n", g->count);
     }
     if (!own)
-        fputs("kvpool_clients{front_end=\"" OWN_FRONTEND "\"} 0\n", f);
+        fprintf(f, "%s{front_end=\"" OWN_FRONTEND "\"} 0\n", name);
 }
 
-static void write_latency(FILE *f, const struct kvp_snapshot *snap)
+/* The labels of a histogram sample: {op="x",le="0.001"}, {le="0.001"}, {op="x"} or nothing.
+ * le is NULL for _sum and _count. */
+static void write_hist_labels(FILE *f, const struct kvp_snap_hist *h, const char *le)
 {
-    fprintf(f, "# HELP kvpool_request_duration_seconds Time from the end of a request's header "
-               "to the end of its reply (body, payload and reply included), by opcode\n"
-               "# TYPE kvpool_request_duration_seconds histogram\n");
-    for (int op = 1; op < KVP_OP_MAX_; op++) {
-        const struct kvp_latency_copy *l = &snap->latency[op];
-        char name[32];
-        uint64_t cum = 0;
-
-        kvp_op_label((uint16_t)op, name, sizeof(name));
-        for (int b = 0; b < KVP_LATENCY_BUCKETS; b++) {
-            cum += l->bucket[b];
-            fprintf(f, "kvpool_request_duration_seconds_bucket{op=\"%s\",le=\"%s\"} %" PRIu64 "\n",
-                    name, kvp_latency_bound_le[b], cum);
-        }
-        fprintf(f, "kvpool_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
-                name, l->count);
-        fprintf(f, "kvpool_request_duration_seconds_sum{op=\"%s\"} %.9f\n", name,
-                (double)l->sum_ns / 1e9);
-        fprintf(f, "kvpool_request_duration_seconds_count{op=\"%s\"} %" PRIu64 "\n", name,
-                l->count);
-    }
-}
-
-/* The LMCache front end's operations, those it has served at least once. */
-static void write_lmc_latency(FILE *f, const struct kvp_snapshot *snap)
-{
-    if (snap->nlmc_latency == 0)
+    const char *label = h->family->label;
+    if (!label && !le)
         return;
-    fprintf(f, "# HELP kvpool_lmcache_request_duration_seconds Time from an LMCache request's "
-               "arrival on the front end's thread to its reply handed to ZeroMQ, by operation\n"
-               "# TYPE kvpool_lmcache_request_duration_seconds histogram\n");
-    for (uint32_t i = 0; i < snap->nlmc_latency; i++) {
-        const struct kvp_latency_copy *l = &snap->lmc_latency[i].h;
-        const char *name = snap->lmc_latency[i].op;
-        uint64_t cum = 0;
-        for (int b = 0; b < KVP_LATENCY_BUCKETS; b++) {
-            cum += l->bucket[b];
-            fprintf(f,
-                    "kvpool_lmcache_request_duration_seconds_bucket{op=\"%s\",le=\"%s\"} %" PRIu64
-                    "\n",
-                    name, kvp_latency_bound_le[b], cum);
-        }
-        fprintf(f,
-                "kvpool_lmcache_request_duration_seconds_bucket{op=\"%s\",le=\"+Inf\"} %" PRIu64
-                "\n",
-                name, l->count);
-        fprintf(f, "kvpool_lmcache_request_duration_seconds_sum{op=\"%s\"} %.9f\n", name,
-                (double)l->sum_ns / 1e9);
-        fprintf(f, "kvpool_lmcache_request_duration_seconds_count{op=\"%s\"} %" PRIu64 "\n", name,
-                l->count);
+    fputc('{', f);
+    if (label) {
+        fprintf(f, "%s=\"", label);
+        write_label_value(f, h->value);
+        fputc('"', f);
     }
+    if (label && le)
+        fputc(',', f);
+    if (le)
+        fprintf(f, "le=\"%s\"", le);
+    fputc('}', f);
 }
 
-static void write_lock_hold(FILE *f, const struct kvp_hold_copy *h)
+/* One series: cumulative buckets (the stored ones are not), +Inf, _sum and _count. */
+static void write_hist_series(FILE *f, const struct kvp_snap_hist *h)
 {
+    const struct kvp_hist_family *fam = h->family;
+    const struct kvp_hist_bounds *b = fam->bounds;
     uint64_t cum = 0;
+    char le[32];
 
-    fprintf(f, "# HELP kvpool_store_lock_hold_seconds How long the store lock was held, each "
-               "time it was taken (every store, lookup, retrieve and eviction takes it)\n"
-               "# TYPE kvpool_store_lock_hold_seconds histogram\n");
-    for (int b = 0; b < KVP_HOLD_BUCKETS; b++) {
-        cum += h->bucket[b];
-        fprintf(f, "kvpool_store_lock_hold_seconds_bucket{le=\"%s\"} %" PRIu64 "\n",
-                kvp_hold_bound_le[b], cum);
+    for (uint32_t i = 0; i < b->n; i++) {
+        cum += h->h.bucket[i];
+        kvp_hist_le(b, i, le, sizeof(le));
+        fprintf(f, "%s_bucket", fam->name);
+        write_hist_labels(f, h, le);
+        fprintf(f, " %" PRIu64 "\n", cum);
     }
-    fprintf(f, "kvpool_store_lock_hold_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", h->count);
-    fprintf(f, "kvpool_store_lock_hold_seconds_sum %.9f\n", (double)h->sum_ns / 1e9);
-    fprintf(f, "kvpool_store_lock_hold_seconds_count %" PRIu64 "\n", h->count);
-    fprintf(f,
-            "# HELP kvpool_store_lock_hold_max_seconds The longest hold of the store lock since "
-            "kvpoold started\n"
-            "# TYPE kvpool_store_lock_hold_max_seconds gauge\n"
-            "kvpool_store_lock_hold_max_seconds %.9f\n",
-            (double)h->max_ns / 1e9);
+    fprintf(f, "%s_bucket", fam->name);
+    write_hist_labels(f, h, "+Inf");
+    fprintf(f, " %" PRIu64 "\n%s_sum", h->h.count, fam->name);
+    write_hist_labels(f, h, NULL);
+    fprintf(f, " %.9f\n%s_count", (double)h->h.sum_ns / 1e9, fam->name);
+    write_hist_labels(f, h, NULL);
+    fprintf(f, " %" PRIu64 "\n", h->h.count);
+}
+
+/*
+ * Every histogram of the snapshot, whatever front end or part of the core registered its
+ * family (stats.h): a family's series are adjacent in the snapshot, so each family is one
+ * block, HELP and TYPE first, then its maximum as a gauge of its own when it has one. A family
+ * without a series in the snapshot (nothing recorded yet) is left out.
+ */
+static void write_hists(FILE *f, const struct kvp_snapshot *snap)
+{
+    for (uint32_t i = 0; i < snap->nhists;) {
+        const struct kvp_hist_family *fam = snap->hists[i].family;
+        uint32_t end = i;
+        while (end < snap->nhists && snap->hists[end].family == fam)
+            end++;
+        fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", fam->name, fam->help, fam->name);
+        for (uint32_t k = i; k < end; k++)
+            write_hist_series(f, &snap->hists[k]);
+        if (fam->max_name) {
+            fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", fam->max_name, fam->max_help,
+                    fam->max_name);
+            for (uint32_t k = i; k < end; k++) {
+                fputs(fam->max_name, f);
+                write_hist_labels(f, &snap->hists[k], NULL);
+                fprintf(f, " %.9f\n", (double)snap->hists[k].h.max_ns / 1e9);
+            }
+        }
+        i = end;
+    }
 }
 
 /* One LMCache metric as an alias of a kvpool counter, times the chunk size when LMCache counts
@@ -279,11 +277,13 @@ char *kvp_metrics_render(const struct kvp_snapshot *snap, size_t *len)
             KVP_DAEMON_VERSION);
     write_map(f, kvp_gauge_desc, snap->gauges, KVP_NGAUGES, false);
     write_instances(f, snap);
-    write_clients(f, snap);
+    write_clients(f, snap, "kvpool_connected_clients",
+                  "clients being served, by front end: connections of kvpool's protocol (what "
+                  "--max-clients bounds), LMCache workers");
+    write_clients(f, snap, "kvpool_clients",
+                  "the same as kvpool_connected_clients (kept for one release: use that)");
     write_map(f, kvp_counter_desc, snap->counters, KVP_NCOUNTERS, true);
-    write_latency(f, snap);
-    write_lmc_latency(f, snap);
-    write_lock_hold(f, &snap->lock_hold);
+    write_hists(f, snap);
     write_lmc_aliases(f, snap);
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) {

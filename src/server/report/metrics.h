@@ -17,8 +17,9 @@ struct kvp_snapshot;
  * Renders the metrics of s, which must have started (kvp_server_start() returned 0): every
  * counter and gauge of stats.h as kvpool_* families with HELP and TYPE, the build info, the
  * instances by front end and transport and the clients by front end
- * (kvpool_instances{front_end,transport}, kvpool_clients{front_end}) and the request-latency
- * histogram kvpool_request_duration_seconds{op}. No lock is held while the text
+ * (kvpool_instances{front_end,transport}, kvpool_connected_clients{front_end}) and every
+ * registered histogram family (stats.h: kvpool_request_duration_seconds{op}, ...). No lock is
+ * held while the text
  * is formatted (snapshot.h). Returns a malloc'd NUL-terminated text and its length (without the
  * NUL) in *len; the caller frees it with free(). NULL when out of memory.
  */

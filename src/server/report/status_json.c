@@ -37,7 +37,6 @@
 
 #include "common/seg_header.h"
 #include "common/units.h"
-#include "common/wire.h"
 #include "core/daemon.h"
 #include "core/seg_guard.h"
 #include "core/snapshot.h"
@@ -241,12 +240,12 @@ static json_t *clients_object(struct doc *d, const struct kvp_server *s,
         put(d, e, "instances", jint(ninst));
         append(d, list, e);
     }
-    /* One count per front end: kvpool's connections (what --max-clients bounds), and each
-     * other front end's clients as the list has them. */
+    /* One count per front end, from the owners (kvp_owners_count_groups()): kvpool's
+     * connections (what --max-clients bounds; always there), each other front end's clients. */
     json_t *by = json_object();
-    put(d, by, "kvpool", jint(snap->gauges[KVP_GAUGE_connections]));
+    put(d, by, KVP_OWN_FRONTEND, jint(snap->gauges[KVP_GAUGE_connections]));
     for (uint32_t i = 0; i < snap->nclient_groups; i++)
-        if (strcmp(snap->client_groups[i].frontend, "kvpool") != 0)
+        if (strcmp(snap->client_groups[i].frontend, KVP_OWN_FRONTEND) != 0)
             put(d, by, snap->client_groups[i].frontend, jint(snap->client_groups[i].count));
     put(d, o, "connected", jint(snap->gauges[KVP_GAUGE_connections]));
     put(d, o, "max", jint(s->cfg.max_clients));
@@ -288,19 +287,26 @@ static json_t *map_object(struct doc *d, const struct kvp_stat_desc *desc, const
     return o;
 }
 
-/* "requests": per opcode (lower case, as the metrics' op label), count and total seconds. */
-static json_t *requests_object(struct doc *d, const struct kvp_snapshot *snap)
+/* The histogram families that have a key in the status (stats.h; kvpool's protocol:
+ * "requests"): under that key, per series (its label's value, as the metrics' op label), count
+ * and total seconds. Whatever registered the family, this file knows it only by its key. */
+static void put_hist_families(struct doc *d, json_t *root, const struct kvp_snapshot *snap)
 {
-    json_t *o = json_object();
-    for (int op = 1; op < KVP_OP_MAX_; op++) {
-        char name[32];
-        kvp_op_label((uint16_t)op, name, sizeof(name));
-        json_t *e = json_object();
-        put(d, e, "count", jint(snap->latency[op].count));
-        put(d, e, "seconds_total", json_real((double)snap->latency[op].sum_ns / 1e9));
-        put(d, o, name, e);
+    for (uint32_t i = 0; i < snap->nhists;) {
+        const struct kvp_hist_family *fam = snap->hists[i].family;
+        json_t *o = fam->status_key && fam->label ? json_object() : NULL;
+        for (; i < snap->nhists && snap->hists[i].family == fam; i++) {
+            if (!o)
+                continue;
+            const struct kvp_hist_copy *h = &snap->hists[i].h;
+            json_t *e = json_object();
+            put(d, e, "count", jint(h->count));
+            put(d, e, "seconds_total", json_real((double)h->sum_ns / 1e9));
+            put(d, o, snap->hists[i].value, e);
+        }
+        if (o)
+            put(d, root, fam->status_key, o);
     }
-    return o;
 }
 
 /* Before start-up has finished there is no store to report on: who is starting, since when. */
@@ -464,7 +470,7 @@ char *kvp_status_json_render(struct kvp_server *s, const struct kvp_snapshot *sn
     put(&d, root, "lmcache", lmcache_object(&d, s, snap));
     put(&d, root, "counters", map_object(&d, kvp_counter_desc, snap->counters, KVP_NCOUNTERS));
     put(&d, root, "gauges", map_object(&d, kvp_gauge_desc, snap->gauges, KVP_NGAUGES));
-    put(&d, root, "requests", requests_object(&d, snap));
+    put_hist_families(&d, root, snap);
 
     char *text = d.bad ? NULL
                        : json_dumps(root,

@@ -2,8 +2,8 @@
  * status_json.h - the daemon's status as one JSON document: the body of GET /api/status (http.c),
  * and what the command line shows (docs/HTTP.md lists every field).
  */
-#ifndef KVP_STATUS_H
-#define KVP_STATUS_H
+#ifndef KVP_STATUS_JSON_H
+#define KVP_STATUS_JSON_H
 
 struct kvp_server;
 struct kvp_snapshot;
@@ -35,4 +35,4 @@ char *kvp_status_health_degraded(struct kvp_server *s);
  */
 char *kvp_status_json_render(struct kvp_server *s, const struct kvp_snapshot *snap);
 
-#endif /* KVP_STATUS_H */
+#endif /* KVP_STATUS_JSON_H */

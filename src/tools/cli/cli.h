@@ -21,8 +21,8 @@
 
 #include <jansson.h>
 
-#include "kvpool.h"
 #include "common/units.h"
+#include "kvpool.h"
 
 #define EXIT_DAEMON 1  /* the daemon refused the request, or it failed once connected */
 #define EXIT_CONNECT 2 /* the daemon cannot be reached */

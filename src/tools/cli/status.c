@@ -403,9 +403,15 @@ void print_status(const struct cli *x, json_t *doc)
     if (clients)
         printf("Clients:    %s\n", client_counts(doc, true, counts, sizeof(counts)));
     if (counters) {
-        uint64_t stored = jnum(counters, "store_bytes_shm") + jnum(counters, "store_bytes_inline");
-        uint64_t got = jnum(counters, "retrieve_bytes_shm") +
-                       jnum(counters, "retrieve_bytes_inline");
+        /* Every transport's (an older daemon's missing ones read as 0). */
+        uint64_t stored = 0, got = 0;
+        for (const char *t = "shm\0inline\0pickle\0envelope\0"; *t; t += strlen(t) + 1) {
+            char name[48];
+            snprintf(name, sizeof(name), "store_bytes_%s", t);
+            stored += jnum(counters, name);
+            snprintf(name, sizeof(name), "retrieve_bytes_%s", t);
+            got += jnum(counters, name);
+        }
         printf("Totals:     %s stored, %s retrieved, %" PRIu64 " evictions, lookup hit ratio %s\n",
                kvp_human_bytes((double)stored, a, sizeof(a)),
                kvp_human_bytes((double)got, b, sizeof(b)), jnum(counters, "evictions"),

@@ -19,19 +19,23 @@
 #include "cli.h"
 
 /* Counters `watch` turns into rates, by their names in the status JSON. */
-#define WATCH_COUNTERS(XX)     \
-    XX(requests)               \
-    XX(lmcache_requests)       \
-    XX(request_errors)         \
-    XX(lookups)                \
-    XX(lookup_chunks)          \
-    XX(lookup_hit_chunks)      \
-    XX(store_chunks_committed) \
-    XX(store_bytes_shm)        \
-    XX(store_bytes_inline)     \
-    XX(retrieve_chunks)        \
-    XX(retrieve_bytes_shm)     \
-    XX(retrieve_bytes_inline)  \
+#define WATCH_COUNTERS(XX)      \
+    XX(requests)                \
+    XX(lmcache_requests)        \
+    XX(request_errors)          \
+    XX(lookups)                 \
+    XX(lookup_chunks)           \
+    XX(lookup_hit_chunks)       \
+    XX(store_chunks_committed)  \
+    XX(store_bytes_shm)         \
+    XX(store_bytes_inline)      \
+    XX(store_bytes_pickle)      \
+    XX(store_bytes_envelope)    \
+    XX(retrieve_chunks)         \
+    XX(retrieve_bytes_shm)      \
+    XX(retrieve_bytes_inline)   \
+    XX(retrieve_bytes_pickle)   \
+    XX(retrieve_bytes_envelope) \
     XX(evictions)
 
 enum watch_counter {
@@ -113,6 +117,31 @@ static double sum2(double a, double b)
     return a < 0 || b < 0 ? -1 : a + b;
 }
 
+/* The transports the counters are kept by (the daemon's names), in the order of the rows of
+ * a family by transport in the watch list. */
+static const char *const transport_names[] = {"shm", "inline", "pickle", "envelope"};
+#define NTRANSPORTS (sizeof(transport_names) / sizeof(transport_names[0]))
+
+/* "Stores      1.2 MiB/s      3.0 chunks/s       (shm ..., inline ..., pickle ..., envelope ...)":
+ * byte rates from counter first on, one per transport. A transport an older daemon does not
+ * report counts as 0 in the total; shm and inline are always reported. */
+static void print_transfers(const char *label, const struct sample *prev, const struct sample *cur,
+                            int first, int chunks)
+{
+    char a[32], d[48], by[NTRANSPORTS][32];
+    double total = 0;
+    for (size_t t = 0; t < NTRANSPORTS; t++) {
+        double r = rate(prev, cur, first + (int)t);
+        fmt_byte_rate(r, by[t], sizeof(by[t]));
+        if (t < 2 || r >= 0)
+            total = sum2(total, r);
+    }
+    printf("%-11s %-14s %-18s (%s %s, %s %s, %s %s, %s %s)\n", label,
+           fmt_byte_rate(total, a, sizeof(a)),
+           fmt_rate(rate(prev, cur, chunks), " chunks/s", d, sizeof(d)), transport_names[0], by[0],
+           transport_names[1], by[1], transport_names[2], by[2], transport_names[3], by[3]);
+}
+
 /* One frame of `watch`: rates over the last interval, then the pool and the instances now. */
 static void print_frame(const struct cli *x, json_t *doc, const struct sample *prev,
                         const struct sample *cur)
@@ -148,17 +177,11 @@ static void print_frame(const struct cli *x, json_t *doc, const struct sample *p
         snprintf(c, sizeof(c), "- (no lookups)");
     printf("Lookups     %-14s hit ratio %s\n",
            fmt_rate(rate(prev, cur, W_lookups), "/s", a, sizeof(a)), c);
-    double shm = rate(prev, cur, W_store_bytes_shm), inl = rate(prev, cur, W_store_bytes_inline);
-    printf("Stores      %-14s %-18s (shm %s, inline %s)\n",
-           fmt_byte_rate(sum2(shm, inl), a, sizeof(a)),
-           fmt_rate(rate(prev, cur, W_store_chunks_committed), " chunks/s", d, sizeof(d)),
-           fmt_byte_rate(shm, b, sizeof(b)), fmt_byte_rate(inl, c, sizeof(c)));
-    shm = rate(prev, cur, W_retrieve_bytes_shm);
-    inl = rate(prev, cur, W_retrieve_bytes_inline);
-    printf("Retrieves   %-14s %-18s (shm %s, inline %s)\n",
-           fmt_byte_rate(sum2(shm, inl), a, sizeof(a)),
-           fmt_rate(rate(prev, cur, W_retrieve_chunks), " chunks/s", d, sizeof(d)),
-           fmt_byte_rate(shm, b, sizeof(b)), fmt_byte_rate(inl, c, sizeof(c)));
+    _Static_assert(W_store_bytes_envelope - W_store_bytes_shm == NTRANSPORTS - 1 &&
+                       W_retrieve_bytes_envelope - W_retrieve_bytes_shm == NTRANSPORTS - 1,
+                   "WATCH_COUNTERS lists the byte counters of every transport in order");
+    print_transfers("Stores", prev, cur, W_store_bytes_shm, W_store_chunks_committed);
+    print_transfers("Retrieves", prev, cur, W_retrieve_bytes_shm, W_retrieve_chunks);
     printf("Evictions   %s\n\n", fmt_rate(rate(prev, cur, W_evictions), "/s", a, sizeof(a)));
 
     if (pool) {
