@@ -10,6 +10,7 @@
  * atomic fields (the byte count, then the flag that it is final).
  */
 #include "common/seg_header.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>

@@ -8,11 +8,14 @@
  * directory planted by somebody else is refused by both sides (docs/SECURITY.md).
  */
 #include "common/socket_path.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "common/why.h"
@@ -91,4 +94,16 @@ int kvp_socket_dir_prepare(const char *dir, uid_t uid, char *why, size_t why_siz
                        strerror(-err));
     }
     return kvp_socket_dir_check(dir, uid, why, why_size);
+}
+
+bool kvp_socket_answers(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    int rc = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+    close(fd);
+    return rc == 0;
 }

@@ -6,6 +6,7 @@
 #ifndef KVP_SOCKET_PATH_H
 #define KVP_SOCKET_PATH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -35,5 +36,9 @@ int kvp_socket_dir_check(const char *dir, uid_t uid, char *why, size_t why_size)
  * applies kvp_socket_dir_check(). Same returns, plus the errno of a failed mkdir().
  */
 int kvp_socket_dir_prepare(const char *dir, uid_t uid, char *why, size_t why_size);
+
+/* True if something accepts connections on the Unix socket path: a live daemon (or anything
+ * else listening), where a dead socket file refuses them. */
+bool kvp_socket_answers(const char *path);
 
 #endif /* KVP_SOCKET_PATH_H */

@@ -7,6 +7,7 @@
  * the tier starts. No allocation, no global state: any thread may call it.
  */
 #include "base/l2_url.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

@@ -32,21 +32,11 @@
 #include "base/log.h"
 #include "common/chunk_hash.h"
 #include "common/layout.h"
+#include "common/why.h"
 #include "core/daemon.h"
 #include "core/seg_guard.h"
 #include "core/stats.h"
 #include "l2/l2.h"
-
-/* Formats the client's message and returns rc, so that a failure is one line. */
-__attribute__((format(printf, 4, 5))) static int fail(char *msg, size_t msg_size, int rc,
-                                                      const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msg_size, fmt, ap);
-    va_end(ap);
-    return rc;
-}
 
 /* ---- counting by transport ---- */
 
@@ -148,7 +138,7 @@ int kvp_op_unregister(struct kvp_owner *o, uint32_t handle, char *msg, size_t ms
      * instance. */
     if (kvp_registry_get_owned(&o->srv->registry, handle, o->id, &inst) ||
         kvp_registry_remove(&o->srv->registry, handle, "unregistered by worker"))
-        return fail(msg, msg_size, -ENOENT, "unknown instance handle 0x%08" PRIx32, handle);
+        return kvp_why(msg, msg_size, -ENOENT, "unknown instance handle 0x%08" PRIx32, handle);
     return 0;
 }
 
@@ -156,11 +146,11 @@ int kvp_op_leave_shm(struct kvp_owner *o, uint32_t handle, uint8_t transport, co
                      char *msg, size_t msg_size)
 {
     if (transport != KVP_REG_INLINE && !kvp_reg_transport_in_band(transport))
-        return fail(msg, msg_size, -EINVAL,
-                    "an instance leaves shm for inline, pickle or envelope only");
+        return kvp_why(msg, msg_size, -EINVAL,
+                       "an instance leaves shm for inline, pickle or envelope only");
     int rc = kvp_registry_leave_shm(&o->srv->registry, handle, o->id, transport, reason);
     if (rc < 0)
-        return fail(msg, msg_size, rc, "unknown instance handle 0x%08" PRIx32, handle);
+        return kvp_why(msg, msg_size, rc, "unknown instance handle 0x%08" PRIx32, handle);
     return rc;
 }
 
@@ -168,7 +158,7 @@ int kvp_op_instance(struct kvp_owner *o, uint32_t handle, struct kvp_registratio
                     size_t msg_size)
 {
     if (kvp_registry_get_owned(&o->srv->registry, handle, o->id, out))
-        return fail(msg, msg_size, -ENOENT, "unknown instance handle 0x%08" PRIx32, handle);
+        return kvp_why(msg, msg_size, -ENOENT, "unknown instance handle 0x%08" PRIx32, handle);
     return 0;
 }
 
@@ -186,26 +176,26 @@ struct keyed {
 static int check_src(const struct kvp_key_src *src, char *msg, size_t msg_size)
 {
     if (!src->tokens_le == !src->chunk_ids && (src->tokens_le || src->nchunk_ids))
-        return fail(msg, msg_size, -EINVAL, "a request names its chunks by tokens or by ids");
+        return kvp_why(msg, msg_size, -EINVAL, "a request names its chunks by tokens or by ids");
     if (src->salt_len > KVP_MAX_SALT)
-        return fail(msg, msg_size, -EINVAL, "salt of %" PRIu32 " bytes exceeds %u", src->salt_len,
-                    KVP_MAX_SALT);
+        return kvp_why(msg, msg_size, -EINVAL, "salt of %" PRIu32 " bytes exceeds %u",
+                       src->salt_len, KVP_MAX_SALT);
     if (src->salt_len && !src->salt)
-        return fail(msg, msg_size, -EINVAL, "salt length without a salt");
+        return kvp_why(msg, msg_size, -EINVAL, "salt length without a salt");
     if (src->chunk_ids) {
         if (src->nchunk_ids > KVP_MAX_CHUNKS)
-            return fail(msg, msg_size, -E2BIG, "%" PRIu32 " chunk ids exceed %u", src->nchunk_ids,
-                        KVP_MAX_CHUNKS);
+            return kvp_why(msg, msg_size, -E2BIG, "%" PRIu32 " chunk ids exceed %u",
+                           src->nchunk_ids, KVP_MAX_CHUNKS);
         if (src->id_len < 1 || src->id_len > KVP_MAX_CHUNK_ID)
-            return fail(msg, msg_size, -EINVAL, "chunk id of %" PRIu32 " bytes (1 to %u)",
-                        src->id_len, KVP_MAX_CHUNK_ID);
+            return kvp_why(msg, msg_size, -EINVAL, "chunk id of %" PRIu32 " bytes (1 to %u)",
+                           src->id_len, KVP_MAX_CHUNK_ID);
         return 0;
     }
     if (src->ntokens > KVP_MAX_TOKENS)
-        return fail(msg, msg_size, -E2BIG, "%" PRIu32 " token ids exceed %u", src->ntokens,
-                    KVP_MAX_TOKENS);
+        return kvp_why(msg, msg_size, -E2BIG, "%" PRIu32 " token ids exceed %u", src->ntokens,
+                       KVP_MAX_TOKENS);
     if (src->ntokens && !src->tokens_le)
-        return fail(msg, msg_size, -EINVAL, "token count without token ids");
+        return kvp_why(msg, msg_size, -EINVAL, "token count without token ids");
     return 0;
 }
 
@@ -221,11 +211,11 @@ static int keyed_prepare(struct kvp_owner *o, uint32_t handle, const struct kvp_
     uint32_t C = s->cfg.chunk_tokens;
 
     if (kvp_owner_alloc(o))
-        return fail(msg, msg_size, -ENOMEM, "out of memory for request buffers");
+        return kvp_why(msg, msg_size, -ENOMEM, "out of memory for request buffers");
     /* The keys come from the registration the handle names, and only from one this owner
      * made: another owner's handle (guessed, or kept by a namesake) is unknown here. */
     if (kvp_registry_get_owned(&s->registry, handle, o->id, &k->inst))
-        return fail(msg, msg_size, -ENOENT, "unknown instance handle 0x%08" PRIx32, handle);
+        return kvp_why(msg, msg_size, -ENOENT, "unknown instance handle 0x%08" PRIx32, handle);
     int rc = check_src(src, msg, msg_size);
     if (rc)
         return rc;
@@ -248,8 +238,8 @@ static int keyed_prepare(struct kvp_owner *o, uint32_t handle, const struct kvp_
     /* Without a salt the seed is the registration's; a salt makes a namespace of its own, and
      * so does another rank (never across models or layouts: the rest comes from inst). */
     if (src->other_rank && src->rank >= k->inst.spec.world_size)
-        return fail(msg, msg_size, -EINVAL, "rank %" PRIu32 " is not below world size %" PRIu32,
-                    src->rank, k->inst.spec.world_size);
+        return kvp_why(msg, msg_size, -EINVAL, "rank %" PRIu32 " is not below world size %" PRIu32,
+                       src->rank, k->inst.spec.world_size);
     bool other = src->other_rank && (k->inst.spec.use_mla || src->rank != k->inst.spec.worker_rank);
     uint8_t seed[KVP_KEY_SIZE];
     memcpy(seed, k->inst.seed, sizeof(seed));
@@ -259,7 +249,7 @@ static int keyed_prepare(struct kvp_owner *o, uint32_t handle, const struct kvp_
         if (other)
             ns.rank = src->rank;
         if (kvp_key_seed(&ns, seed))
-            return fail(msg, msg_size, -ENOMEM, "cannot initialise hashing");
+            return kvp_why(msg, msg_size, -ENOMEM, "cannot initialise hashing");
     }
     if (src->chunk_ids) {
         kvp_key_ids(seed, src->chunk_ids, src->id_len, k->n, o->keys);
@@ -339,15 +329,15 @@ static int lookup_pin(struct kvp_owner *o, const struct keyed *k, struct kvp_op_
 {
     struct kvp_store *st = &o->srv->store;
     if (kvp_holds_full(&o->holds))
-        return fail(msg, msg_size, -EMFILE, "too many open reservations and pins (max %d)",
-                    KVP_MAX_HOLDS);
+        return kvp_why(msg, msg_size, -EMFILE, "too many open reservations and pins (max %d)",
+                       KVP_MAX_HOLDS);
     *cached = kvp_store_pin(st, o->keys, k->n, o->objs);
     if (*cached) {
         struct kvp_hold *hold = kvp_holds_add(&o->holds, k->inst.handle, true, o->objs, *cached,
                                               k->inst.layout.bytes);
         if (!hold) {
             kvp_store_unpin(st, o->objs, *cached);
-            return fail(msg, msg_size, -ENOMEM, "out of memory while pinning");
+            return kvp_why(msg, msg_size, -ENOMEM, "out of memory while pinning");
         }
         res->id = hold->id;
         res->nslots = *cached;
@@ -408,18 +398,18 @@ int kvp_op_prepare_store(struct kvp_owner *o, uint32_t handle, const struct kvp_
     if (rc)
         return rc;
     if (kvp_holds_full(&o->holds))
-        return fail(msg, msg_size, -EMFILE, "too many open reservations and pins (max %d)",
-                    KVP_MAX_HOLDS);
+        return kvp_why(msg, msg_size, -EMFILE, "too many open reservations and pins (max %d)",
+                       KVP_MAX_HOLDS);
     rc = kvp_store_prepare(&s->store, o->keys, k.n, k.inst.layout.bytes, kvp_mono_ms(), o->objs,
                            o->idx, &pr);
     if (rc)
-        return fail(msg, msg_size, rc, "out of memory while reserving");
+        return kvp_why(msg, msg_size, rc, "out of memory while reserving");
     if (pr.nslots) {
         struct kvp_hold *hold = kvp_holds_add(&o->holds, k.inst.handle, false, o->objs, pr.nslots,
                                               k.inst.layout.bytes);
         if (!hold) {
             kvp_store_abort(&s->store, o->objs, pr.nslots);
-            return fail(msg, msg_size, -ENOMEM, "out of memory while reserving");
+            return kvp_why(msg, msg_size, -ENOMEM, "out of memory while reserving");
         }
         res->id = hold->id;
     }
@@ -453,10 +443,10 @@ static int commit_hold(struct kvp_owner *o, struct kvp_hold *hold, uint8_t trans
     int rc = kvp_store_commit(&o->srv->store, hold->objs, hold->n);
     kvp_holds_drop(&o->holds, hold);
     if (rc < 0)
-        return fail(msg, msg_size, rc,
-                    "reservation %" PRIu64 " expired before commit; nothing "
-                    "stored",
-                    id);
+        return kvp_why(msg, msg_size, rc,
+                       "reservation %" PRIu64 " expired before commit; nothing "
+                       "stored",
+                       id);
     uint64_t bytes = (uint64_t)rc * chunk_bytes;
     count_transfer(transport, true, (uint64_t)rc, bytes);
     kvp_registry_count_io(&o->srv->registry, handle, true, (uint64_t)rc, bytes);
@@ -469,8 +459,8 @@ static struct kvp_hold *find_reservation(struct kvp_owner *o, uint32_t handle, u
 {
     struct kvp_hold *hold = kvp_holds_find(&o->holds, id, handle, false);
     if (!hold)
-        fail(msg, msg_size, -ENOENT, "no reservation %" PRIu64 " for this instance of this client",
-             id);
+        kvp_why(msg, msg_size, -ENOENT,
+                "no reservation %" PRIu64 " for this instance of this client", id);
     return hold;
 }
 
@@ -491,19 +481,19 @@ int kvp_op_commit_store(struct kvp_owner *o, uint32_t handle, uint64_t id, enum 
      * The reservation is dropped, as the client library forgets the plan after any commit. */
     if (via == KVP_VIA_SHM && known && inst.transport != KVP_REG_SHM) {
         kvp_holds_release(&o->holds, hold, KVP_DROP_ABORT);
-        return fail(msg, msg_size, -EOPNOTSUPP,
-                    "instance %s uses the inline transport: its data must be sent inline; "
-                    "reservation %" PRIu64 " dropped",
-                    inst.spec.instance_id, id);
+        return kvp_why(msg, msg_size, -EOPNOTSUPP,
+                       "instance %s uses the inline transport: its data must be sent inline; "
+                       "reservation %" PRIu64 " dropped",
+                       inst.spec.instance_id, id);
     }
     /* Once the segment is lost (seg_guard.h), bytes written through a mapping of it never
      * reached the pool the daemon now uses: nothing of such a commit may be published. */
     if (via == KVP_VIA_SHM && kvp_seg_guard_tripped()) {
         kvp_holds_release(&o->holds, hold, KVP_DROP_ABORT);
-        return fail(msg, msg_size, -EOPNOTSUPP,
-                    "the shared segment is lost: data written through it cannot be stored; "
-                    "reservation %" PRIu64 " dropped",
-                    id);
+        return kvp_why(msg, msg_size, -EOPNOTSUPP,
+                       "the shared segment is lost: data written through it cannot be stored; "
+                       "reservation %" PRIu64 " dropped",
+                       id);
     }
     return commit_hold(o, hold, transport, msg, msg_size);
 }
@@ -525,16 +515,16 @@ int kvp_op_store_inline_begin(struct kvp_owner *o, uint32_t handle, uint64_t id,
 {
     *res = (struct kvp_op_slots){.id = 0};
     if (kvp_owner_alloc(o))
-        return fail(msg, msg_size, -ENOMEM, "out of memory for request buffers");
+        return kvp_why(msg, msg_size, -ENOMEM, "out of memory for request buffers");
     struct kvp_hold *hold = find_reservation(o, handle, id, msg, msg_size);
     if (!hold)
         return -ENOENT;
     uint64_t want = (uint64_t)hold->n * hold->chunk_bytes;
     if (payload_len != want) {
         kvp_holds_release(&o->holds, hold, KVP_DROP_ABORT);
-        return fail(msg, msg_size, -EINVAL,
-                    "payload of %" PRIu64 " bytes; reservation %" PRIu64 " needs %" PRIu64,
-                    payload_len, id, want);
+        return kvp_why(msg, msg_size, -EINVAL,
+                       "payload of %" PRIu64 " bytes; reservation %" PRIu64 " needs %" PRIu64,
+                       payload_len, id, want);
     }
     /* Straight into the reserved slots: the hold keeps them the client's, no lock needed. */
     uint8_t *base = o->srv->seg.base;
@@ -562,12 +552,12 @@ int kvp_op_prepare_retrieve(struct kvp_owner *o, uint32_t handle, const struct k
     if (rc)
         return rc;
     if (k.inst.transport != KVP_REG_SHM)
-        return fail(msg, msg_size, -EOPNOTSUPP,
-                    "instance %s uses the inline transport; its chunks are retrieved inline",
-                    k.inst.spec.instance_id);
+        return kvp_why(msg, msg_size, -EOPNOTSUPP,
+                       "instance %s uses the inline transport; its chunks are retrieved inline",
+                       k.inst.spec.instance_id);
     if (kvp_holds_full(&o->holds))
-        return fail(msg, msg_size, -EMFILE, "too many open reservations and pins (max %d)",
-                    KVP_MAX_HOLDS);
+        return kvp_why(msg, msg_size, -EMFILE, "too many open reservations and pins (max %d)",
+                       KVP_MAX_HOLDS);
     uint32_t n = kvp_store_pin(&s->store, o->keys, k.n, o->objs);
     n += retrieve_l2(o, &k, n);
     if (n) {
@@ -575,7 +565,7 @@ int kvp_op_prepare_retrieve(struct kvp_owner *o, uint32_t handle, const struct k
                                               k.inst.layout.bytes);
         if (!hold) {
             kvp_store_unpin(&s->store, o->objs, n);
-            return fail(msg, msg_size, -ENOMEM, "out of memory while pinning");
+            return kvp_why(msg, msg_size, -ENOMEM, "out of memory while pinning");
         }
         res->id = hold->id;
     }
@@ -595,8 +585,8 @@ int kvp_op_commit_retrieve(struct kvp_owner *o, uint32_t handle, uint64_t id, ch
 {
     struct kvp_hold *hold = kvp_holds_find(&o->holds, id, handle, true);
     if (!hold)
-        return fail(msg, msg_size, -ENOENT, "no pin %" PRIu64 " for this instance of this client",
-                    id);
+        return kvp_why(msg, msg_size, -ENOENT,
+                       "no pin %" PRIu64 " for this instance of this client", id);
     uint32_t n = hold->n;
     kvp_holds_release(&o->holds, hold, KVP_DROP_ABORT); /* a pin set: nothing is dropped */
     return (int)n;
@@ -654,6 +644,6 @@ void kvp_op_clear(struct kvp_owner *o, struct kvp_clear_result *res)
 int kvp_op_stats(struct kvp_owner *o, struct kvp_snapshot *snap, char *msg, size_t msg_size)
 {
     if (kvp_snapshot_take(o->srv, 0, snap))
-        return fail(msg, msg_size, -ENOMEM, "out of memory while collecting statistics");
+        return kvp_why(msg, msg_size, -ENOMEM, "out of memory while collecting statistics");
     return 0;
 }

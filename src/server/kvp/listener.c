@@ -162,19 +162,6 @@ static int take_socket_lock(struct kvp_listener *l)
     return 0;
 }
 
-/* True if something accepts connections on path: a daemon that does not take the lock. */
-static bool socket_answers(const char *path)
-{
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return false;
-    int rc = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
-    close(fd);
-    return rc == 0;
-}
-
 /*
  * Binds the socket, without listening. A dead socket file is replaced, anything else
  * at the path is refused. Records the inode so that shutdown removes only our own file.
@@ -195,7 +182,7 @@ static int bind_socket(struct kvp_listener *l)
                       path);
             return -EEXIST;
         }
-        if (socket_answers(path)) {
+        if (kvp_socket_answers(path)) {
             log_error("Refusing to start: another kvpoold is listening on %s", path);
             return -EADDRINUSE;
         }

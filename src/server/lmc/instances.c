@@ -195,16 +195,12 @@ static bool shm_offered(const struct kvp_server *s)
     return s->seg.shared && !s->seg.memfd && !shm_lost_reason(s);
 }
 
-/* torch's names and aliases onto kvpool's dtype names. */
+/* torch's names and aliases onto kvpool's dtype names (common/layout.h's table); an unknown
+ * name is left for the registry to refuse. */
 static const char *canonical_dtype(const char *d)
 {
-    if (strcmp(d, "half") == 0)
-        return "float16";
-    if (strcmp(d, "float") == 0)
-        return "float32";
-    if (strcmp(d, "double") == 0)
-        return "float64";
-    return d;
+    const struct kvp_dtype *t = kvp_dtype_find_torch(d);
+    return t ? t->name : d;
 }
 
 static bool same_layout(const struct lmc_register *a, const struct lmc_register *b)

@@ -227,19 +227,6 @@ static void keep_freed_memory(void)
         log_warn("The LMCache front end cannot tune malloc: large messages will be slower");
 }
 
-/* True if something accepts connections on the Unix socket path. */
-static bool socket_answers(const char *path)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return false;
-    int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-    close(fd);
-    return rc == 0;
-}
-
 /* The rules of kvpool's own socket for an ipc:// path: a private directory, no live socket
  * and nothing else at the path (libzmq would unlink whatever is there). */
 static int check_ipc_path(const char *path)
@@ -263,7 +250,7 @@ static int check_ipc_path(const char *path)
             log_error("Refusing to start: %s exists and is not a socket (--lmcache)", path);
             return -EEXIST;
         }
-        if (socket_answers(path)) {
+        if (kvp_socket_answers(path)) {
             log_error("Refusing to start: something is listening on %s (--lmcache)", path);
             return -EADDRINUSE;
         }

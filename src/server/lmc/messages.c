@@ -12,6 +12,7 @@
  * against frames recorded from it).
  */
 #include "lmc/messages.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
