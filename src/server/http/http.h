@@ -6,7 +6,7 @@
  *   GET /                 the status page (status_page.html), refreshing from /api/status
  *   GET /api/healthcheck  200 {"status":"healthy"} while serving ("degraded" and its reasons
  *                         added while the L2 tier is not up), else 503 with a reason
- *   GET /api/status       the status JSON (status.h)
+ *   GET /api/status       the status JSON (report/status_json.h)
  *   GET /metrics          the Prometheus text format (metrics.h)
  */
 #ifndef KVP_HTTP_H

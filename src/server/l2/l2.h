@@ -3,7 +3,7 @@
  * Redis Cluster through l2_backend.h), so that a prefix computed by one daemon is found by
  * another, and survives a restart.
  *
- * What the daemon sees (handlers.c, server.c):
+ * What the daemon sees (the operations, core/ops.c; server.c starts and stops it):
  *   - after a commit, kvp_l2_stored() queues the new chunks for a copy to L2 (write-behind, by
  *     background threads, never on a worker's request path);
  *   - a lookup that ends before the end of the sequence asks kvp_l2_lookup() how many of the

@@ -8,9 +8,9 @@
  *
  * Threads: everything here belongs to the listener's one thread, which owns the ZeroMQ socket,
  * calls lmc_dispatch() for every request and lmc_tick() between them: no lock. The core (the
- * operations, the store, the registry) takes its own locks. Only the counters in struct
- * lmc_gauges are read by other threads (the reports), as relaxed atomics, and only the events of
- * the instances are written by other threads (their owners' callbacks: atomics, instances.c).
+ * operations, the store, the registry) takes its own locks. Only the events of the instances
+ * are written by other threads (their owners' callbacks: atomics, instances.c); the reports
+ * read the daemon's counters (core/stats.h), never this state.
  */
 #ifndef KVP_LMC_FRONT_H
 #define KVP_LMC_FRONT_H
