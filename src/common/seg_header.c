@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/fence.h"
 #include "common/why.h"
 
 void kvp_seg_header_write(void *base, const uint8_t nonce[KVP_SEG_NONCE_SIZE], uint64_t size,
@@ -31,7 +32,7 @@ void kvp_seg_header_write(void *base, const uint8_t nonce[KVP_SEG_NONCE_SIZE], u
     h->size = size;
     h->owner_pid = pid;
     /* Orders the fields above before the magic: whoever sees the magic sees a whole header. */
-    atomic_thread_fence(memory_order_release);
+    kvp_shared_fence(memory_order_release);
     memcpy(h->magic, KVP_SEG_MAGIC, sizeof(h->magic));
 }
 
@@ -51,7 +52,7 @@ int kvp_seg_header_check(const void *h, size_t len, uint64_t size,
         return kvp_why(why, why_size, -EPROTO, "segment %s has no kvpool header", label);
     /* A copy: the mapping may not be aligned for the wider fields in every caller's view. */
     memcpy(&hdr, h, sizeof(hdr));
-    atomic_thread_fence(memory_order_acquire);
+    kvp_shared_fence(memory_order_acquire);
     if (hdr.version != KVP_SEG_VERSION)
         return kvp_why(why, why_size, -EPROTO, "segment %s has header version %" PRIu32 ", not %u",
                        label, hdr.version, KVP_SEG_VERSION);

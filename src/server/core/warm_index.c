@@ -48,6 +48,7 @@
 #include <xxhash.h>
 
 #include "common/errors.h"
+#include "common/fence.h"
 #include "common/why.h"
 
 #define PAGE_4K 4096u
@@ -91,7 +92,7 @@ int kvp_widx_format(void *base, size_t len, const struct kvp_widx_identity *id, 
     /* The old magic goes first, and the fence keeps every later write after it: a death while
      * the page is rewritten leaves no index, never old and new fields under a valid magic. */
     memset(h->magic, 0, sizeof(h->magic));
-    atomic_thread_fence(memory_order_seq_cst);
+    kvp_shared_fence(memory_order_seq_cst);
     memset((uint8_t *)base + sizeof(h->magic), 0, KVP_WIDX_HEADER - sizeof(h->magic));
     h->version = KVP_WIDX_VERSION;
     h->header_size = KVP_WIDX_HEADER;
@@ -104,7 +105,7 @@ int kvp_widx_format(void *base, size_t len, const struct kvp_widx_identity *id, 
     h->pid = pid;
     h->uid = uid;
     /* Orders the fields above before the magic: whoever sees the magic sees a whole header. */
-    atomic_thread_fence(memory_order_release);
+    kvp_shared_fence(memory_order_release);
     memcpy(h->magic, KVP_WIDX_MAGIC, sizeof(h->magic));
     return 0;
 }
@@ -117,7 +118,7 @@ static int read_header(const void *base, size_t len, struct kvp_widx_header *h, 
         return kvp_why(why, why_size, -EPROTO, "not a kvpool index");
     memcpy(h, base, sizeof(*h));
     /* Pairs with kvp_widx_format()'s release fence: the fields are read after the magic. */
-    atomic_thread_fence(memory_order_acquire);
+    kvp_shared_fence(memory_order_acquire);
     if (h->version != KVP_WIDX_VERSION)
         return kvp_why(why, why_size, -ESTALE, "format version %" PRIu32 ", this kvpoold reads %u",
                        h->version, KVP_WIDX_VERSION);
