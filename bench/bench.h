@@ -13,6 +13,8 @@
  *   many.c       16 workers at once against two-process memcpy, a ping's p99 under that load
  *   frag.c       chunks of 4 KiB-32 MiB sharing 1-12 GiB pools: large stores, the store lock,
  *                a probe's lookups; the hit ratio against a byte-LRU model
+ *   restart.c    warm restart: a full 1-12 GiB pool adopted after SIGKILL, time to the first
+ *                hit, verification on first read, against a cold start storing it all again
  *   memory.c     the daemon's RSS beyond the pool with 64 connected clients
  *   python.c     the Python binding (bench/python_path.py) against the C path, same bytes
  *   lmcache.c    the real LMCache worker (bench/lmcache_worker.py) against `lmcache server`
@@ -104,6 +106,15 @@ enum kvpb_op {
     KVPB_OP_TTFT,          /* vllm: time to first token (with a connector: of a prompt whose
                             * prefix the server holds) */
     KVPB_OP_TTFT_COLD,     /* vllm: the same prompt's first run, which stores its chunks */
+    KVPB_OP_WARM_HIT,      /* restart: exec of the new kvpoold until a lookup finds a chunk */
+    KVPB_OP_ADOPT,         /* restart: the adoption itself, as the new kvpoold's log says */
+    KVPB_OP_FIRST_READ,    /* restart: retrieving every adopted chunk the first time (verified) */
+    KVPB_OP_REREAD,        /* restart: the same again (no verification) */
+    KVPB_OP_CHECKSUM,      /* restart: XXH3-64 of the same bytes in the bench's process */
+    KVPB_OP_COLD_READY,    /* restart: a cold kvpoold's exec until its first answered ping */
+    KVPB_OP_COLD_RESERVE,  /* restart: the same until its pool is wholly reserved */
+    KVPB_OP_STORE_AGAIN,   /* restart: a worker storing the same chunks into the cold pool */
+    KVPB_OP_STORE_NOWARM,  /* restart: the same into a kvpoold with --warm-restart off */
     KVPB_OP_COUNT_
 };
 
@@ -168,7 +179,10 @@ struct kvpb_config {
     bool do_l2; /* the L2 tier's rows (l2.c); they need the Redis comparator */
     bool do_startup, do_many, do_memory, do_python; /* the scale sections (their own files) */
     bool do_frag;                                   /* the fragmentation section (frag.c) */
-    bool do_lmcache;                                /* the LMCache section (lmcache.c) */
+    bool do_restart;                                /* the warm-restart section (restart.c) */
+    uint64_t restart_pools[KVPB_MAX_SIZES];         /* its pool sizes (--restart-pools) */
+    uint32_t nrestart_pools;
+    bool do_lmcache;             /* the LMCache section (lmcache.c) */
     const char *lmcache_venv;    /* its virtual environment (scripts/lmcache-env.sh) */
     const char *lmcache057_venv; /* the same for the LMCache 0.5.7 worker and server */
     bool do_vllm;                /* the vLLM section (vllm.c) */
@@ -270,12 +284,13 @@ struct kvpb_row {
 };
 
 /* The detail of the rows of the scale sections, which the report groups by. */
-#define KVPB_D_STARTUP "memfd pool"  /* startup.c */
-#define KVPB_D_MANY "many"           /* many.c: the store/retrieve/memcpy cells of 16 workers */
-#define KVPB_D_CPATH "C path"        /* python.c: kvp_store()/kvp_retrieve() from C */
-#define KVPB_D_NUMPY "numpy"         /* python.c: ctx.store()/ctx.retrieve() on numpy arrays */
-#define KVPB_D_FRAG "fragmentation"  /* frag.c */
-#define KVPB_D_LMC_SHM "lmcache shm" /* lmcache.c: LMCache's SHM transport */
+#define KVPB_D_STARTUP "memfd pool"   /* startup.c */
+#define KVPB_D_MANY "many"            /* many.c: the store/retrieve/memcpy cells of 16 workers */
+#define KVPB_D_CPATH "C path"         /* python.c: kvp_store()/kvp_retrieve() from C */
+#define KVPB_D_NUMPY "numpy"          /* python.c: ctx.store()/ctx.retrieve() on numpy arrays */
+#define KVPB_D_FRAG "fragmentation"   /* frag.c */
+#define KVPB_D_RESTART "warm restart" /* restart.c */
+#define KVPB_D_LMC_SHM "lmcache shm"  /* lmcache.c: LMCache's SHM transport */
 #define KVPB_D_LMC_PICKLE "lmcache pickle"         /* lmcache.c: LMCache's pickle transport */
 #define KVPB_D_LMC057_SHM "lmcache 0.5.7 shm"      /* lmcache.c: LMCache 0.5.7's SHM transport */
 #define KVPB_D_LMC057_ENV "lmcache 0.5.7 envelope" /* lmcache.c: 0.5.7's TensorEnvelope */
@@ -490,6 +505,13 @@ void kvpb_many_phase(const struct kvpb_config *cfg, const char *socket, uint32_t
  * one after the other, and the hit ratio of a mixed-size trace against a byte-LRU model. */
 void kvpb_frag_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
                      struct kvpb_rows *rows);
+
+/* restart.c: for each pool of cfg->restart_pools, a kvpoold (posix segment) filled with 4 MiB
+ * chunks, then with 256 KiB ones, SIGKILLed and started again: the time to its first hit, the
+ * adoption, first reads against later reads, against a cold start whose worker stores the same
+ * chunks again. kvpoold is its binary, dir holds its socket and logs. */
+void kvpb_restart_phase(const struct kvpb_config *cfg, const char *kvpoold, const char *dir,
+                        struct kvpb_rows *rows);
 
 /* memory.c: the RSS of the daemon with pid daemon_pid before and after 64 clients connect. */
 void kvpb_memory_phase(const struct kvpb_config *cfg, const char *socket, pid_t daemon_pid,

@@ -61,6 +61,9 @@ static void set_defaults(struct kvpb_config *cfg)
         .do_startup = true,
         .do_many = true,
         .do_frag = true,
+        .do_restart = true,
+        .restart_pools = {KVPB_GiB, 4 * KVPB_GiB, 12 * KVPB_GiB},
+        .nrestart_pools = 3,
         .do_memory = true,
         .do_python = true,
         .do_lmcache = true,
@@ -101,17 +104,23 @@ static int parse_size(const char *s, uint64_t *out)
     return *out ? 0 : -EINVAL;
 }
 
-static int parse_sizes(const char *list, struct kvpb_config *cfg)
+/* A comma-separated list of sizes into v (at most KVPB_MAX_SIZES), *n of them. */
+static int parse_size_list(const char *list, uint64_t *v, uint32_t *n)
 {
     char buf[512];
     snprintf(buf, sizeof(buf), "%s", list);
-    cfg->nsizes = 0;
+    *n = 0;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (cfg->nsizes == KVPB_MAX_SIZES || parse_size(t, &cfg->sizes[cfg->nsizes]) < 0)
+        if (*n == KVPB_MAX_SIZES || parse_size(t, &v[*n]) < 0)
             return -EINVAL;
-        cfg->nsizes++;
+        (*n)++;
     }
-    return cfg->nsizes ? 0 : -EINVAL;
+    return *n ? 0 : -EINVAL;
+}
+
+static int parse_sizes(const char *list, struct kvpb_config *cfg)
+{
+    return parse_size_list(list, cfg->sizes, &cfg->nsizes);
 }
 
 static int parse_only(const char *list, struct kvpb_config *cfg)
@@ -120,6 +129,7 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
     snprintf(buf, sizeof(buf), "%s", list);
     cfg->do_sweep = cfg->do_rtt = cfg->do_paged = cfg->do_pressure = cfg->do_l2 = false;
     cfg->do_startup = cfg->do_many = cfg->do_memory = cfg->do_python = cfg->do_frag = false;
+    cfg->do_restart = false;
     cfg->do_lmcache = cfg->do_vllm = false;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (strcmp(t, "sweep") == 0)
@@ -138,6 +148,8 @@ static int parse_only(const char *list, struct kvpb_config *cfg)
             cfg->do_many = true;
         else if (strcmp(t, "fragmentation") == 0)
             cfg->do_frag = true;
+        else if (strcmp(t, "restart") == 0)
+            cfg->do_restart = true;
         else if (strcmp(t, "memory") == 0)
             cfg->do_memory = true;
         else if (strcmp(t, "python") == 0)
@@ -175,7 +187,7 @@ static int parse_transports(const char *list, struct kvpb_config *cfg)
 /* What the setters write: the configuration, and the lists kept for after the loop. */
 struct cli {
     struct kvpb_config *cfg;
-    const char *sizes, *only, *transports;
+    const char *sizes, *only, *transports, *restart_pools;
 };
 
 struct cli_opt {
@@ -280,8 +292,12 @@ static const struct cli_opt opts[] = {
      CFG(pressure_chunk), 0},
     {"only", "LIST",
      "sections to run: sweep,rtt,paged,pressure,l2,startup,many,memory,\n"
-     "python,fragmentation,lmcache,vllm (default all)",
+     "python,fragmentation,restart,lmcache,vllm (default all)",
      set_later, offsetof(struct cli, only), 0},
+    {"restart-pools", "LIST",
+     "pool sizes of the restart section (default 1GiB,4GiB,12GiB;\n"
+     "--quick: 64MiB)",
+     set_later, offsetof(struct cli, restart_pools), 0},
     {"transports", "LIST",
      "sweep transports: shm,inline,uds,redis (default all; memcpy, the\n"
      "baseline, always runs)",
@@ -365,6 +381,8 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
         cfg->rtt_count = 200;
         cfg->pressure_chunk = 256 * KVPB_KiB;
         cfg->pressure_reps = 2;
+        cfg->restart_pools[0] = 64 * KVPB_MiB;
+        cfg->nrestart_pools = 1;
     }
     while ((c = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
         if (c < OPT_VAL || c >= OPT_VAL + (int)NOPTS) {
@@ -382,13 +400,18 @@ void kvpb_parse_args(int argc, char **argv, struct kvpb_config *cfg)
         fprintf(stderr, "kvpool-bench: bad --sizes '%s'\n", cli.sizes);
         exit(2);
     }
+    if (cli.restart_pools &&
+        parse_size_list(cli.restart_pools, cfg->restart_pools, &cfg->nrestart_pools) < 0) {
+        fprintf(stderr, "kvpool-bench: bad --restart-pools '%s'\n", cli.restart_pools);
+        exit(2);
+    }
     if (cfg->quick && !cli.only)
         cfg->do_vllm = false;
     if (cli.only && parse_only(cli.only, cfg) < 0) {
         fprintf(stderr,
                 "kvpool-bench: bad --only '%s' "
-                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python,fragmentation,lmcache,"
-                "vllm)\n",
+                "(sweep,rtt,paged,pressure,l2,startup,many,memory,python,fragmentation,restart,"
+                "lmcache,vllm)\n",
                 cli.only);
         exit(2);
     }

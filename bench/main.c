@@ -26,7 +26,8 @@
  *
  * The scale sections run in their own files and add their rows to x->extra: start-up of
  * daemons of 1-12 GiB (startup.c, before anything else, so that nothing else holds memory),
- * the Python binding against the C path (python.c, on the worker pool, after the pressure
+ * warm restart of 1-12 GiB pools (restart.c, after the fragmentation section, for the same
+ * reason), the Python binding against the C path (python.c, on the worker pool, after the pressure
  * rows), 16 workers at once with a ping meanwhile (many.c, once the run's workers have
  * stopped) and the daemon's memory with 64 clients (memory.c, last). The round-trip section
  * also looks up a cached 128-chunk prefix ("lookup-128"). The LMCache section (lmcache.c)
@@ -683,6 +684,15 @@ int main(int argc, char **argv)
             return 1;
         }
         kvpb_frag_phase(&x.cfg, exe, g_run.dir, &x.extra);
+    }
+    /* Warm restart: its daemons hold pools of up to 12 GiB in /dev/shm, one at a time. */
+    if (x.cfg.do_restart) {
+        if (!kvpb_find_exe(x.cfg.kvpoold, exe, sizeof(exe))) {
+            fprintf(stderr, "kvpool-bench: cannot find kvpoold (%s); use --kvpoold PATH\n",
+                    x.cfg.kvpoold);
+            return 1;
+        }
+        kvpb_restart_phase(&x.cfg, exe, g_run.dir, &x.extra);
     }
     /* The LMCache section starts servers of its own (two 1 GiB pools at a time): also before
      * the main daemon. */

@@ -82,6 +82,15 @@ static const char *const op_names[KVPB_OP_COUNT_] = {
     [KVPB_OP_HASH_XXH3] = "xxh3",
     [KVPB_OP_TTFT] = "ttft",
     [KVPB_OP_TTFT_COLD] = "ttft-cold",
+    [KVPB_OP_WARM_HIT] = "warm-first-hit",
+    [KVPB_OP_ADOPT] = "adopt",
+    [KVPB_OP_FIRST_READ] = "first-read",
+    [KVPB_OP_REREAD] = "reread",
+    [KVPB_OP_CHECKSUM] = "xxh3-64",
+    [KVPB_OP_COLD_READY] = "cold-ready",
+    [KVPB_OP_COLD_RESERVE] = "cold-reserved",
+    [KVPB_OP_STORE_AGAIN] = "store-again",
+    [KVPB_OP_STORE_NOWARM] = "store-no-warm",
 };
 
 const char *kvpb_transport_name(int t)
@@ -203,6 +212,7 @@ enum section {
     SEC_PAGED,
     SEC_PRESSURE,
     SEC_STARTUP,
+    SEC_RESTART,
     SEC_MANY,
     SEC_PYTHON,
     SEC_MEMORY,
@@ -221,6 +231,8 @@ static int row_group(const struct kvpb_row *r)
         return SEC_LMCACHE;
     if (strcmp(r->detail, KVPB_D_FRAG) == 0)
         return SEC_FRAG;
+    if (strcmp(r->detail, KVPB_D_RESTART) == 0)
+        return SEC_RESTART;
     if (r->pool_bytes)
         return SEC_STARTUP;
     if (strcmp(r->detail, KVPB_D_MANY) == 0 || r->op == KVPB_OP_PING_LOAD ||
@@ -564,6 +576,88 @@ static void print_startup(const struct kvpb_row *rows, size_t n)
                cell(c, 32, rs, rs ? rs->ms : NAN, 0), cell(d, 32, rs, rs ? rs->gb_per_s : NAN, 2),
                cell(e, 32, ms, ms ? ms->gb_per_s : NAN, 2),
                rs && !rs->invalid ? ratio(f, 32, rs->ratio_to_memcpy) : "-");
+    }
+}
+
+/* The restart section's row of (pool, chunk, op), or NULL. */
+static const struct kvpb_row *find_restart(const struct kvpb_row *rows, size_t n, uint64_t pool,
+                                           uint64_t chunk, int op)
+{
+    for (size_t i = 0; i < n; i++)
+        if (row_group(&rows[i]) == SEC_RESTART && rows[i].op == op && rows[i].pool_bytes == pool &&
+            rows[i].chunk_bytes == chunk)
+            return &rows[i];
+    return NULL;
+}
+
+/*
+ * Warm restart: two lines per pool and chunk size. Time: what the adoption costs (the daemon's
+ * own figure, and exec until the first hit) beside what a cold start costs to get the same
+ * chunks back (exec until the pool is reserved, then a worker storing them again). Throughput:
+ * what the verification of each adopted chunk costs its first read, against later reads, XXH3-64
+ * alone and memcpy of the same bytes; and what warm restart costs a store (its checksum and
+ * record at the commit), against the same stores with --warm-restart off.
+ */
+static void print_restart(const struct kvpb_row *rows, size_t n)
+{
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], sz[32], ch[32];
+    bool any = false;
+
+    for (int table = 0; table < 2; table++) {
+        for (size_t i = 0; i < n; i++) {
+            const struct kvpb_row *r = &rows[i];
+            if (row_group(r) != SEC_RESTART || r->op != KVPB_OP_WARM_HIT)
+                continue;
+            uint64_t pool = r->pool_bytes, chunk = r->chunk_bytes;
+            const struct kvpb_row *ad = find_restart(rows, n, pool, chunk, KVPB_OP_ADOPT);
+            const struct kvpb_row *fr = find_restart(rows, n, pool, chunk, KVPB_OP_FIRST_READ);
+            const struct kvpb_row *rr = find_restart(rows, n, pool, chunk, KVPB_OP_REREAD);
+            const struct kvpb_row *xx = find_restart(rows, n, pool, chunk, KVPB_OP_CHECKSUM);
+            const struct kvpb_row *mc = find_restart(rows, n, pool, chunk, KVPB_OP_COPY);
+            const struct kvpb_row *cr = find_restart(rows, n, pool, chunk, KVPB_OP_COLD_RESERVE);
+            const struct kvpb_row *sa = find_restart(rows, n, pool, chunk, KVPB_OP_STORE_AGAIN);
+            const struct kvpb_row *so = find_restart(rows, n, pool, chunk, KVPB_OP_STORE_NOWARM);
+            if (!any)
+                printf("\nWarm restart (a posix pool filled with chunks, SIGKILL, a new kvpoold on "
+                       "the same socket):\nfirst hit = exec of the new kvpoold until a client's "
+                       "lookup finds a chunk; adopt = the\nnew daemon's own figure; cold = the "
+                       "pool freed (SIGTERM), a new kvpoold's exec until its pool\nis reserved, "
+                       "then a worker storing the same chunks again; saved = cold - first hit\n\n"
+                       "%7s %7s %7s %9s %11s %12s %9s %9s %8s\n",
+                       "pool", "chunk", "chunks", "adopt ms", "adopted/s", "first hit ms",
+                       "cold ms", "store ms", "saved s");
+            any = true;
+            if (table == 0) {
+                double cold = cr && sa && !cr->invalid && !sa->invalid ? cr->ms + sa->ms : NAN;
+                double saved = !r->invalid && !isnan(cold) ? (cold - r->ms) / 1e3 : NAN;
+                printf("%7s %7s %7.0f %9s %11s %12s %9s %9s %8s\n",
+                       kvpb_fmt_size(pool, sz, sizeof(sz)), kvpb_fmt_size(chunk, ch, sizeof(ch)),
+                       ad ? (double)ad->samples : 0.0, cell(a, 32, ad, ad ? ad->ms : NAN, 0),
+                       cell(b, 32, ad, ad ? ad->ops_per_s : NAN, 0), cell(c, 32, r, r->ms, 0),
+                       num(d, 32, cold, 0), cell(e, 32, sa, sa ? sa->ms : NAN, 0),
+                       num(f, 32, saved, 1));
+                continue;
+            }
+            double first = fr && !fr->invalid ? fr->gb_per_s : NAN;
+            double again = rr && !rr->invalid ? rr->gb_per_s : NAN;
+            double on = sa && !sa->invalid ? sa->gb_per_s : NAN;
+            double off = so && !so->invalid ? so->gb_per_s : NAN;
+            printf("%7s %7s %10s %8s %8s %8s %8s %10s %10s %8s\n",
+                   kvpb_fmt_size(pool, sz, sizeof(sz)), kvpb_fmt_size(chunk, ch, sizeof(ch)),
+                   num(a, 32, first, 2), num(b, 32, again, 2), ratio(c, 32, first / again),
+                   cell(d, 32, xx, xx ? xx->gb_per_s : NAN, 2),
+                   cell(e, 32, mc, mc ? mc->gb_per_s : NAN, 2), num(f, 32, on, 2),
+                   num(g, 32, off, 2), ratio(h, 32, on / off));
+        }
+        if (any && table == 0)
+            printf("\nReads of the adopted chunks over shm (copy included): the first one checks "
+                   "each chunk against\nits checksum, the reread does not; xxh3 = the checksum "
+                   "alone, memcpy = the same bytes copied\n(the physical limits, same run). "
+                   "Stores (GB/s) into the cold pool with warm restart (a checksum\nand a record "
+                   "per chunk at its commit) and without (--warm-restart off)\n\n"
+                   "%7s %7s %10s %8s %8s %8s %8s %10s %10s %8s\n",
+                   "pool", "chunk", "1st read", "reread", "1st/re", "xxh3", "memcpy", "store on",
+                   "store off", "on/off");
     }
 }
 
@@ -1023,6 +1117,12 @@ static void print_targets(const struct kvpb_row *rows, size_t n)
     print_target_worst("register <= 50 ms", rows, n, covers_register, register_ms, "ms", 50.0);
     print_reported("pool reservation GB/s vs memset (first touch)", rows, n, KVPB_OP_RESERVE,
                    SEC_STARTUP, offsetof(struct kvpb_row, ratio_to_memcpy));
+    print_reported("warm restart: cold start / first hit", rows, n, KVPB_OP_WARM_HIT, SEC_RESTART,
+                   offsetof(struct kvpb_row, speedup));
+    print_reported("warm restart: first read / reread GB/s", rows, n, KVPB_OP_FIRST_READ,
+                   SEC_RESTART, offsetof(struct kvpb_row, ratio_to_limit));
+    print_reported("warm restart: store with it / without", rows, n, KVPB_OP_STORE_AGAIN,
+                   SEC_RESTART, offsetof(struct kvpb_row, ratio_to_limit));
     const struct kvpb_row *l128 = find_row(rows, n, SEC_RTT, KVPB_OP_LOOKUP128, 0);
     char text[128];
     if (l128 && !isnan(l128->us_per_chunk)) {
@@ -1096,6 +1196,7 @@ void kvpb_report_table(const struct kvpb_config *cfg, const struct kvpb_run_info
     print_paged(rows, n);
     print_pressure(rows, n);
     print_startup(rows, n);
+    print_restart(rows, n);
     print_many(rows, n);
     print_python(rows, n);
     print_memory(rows, n);

@@ -6,6 +6,12 @@
  * neither the shared segment nor the socket file behind. A stop during start-up (a long pool
  * reservation) ends the start-up early, also with status 0.
  *
+ * SIGUSR2 stops the daemon like SIGTERM for a planned restart (an upgrade, a new binary): the
+ * pool's segment and its warm-restart index stay in /dev/shm, marked as left on purpose, and the
+ * next kvpoold started with the same configuration adopts them (core/warm_restart.h) and serves
+ * their chunks at once. Exit status 0. With --warm-restart off (or no named segment) there is
+ * nothing to leave, and SIGUSR2 is a plain stop, which a WARN line says.
+ *
  * SIGHUP reloads the configuration, as PostgreSQL and nginx do: the handler only flags it and
  * wakes the main loop (server.c), which returns here; the main thread parses the same layers again
  * (the
@@ -43,6 +49,12 @@ static void on_stop_signal(int sig)
 {
     (void)sig;
     kvp_server_stop(&server);
+}
+
+static void on_restart_signal(int sig)
+{
+    (void)sig;
+    kvp_server_stop_planned(&server);
 }
 
 static void on_reload_signal(int sig)
@@ -88,6 +100,9 @@ int main(int argc, char **argv)
     sigemptyset(&stop.sa_mask);
     sigaction(SIGINT, &stop, NULL);
     sigaction(SIGTERM, &stop, NULL);
+    struct sigaction restart = {.sa_handler = on_restart_signal};
+    sigemptyset(&restart.sa_mask);
+    sigaction(SIGUSR2, &restart, NULL);
     struct sigaction hup = {.sa_handler = on_reload_signal};
     sigemptyset(&hup.sa_mask);
     sigaction(SIGHUP, &hup, NULL);
@@ -100,13 +115,20 @@ int main(int argc, char **argv)
         return EXIT_SUCCESS;
     }
     if (rc) {
+        /* A pool adopted before the step that failed stays for the next attempt: nothing of it
+         * has been served, and the next kvpoold adopts it again. */
+        if (server.warm.adopted)
+            atomic_store(&server.planned_restart, true);
         kvp_server_destroy(&server);
         return EXIT_FAILURE;
     }
     while ((rc = kvp_server_run(&server)) == KVP_SERVER_RELOAD)
         reload(&cfg, argc, argv);
     kvp_notify_stopping();
-    log_info("kvpoold stopping");
+    if (atomic_load(&server.planned_restart))
+        log_info("kvpoold stopping for a restart (SIGUSR2): the pool stays for the next kvpoold");
+    else
+        log_info("kvpoold stopping");
     kvp_server_destroy(&server);
     /* The lock file stays (kvp/listener.c): removing it would let two daemons that opened it
      * at different moments both think they own the socket. */

@@ -13,15 +13,19 @@
  *      of all of them, the HTTP endpoint (bound, and answering 503 "starting" from
  *      /api/healthcheck until the end of step 5, so that a probe can watch a long reservation),
  *      LMCache's (--lmcache, bound);
- *   2. crash leftovers: segments of dead daemons in /dev/shm are removed (segment.c), so the
- *      gate counts the space they held;
- *   3. the transport decision (transport.c): capacity gate (shm_gate.c) on the segment size
- *      (header page + pool), then the shared segment (segment.c), or private memory when the
- *      gate or the reservation said no; a segment held by a live daemon is fatal. Only the
- *      first KVP_RESERVE_FIRST bytes of the pool are reserved here, so start-up takes the same
- *      time for any pool size;
- *   4. the core over that memory: store, L2 tier, registry (shared by the front ends that
- *      register instances);
+ *   2. warm restart (warm_restart.c): the pool a dead kvpoold left on this socket is adopted
+ *      (its segment locked and kept, nothing of it read), or set aside with one WARN line; then
+ *      crash leftovers: segments of dead daemons in /dev/shm are removed (segment.c; the
+ *      adopted one is locked, so never), and indexes whose pool is gone, so the gate counts
+ *      the space they held;
+ *   3. the transport decision (transport.c): the adopted segment as it is, else the capacity
+ *      gate (shm_gate.c) on the segment size (header page + pool, and the warm-restart index),
+ *      then the shared segment (segment.c), or private memory when the gate or the reservation
+ *      said no; a segment held by a live daemon is fatal. Only the first KVP_RESERVE_FIRST
+ *      bytes of the pool are reserved here, so start-up takes the same time for any pool size;
+ *   4. the core over that memory: store (with an adopted pool, its index scanned into it and
+ *      the INFO line that says what was adopted; with a new one, a fresh index beside it), L2
+ *      tier, registry (shared by the front ends that register instances);
  *   5. start the front ends and the threads: kvpool's listens, the housekeeping thread
  *      (expiry.c), LMCache's serves, the thread that reserves the rest of the pool (warmup.c; it
  *      logs its progress and stops early on SIGINT/SIGTERM/SIGHUP), then the "ready" line and
@@ -37,8 +41,9 @@
  * if still ours); every client of every front end told to go (KVP_OWNER_DROP, owner.h: kvpool's
  * connections are shut down, their threads release their holds and exit), and kvpool's waited
  * for; LMCache's front end closed; the warm-up and housekeeping threads; the HTTP endpoint
- * (503 "stopping" until then); the L2 tier; registry, store and segment. kvpool's socket lock
- * goes last.
+ * (503 "stopping" until then); the L2 tier; registry, store and segment. A planned restart
+ * (SIGUSR2) leaves the segment and its index for the next kvpoold (warm_restart.c); a plain
+ * stop removes both. kvpool's socket lock goes last.
  */
 #include "server.h"
 
@@ -167,6 +172,8 @@ int kvp_server_init(struct kvp_server *s, const struct kvp_config *cfg)
     s->wake_fds[0] = s->wake_fds[1] = -1;
     s->started_mono_ms = kvp_mono_ms();
     s->started_wall_ms = kvp_wall_ms();
+    kvp_warm_init(&s->warm, cfg);
+    atomic_init(&s->planned_restart, false);
     kvp_owners_init(&s->owners);
     atomic_init(&s->reserve_timeout_s, cfg->reserve_timeout_s);
     /* Each front end's request-latency family, for the reports (core/stats.h). */
@@ -210,9 +217,11 @@ int kvp_server_start(struct kvp_server *s)
     if (atomic_load(&s->stopping))
         return -ECANCELED;
 
-    /* 2. and 3. The pool's memory. */
-    kvp_segment_sweep(KVP_SHM_DIR, cfg->shm_enabled ? cfg->shm_name : NULL, KVP_SWEEP_MIN_AGE_S);
+    /* 2. and 3. The pool's memory: a dead predecessor's, or the leftovers reaped first. */
     kvp_segment_set_reserve_control(progress_interval(), &s->stopping);
+    (void)kvp_warm_find(&s->warm, cfg, &s->seg);
+    kvp_segment_sweep(KVP_SHM_DIR, cfg->shm_enabled ? cfg->shm_name : NULL, KVP_SWEEP_MIN_AGE_S);
+    (void)kvp_warm_sweep(&s->warm, KVP_SHM_DIR, KVP_SWEEP_MIN_AGE_S);
     rc = kvp_transport_setup(&s->cfg, &s->seg, s->shm_reason, sizeof(s->shm_reason), &s->gate);
     if (rc)
         return rc;
@@ -231,6 +240,8 @@ int kvp_server_start(struct kvp_server *s)
         return rc;
     }
     s->store_ready = true;
+    /* The adopted pool's chunks into the store, or a fresh index for a new pool. */
+    kvp_warm_attach(&s->warm, &s->seg, &s->store);
     /* Its threads connect by themselves: an unreachable L2 never delays the start-up. */
     rc = kvp_l2_start(cfg, &s->store, s->seg.base, &s->l2);
     if (rc)
@@ -276,6 +287,13 @@ void kvp_server_stop(struct kvp_server *s)
         ssize_t w = write(s->wake_fds[1], "x", 1);
         (void)w;
     }
+}
+
+/* Called from the signal handler, like kvp_server_stop(). */
+void kvp_server_stop_planned(struct kvp_server *s)
+{
+    atomic_store(&s->planned_restart, true);
+    kvp_server_stop(s);
 }
 
 /* Called from the signal handler, like kvp_server_stop(). */
@@ -364,6 +382,10 @@ int kvp_server_run(struct kvp_server *s)
 void kvp_server_destroy(struct kvp_server *s)
 {
     atomic_store(&s->stopping, true);
+    /* A planned restart: the reservations its clients are dropped with keep their marks, so
+     * that the next kvpoold holds back the pages their workers may still be writing. */
+    if (atomic_load(&s->planned_restart) && s->store_ready)
+        kvp_store_keep_marks(&s->store);
     kvp_listener_stop(s->kvp);
     /* Every client of every front end: each front end ends its own (owner.h). */
     kvp_owners_notify(&s->owners, KVP_OWNER_DROP, NULL, 0);
@@ -380,10 +402,18 @@ void kvp_server_destroy(struct kvp_server *s)
     s->l2 = NULL;
     if (s->registry_ready)
         kvp_registry_destroy(&s->registry);
+    /* Nothing writes the store any more: its index is left complete for the next kvpoold
+     * (SIGUSR2), or removed before the segment is. */
+    bool leave = kvp_warm_stop(&s->warm, &s->seg, s->store_ready ? &s->store : NULL,
+                               atomic_load(&s->planned_restart));
     if (s->store_ready)
         kvp_store_destroy(&s->store);
     kvp_seg_guard_disarm();
-    kvp_segment_destroy(&s->seg);
+    if (leave)
+        kvp_segment_leave(&s->seg);
+    else
+        kvp_segment_destroy(&s->seg);
+    kvp_warm_close(&s->warm);
     kvp_log_rl_flush_all();
     /* Last: until here a new daemon on this socket would find our files in use. */
     kvp_listener_close(s->kvp);

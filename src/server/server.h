@@ -37,6 +37,11 @@ int kvp_server_run(struct kvp_server *s);
 /* Asks the server to stop. Async-signal-safe. */
 void kvp_server_stop(struct kvp_server *s);
 
+/* Asks the server to stop for a planned restart (SIGUSR2): as kvp_server_stop(), but the pool
+ * and its warm-restart index stay in /dev/shm for the next kvpoold (warm_restart.h).
+ * Async-signal-safe. */
+void kvp_server_stop_planned(struct kvp_server *s);
+
 /* Asks the main loop to return KVP_SERVER_RELOAD. Async-signal-safe. */
 void kvp_server_request_reload(struct kvp_server *s);
 
@@ -51,7 +56,8 @@ void kvp_server_reconfigure(struct kvp_server *s, struct kvp_config *cur,
                             const struct kvp_config *next);
 
 /* Stops every front end (every client told to go, KVP_OWNER_DROP, and waited for), releases
- * memory, unlinks segment and socket, and releases the socket's lock last. Safe after a failed
+ * memory, unlinks segment (and its warm-restart index) unless kvp_server_stop_planned() asked
+ * to leave them, unlinks the socket, and releases the socket's lock last. Safe after a failed
  * or partial start. */
 void kvp_server_destroy(struct kvp_server *s);
 

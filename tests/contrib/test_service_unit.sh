@@ -2,7 +2,8 @@
 # contrib/kvpoold.service is a unit systemd accepts: `systemd-analyze verify` reports nothing
 # (unknown keys, bad values, a missing ExecStart= binary), the daemon accepts the options of its
 # ExecStart=, and it keeps the properties README.md promises (Type=notify, a private runtime
-# directory, nothing that hides /dev/shm from the workers).
+# directory, nothing that hides /dev/shm from the workers, a restart that keeps the pool with
+# SIGUSR2 and a stop that frees it with SIGTERM).
 # Usage: test_service_unit.sh SOURCE_DIR KVPOOLD
 set -eu
 src=$1
@@ -40,13 +41,17 @@ for line in Type=notify RuntimeDirectory=kvpool RuntimeDirectoryMode=0700 NoNewP
     ProtectSystem=strict ProtectHome=yes PrivateTmp=yes MemoryDenyWriteExecute=yes \
     LockPersonality=yes SystemCallArchitectures=native \
     "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6" RestartPreventExitStatus=2 \
-    'ExecReload=/bin/kill -HUP $MAINPID'; do
+    'ExecReload=/bin/kill -HUP $MAINPID' RestartKillSignal=SIGUSR2; do
     grep -qx "$line" "$unit" || fail "$unit lacks the line $line"
 done
 case "$exec_start" in
 *"--socket /run/kvpool/"*) ;;
 *) fail "ExecStart= does not put the socket into RuntimeDirectory= (/run/kvpool)" ;;
 esac
+# `systemctl stop` must free the pool (SIGTERM), only `systemctl restart` keeps it (SIGUSR2).
+if grep -Eq '^KillSignal=' "$unit" && ! grep -qx 'KillSignal=SIGTERM' "$unit"; then
+    fail "$unit stops the daemon with $(grep -E '^KillSignal=' "$unit"): a stop would keep the pool"
+fi
 # Workers open the pool by name in the host's /dev/shm.
 if grep -Eq '^(PrivateIPC|PrivateDevices|TemporaryFileSystem|InaccessiblePaths|RemoveIPC)=' "$unit"; then
     fail "$unit hides or removes shared memory: $(grep -E '^(PrivateIPC|PrivateDevices|TemporaryFileSystem|InaccessiblePaths|RemoveIPC)=' "$unit")"

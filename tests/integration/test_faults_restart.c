@@ -3,7 +3,8 @@
  * name while a client is connected: the client reconnects at its next call without an error or
  * a wait, the old pool's data is not resurrected, its plan from before the restart is refused
  * (-ESTALE) and writing through that plan's old slot pointers changes nothing stored now.
- * test_reconnect.c has the rest of that story.
+ * test_reconnect.c has the rest of that story. This is the cold restart (--warm-restart off);
+ * the warm one is tested by test_warm_*.c.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -22,9 +23,13 @@
 
 #define C 16
 
-/* --io-timeout far beyond every wait below: whatever is released was released by the close. */
-static const char *const fault_args[] = {"--l1-size", "64MiB", "--chunk-size", "16", "--io-timeout",
-                                         "60000",     NULL};
+/* --io-timeout far beyond every wait below: whatever is released was released by the close.
+ * --warm-restart off: this is the cold restart, whose new daemon reaps the dead one's pool and
+ * starts empty; the warm one, which adopts it, is test_warm_restart.c's (and the stale plan
+ * written after it, test_warm_hostile.c's). */
+static const char *const fault_args[] = {
+    "--l1-size", "64MiB",          "--chunk-size", "16", "--io-timeout",
+    "60000",     "--warm-restart", "off",          NULL};
 
 /* ---------------------------------------------------------------------------------------- */
 /* Daemon SIGKILL and restart under a connected client.                                      */

@@ -7,7 +7,9 @@
  * without shared memory shows why; one whose L2 tier cannot be reached says so, and why.
  * Instances of another front end and transports the page has no style for are also rendered
  * from a copy served by a small static server (python3's http.server) with a real status
- * document completed by hand, to show that it names them as the daemon does.
+ * document completed by hand, to show that it names them as the daemon does. How the daemon
+ * started: a fresh one says it started cold; one started again after a SIGKILL says it adopted
+ * the chunks of the dead one (of its pid, after a crash) and how many are still to verify.
  *
  * chromium runs with --no-sandbox because the tests run as root, where its sandbox refuses to
  * start. Exit 77 (skipped) only when chromium is not installed (scripts/install-deps.sh check
@@ -120,10 +122,48 @@ static void test_page_shows_both_transports(void **state)
     assert_non_null(strstr(dom, d.shm_name));
     assert_non_null(strstr(dom, "<span id=\"instance-count\">2</span>"));
     assert_non_null(strstr(dom, "5 chunks stored"));
+    /* A fresh daemon: nothing was left to adopt. */
+    assert_non_null(strstr(dom, "<p id=\"warm-restart\" data-kind=\"cold\">Warm restart: on, "
+                                "cold start ("));
     /* Every refresh succeeded: the error line is still hidden and empty. */
     assert_non_null(strstr(dom, "<p class=\"error\" id=\"error\" hidden=\"\"></p>"));
     free(dom);
     kvp_client_close(c);
+    kvpt_daemon_stop(&d);
+}
+
+/* A daemon started again after a SIGKILL adopts the dead one's chunks: the page says so, with
+ * the dead daemon's pid, and counts the chunks not read since (all of them). */
+static void test_page_shows_warm_restart(void **state)
+{
+    (void)state;
+    struct kvpt_daemon d;
+    const char *args[] = {"--l1-size", "16MiB", "--chunk-size", "16", NULL};
+    const char *again[] = {"--l1-size",   "16MiB", "--chunk-size", "16", "--http",
+                           "127.0.0.1:0", NULL};
+    kvpt_daemon_start(&d, args);
+    kvp_client *c = kvpt_connect(&d);
+    kvp_register_opts o = kvpt_layout("page-warm", KVP_TRANSPORT_AUTO);
+    kvp_instance *inst = NULL;
+    assert_rc(kvp_register(c, &o, &inst), 0);
+    assert_int_equal(kvpt_store_seq(inst, 1, 3), 3);
+    kvp_client_close(c);
+    int dead = (int)d.pid;
+    assert_int_equal(kvpt_daemon_signal_wait(&d, SIGKILL), 128 + SIGKILL);
+    kvpt_daemon_restart(&d, again);
+    uint16_t port = kvpt_http_port_in_log(d.log, 5000);
+    assert_true(port > 0);
+
+    char *dom = render(port), want[256];
+    /* 3 chunks of 8 KiB (kvpt_layout at --chunk-size 16). */
+    snprintf(want, sizeof(want),
+             "<p id=\"warm-restart\" data-kind=\"adopted\">Warm restart: adopted 3 chunks "
+             "(24.0 KiB) of pid %d after a crash in ",
+             dead);
+    if (!strstr(dom, want))
+        fail_msg("the page does not show '%s':\n%s", want, dom);
+    assert_non_null(strstr(dom, " ms, 0 dropped; 3 to verify, 0 corrupt</p>"));
+    free(dom);
     kvpt_daemon_stop(&d);
 }
 
@@ -347,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_page_shows_why_shm_is_off),
         cmocka_unit_test(test_page_shows_l2_down),
         cmocka_unit_test(test_page_shows_other_front_ends),
+        cmocka_unit_test(test_page_shows_warm_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,12 +2,16 @@
  * test_leftovers.c - segments left in /dev/shm by killed daemons: the next daemon removes them
  * (with a WARN line naming each and its size) before its capacity gate, so the space counts
  * again, and never touches a segment held by a live daemon, one of another user, or one too
- * young to judge.
+ * young to judge. With --warm-restart off a daemon keeps no index, and the next one on the same
+ * socket replaces its predecessor's segment as it always did (no adoption); with it on (the
+ * default), the index of a killed daemon whose socket nobody uses again is removed with its pool
+ * by the next daemon of another socket.
  *
  * The test moves itself into a private mount namespace, and each case mounts a fresh tmpfs on
  * /dev/shm: no other test's segment is in view, and no other test's daemon can sweep ours.
  * Exit 77 (skipped) only when the namespace cannot be created.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -93,6 +97,95 @@ static void test_killed_daemon_segment_removed(void **state)
     assert_true(kvpt_log_wait(&b, "SHM enabled", 1000));
     assert_int_equal(kvpt_log_count(&b, "Insufficient /dev/shm capacity"), 0);
     kvpt_daemon_stop(&b);
+    kvpt_daemon_stop(&a);
+}
+
+/* The kvpool_widx_* files in /dev/shm (the warm-restart indexes). */
+static int count_indexes(void)
+{
+    int n = 0;
+    DIR *dir = opendir("/dev/shm");
+    assert_non_null(dir);
+    struct dirent *e;
+    /* cppcheck-suppress readdirCalled ; readdir_r is deprecated, and dir is private to this call */
+    while ((e = readdir(dir)))
+        n += strncmp(e->d_name, "kvpool_widx_", 12) == 0;
+    closedir(dir);
+    return n;
+}
+
+/*
+ * --warm-restart off: a killed daemon's segment is not adopted by the next daemon on the same
+ * socket and segment name but replaced, as before warm restart existed: nothing of it is served,
+ * and neither daemon keeps an index. (256 MiB: the worker's mapping of the replaced segment
+ * keeps its pages until the worker's next call, after the new daemon's capacity gate.)
+ */
+static void test_warm_restart_off_replaced(void **state)
+{
+    (void)state;
+    struct kvpt_daemon a;
+    char name[64];
+    pid_name(name, sizeof(name), 6);
+    const char *args[] = {"--l1-size", "60MiB",          "--chunk-size", "16", "--shm-name",
+                          name,        "--warm-restart", "off",          NULL};
+    kvpt_daemon_start(&a, args);
+    assert_int_equal(count_indexes(), 0);
+    kvp_client *c = kvpt_connect(&a);
+    kvp_register_opts ro = kvpt_layout("off-worker", KVP_TRANSPORT_SHM);
+    kvp_instance *inst = NULL;
+    assert_int_equal(kvp_register(c, &ro, &inst), 0);
+    assert_int_equal(kvpt_store_seq(inst, 1, 4), 4);
+    int dead = (int)a.pid;
+    assert_int_equal(kvpt_daemon_signal_wait(&a, SIGKILL), 128 + SIGKILL);
+    assert_true(kvpt_shm_exists(name));
+
+    kvpt_daemon_restart(&a, args);
+    char want[256];
+    snprintf(want, sizeof(want), "stale segment /dev/shm/%s", name);
+    assert_true(kvpt_log_wait(&a, want, 1000));
+    snprintf(want, sizeof(want), "(pid %d)", dead);
+    assert_true(kvpt_log_count(&a, want) >= 1);
+    assert_int_equal(kvpt_log_count(&a, "Adopted the pool"), 0);
+    assert_int_equal(kvpt_log_count(&a, "Not adopting"), 0);
+    assert_int_equal(kvpt_log_count(&a, "SHM enabled"), 2);
+    assert_int_equal(count_indexes(), 0);
+    /* The same client, reconnected: nothing of before is served. */
+    kvpt_assert_seq(inst, 1, 0, 4);
+    assert_int_equal(kvpt_stat(c, "objects_committed"), 0);
+    kvp_client_close(c);
+    kvpt_daemon_stop(&a);
+    assert_false(kvpt_shm_exists(name));
+}
+
+/*
+ * Warm restart on (the default): a killed daemon leaves its pool and its index. A daemon of
+ * another socket, which will never adopt them, removes both: the segment as before, the index
+ * because the pool it names is gone.
+ */
+static void test_orphan_index_removed(void **state)
+{
+    (void)state;
+    struct kvpt_daemon a, b;
+    char name[64];
+    pid_name(name, sizeof(name), 7);
+    const char *args[] = {"--l1-size", "40MiB", "--chunk-size", "16", "--shm-name", name, NULL};
+    kvpt_daemon_start(&a, args);
+    assert_int_equal(count_indexes(), 1);
+    assert_int_equal(kvpt_daemon_signal_wait(&a, SIGKILL), 128 + SIGKILL);
+    assert_true(kvpt_shm_exists(name));
+    assert_int_equal(count_indexes(), 1);
+
+    const char *next[] = {"--l1-size", "40MiB", "--chunk-size", "16", NULL};
+    kvpt_daemon_start(&b, next);
+    char want[256];
+    snprintf(want, sizeof(want), "Removing stale segment /dev/shm/%s", name);
+    assert_true(kvpt_log_wait(&b, want, 1000));
+    assert_false(kvpt_shm_exists(name));
+    assert_int_equal(kvpt_log_count(&b, "Adopted the pool"), 0);
+    /* Only b's own index is left. */
+    assert_int_equal(count_indexes(), 1);
+    kvpt_daemon_stop(&b);
+    assert_int_equal(count_indexes(), 0);
     kvpt_daemon_stop(&a);
 }
 
@@ -192,6 +285,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_killed_daemon_segment_removed, setup_100m, teardown),
         cmocka_unit_test_setup_teardown(test_only_dead_own_segments_removed, setup_256m, teardown),
+        cmocka_unit_test_setup_teardown(test_warm_restart_off_replaced, setup_256m, teardown),
+        cmocka_unit_test_setup_teardown(test_orphan_index_removed, setup_100m, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,7 +17,11 @@ tmpfs, as in a container: the capacity gate, then the pickle transport; exit
 SIGTERM and SIGKILL and started again under a live worker: vLLM's worker
 adapter registers again through its heartbeat and stores again) or "segment"
 (the shared segment truncated under kvpoold: the same worker moves to its
-pickle transport and stores again).
+pickle transport and stores again) or "warm" (kvpoold SIGKILLed, or stopped
+with SIGUSR2 for a planned restart, and started again on the same socket and
+address: it adopts the pool, the worker registers again through its heartbeat,
+and the chunks it stored before are found and retrieved byte-exact, over
+shared memory and over the pickle transport).
 
 Every request is made by LMCache's own classes (lmc_worker.py): its
 RequestClient and EngineDrivenTransferContext, through shared memory, as
@@ -531,7 +535,13 @@ class Restart(Base):
 
     LMCache's worker registers again only on its heartbeat's unhealthy-to-healthy edge, and a
     restart shorter than a heartbeat fails no ping: kvpoold answers the first ping of an
-    instance id it never registered false, once, and the next one true."""
+    instance id it never registered false, once, and the next one true.
+
+    A cold restart (--warm-restart off): the new kvpoold starts empty; WarmRestart keeps the
+    pool."""
+
+    def daemon_args(self):
+        return ("--warm-restart", "off")
 
     def recover(self, sig):
         w = self.adapter_worker(model="rs", seed=21, heartbeat_interval=HEARTBEAT)
@@ -590,6 +600,123 @@ class Restart(Base):
         log = self.recover(signal.SIGKILL)
         # The dead daemon's segment was taken over under the same name.
         self.assertIn("Replacing stale segment /dev/shm/kvpool_l1_pool_%s" % self.d.shm, log)
+
+
+class WarmRestart(Base):
+    """Warm restart under a live worker: kvpoold SIGKILLed (a crash) or stopped with SIGUSR2 (a
+    planned restart), then started again on the same socket, segment name and LMCache address.
+    The new kvpoold adopts the pool the old one left (its INFO line and /api/status's
+    "warm_restart" name the old pid and the chunks), vLLM's worker adapter registers its
+    instance again through its heartbeat (the first ping of an instance the new kvpoold never
+    registered is answered false), and the chunks stored before the restart are found by the
+    scheduler's lookup and retrieved byte-exact, each verified once against its checksum.
+
+    Over shared memory, and over the pickle transport: a worker that cannot map the segment (its
+    open fails, as in another container) falls back to pickle by itself (LMCache's
+    create_engine_driven_context) and kvpoold follows at its first pickled commit; the pool is
+    still the named segment that warm restart keeps."""
+
+    ADOPTED = re.compile(r"Adopted the pool of kvpoold pid (\d+) \((after a crash|planned "
+                         r"restart)\): (\d+) chunks, (\d+) bytes in \d+ ms")
+
+    def restart_keeping_pool(self, w, sig):
+        """Stops kvpoold with sig right after a heartbeat ended (so that no ping waits across
+        the restart) and starts it again; returns the old pid."""
+        n = w.heartbeats()
+        self.assertTrue(wait_for(lambda: w.heartbeats() > n, 5 * HEARTBEAT))
+        old = self.d.proc.pid
+        began = time.monotonic()
+        self.d.proc.send_signal(sig)
+        rc = self.d.proc.wait(30)
+        self.d.log.close()
+        if sig == signal.SIGKILL:
+            self.assertEqual(rc, -signal.SIGKILL, self.d.text())
+        else:
+            self.d.check_exit(rc)  # a planned restart is a clean exit
+            left = (r"Leaving the pool \(\d+ chunks, \d+ bytes\) in /dev/shm/kvpool_l1_pool_%s "
+                    r"for the next kvpoold" % re.escape(self.d.shm))
+            self.assertRegex(self.d.text(), left)
+        self.d.start()
+        took = time.monotonic() - began
+        print("kvpoold restarted (%s) in %.3f s" % (signal.Signals(sig).name, took),
+              file=sys.stderr)
+        return old
+
+    def keep_pool(self, sig, pickle_worker=False):
+        w = self.adapter_worker(model="wr", seed=51, heartbeat_interval=HEARTBEAT)
+        s = self.scheduler()
+        want = "EngineDrivenContextPickle" if pickle_worker else "EngineDrivenContextShm"
+        self.assertEqual(w.register(), want)
+        w.start_heartbeat()
+        toks = tokens(3)
+        self.assertTrue(w.store(toks, "before", end=3 * CHUNK))
+        self.assertEqual(self.d.gauge("objects_committed"), 3)
+        chunk_bytes = self.d.gauge("pool_used") // 3
+        mine = [i for i in self.d.status()["instances"]
+                if i["instance_id"] == "lmcache-%d" % w.iid]
+        self.assertEqual([i["transport"] for i in mine], ["pickle" if pickle_worker else "shm"])
+
+        old = self.restart_keeping_pool(w, sig)
+        log = self.d.text()
+        m = self.ADOPTED.search(log)
+        self.assertIsNotNone(m, "the new kvpoold adopted nothing:\n" + log[-3000:])
+        self.assertEqual(int(m.group(1)), old)
+        self.assertEqual(m.group(2), "after a crash" if sig == signal.SIGKILL
+                         else "planned restart")
+        self.assertEqual((int(m.group(3)), int(m.group(4))), (3, 3 * chunk_bytes))
+        self.assertNotIn("Not adopting", log)
+        warm = self.d.status()["warm_restart"]
+        self.assertEqual((warm["kind"], warm["planned"], warm["previous_pid"],
+                          warm["adopted_chunks"]),
+                         ("adopted", sig != signal.SIGKILL, old, 3))
+        self.assertEqual(self.d.gauge("objects_committed"), 3)
+        self.assertEqual(self.d.gauge("warm_restart_unverified_chunks"), 3)
+
+        # The heartbeat's first ping is answered false, the recover callback registers again.
+        registered = "Registered non-GPU context for instance %d (" % w.iid
+        wait_for(lambda: registered in self.d.text() and w.healthy(), 4 * HEARTBEAT + 5)
+        self.assertIn(registered, self.d.text(), "the worker did not register again")
+        self.assertTrue(w.healthy())
+        self.assertEqual(w.transport(), want)
+        self.assertIn("LMCache ping of instance %d, which this kvpoold has not registered"
+                      % w.iid, self.d.text())
+        if pickle_worker:
+            # kvpoold learns that the worker cannot map the segment at its first pickled commit.
+            self.assertTrue(w.store(tokens(1, base=7000), "new", end=CHUNK, first_block=32))
+
+        # The chunks stored before the restart: found, and retrieved byte-exact (into other
+        # blocks of the worker's cache).
+        s.lookup(w, toks, "after")
+        self.assertEqual(s.wait("after"), 3)
+        out = w.blank()
+        self.assertTrue(w.retrieve(toks, "after", out, end=3 * CHUNK, first_block=16))
+        self.assertTrue(w.blocks_equal(out, 3 * w.bic, 0, 16))
+        s.end_session("after")
+        self.assertEqual(self.d.counter("warm_restart_verified_chunks"), 3)
+        self.assertEqual(self.d.counter("warm_restart_corrupt_chunks"), 0)
+        self.assertEqual(self.d.gauge("warm_restart_unverified_chunks"), 0)
+        self.assertEqual(self.d.gauge("objects_pinned"), 0)
+        mine = [i for i in self.d.status()["instances"]
+                if i["instance_id"] == "lmcache-%d" % w.iid]
+        self.assertEqual([i["transport"] for i in mine], ["pickle" if pickle_worker else "shm"])
+        self.assertGreaterEqual(mine[0]["retrieved_chunks"], 3)
+
+    def test_shm_sigkill(self):
+        self.keep_pool(signal.SIGKILL)
+
+    def test_shm_planned(self):
+        self.keep_pool(signal.SIGUSR2)
+
+    def test_pickle_sigkill(self):
+        from unittest import mock
+
+        from lmcache.v1.multiprocess.transfer_context import shm as lmc_shm
+
+        def cannot_map(*args, **kwargs):
+            raise PermissionError("this worker cannot map kvpoold's segment (test)")
+
+        with mock.patch.object(lmc_shm.shared_memory, "SharedMemory", cannot_map):
+            self.keep_pool(signal.SIGKILL, pickle_worker=True)
 
 
 class SegmentLost(Base):
@@ -926,6 +1053,7 @@ def main():
         "liveness": [Liveness],
         "restart": [Restart],
         "segment": [SegmentLost],
+        "warm": [WarmRestart],
         "pickle": [PickleNoName, PickleMemfd, PickleFallback, PickleFullPool],
         "devshm": [PickleSmallDevShm],
     }

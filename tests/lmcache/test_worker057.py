@@ -525,6 +525,12 @@ class RestartBase(Base):
 
 
 class Restart(RestartBase):
+    """A cold restart (--warm-restart off): the dead daemon's segment is replaced, the new
+    kvpoold starts empty."""
+
+    def daemon_args(self):
+        return ("--warm-restart", "off")
+
     def test_sigterm(self):
         self.recover(signal.SIGTERM, "EngineDrivenContextShm")
 

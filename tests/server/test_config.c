@@ -637,6 +637,50 @@ static void test_size_unit_hint(void **state)
 
 /* ---- SIGHUP: what a reload may change ---- */
 
+/* --warm-restart: on by default; on|off from the command line, KVPOOL_WARM_RESTART and the
+ * file's key; anything else is refused naming the option; --help says what it does. */
+static void test_warm_restart(void **state)
+{
+    (void)state;
+    struct run r;
+
+    parse(&r, NULL);
+    expect_ok(&r);
+    assert_true(r.cfg.warm_restart);
+    run_free(&r);
+
+    parse(&r, "--warm-restart", "off", NULL);
+    expect_ok(&r);
+    assert_false(r.cfg.warm_restart);
+    run_free(&r);
+
+    setenv("KVPOOL_WARM_RESTART", "off", 1);
+    parse(&r, NULL);
+    expect_ok(&r);
+    assert_false(r.cfg.warm_restart);
+    run_free(&r);
+    /* The command line wins over the environment. */
+    parse(&r, "--warm-restart", "on", NULL);
+    expect_ok(&r);
+    assert_true(r.cfg.warm_restart);
+    run_free(&r);
+    unsetenv("KVPOOL_WARM_RESTART");
+
+    parse(&r, "--warm-restart", "maybe", NULL);
+    expect_einval(&r, "warm-restart", "maybe", "on or off", NULL);
+    run_free(&r);
+
+    parse(&r, "--help", NULL);
+    assert_rc(r.rc, 1);
+    assert_non_null(strstr(r.out, "--warm-restart"));
+    assert_non_null(strstr(r.out, "KVPOOL_WARM_RESTART"));
+    assert_non_null(strstr(r.out, "SIGUSR2"));
+    run_free(&r);
+
+    /* A restart applies it, never a reload. */
+    assert_int_equal(kvp_config_is_reloadable("warm-restart"), 0);
+}
+
 /* The options SIGHUP applies to the running daemon; every other option needs a restart. */
 static const char *const reloadable[] = {
     "allow-uid",  "allow-gid",  "log-level", "log-format", "reserve-timeout",
@@ -650,6 +694,7 @@ static const char *const restart_only[] = {
     "shm-name",
     "shm-backend",
     "shm-mode",
+    "warm-restart",
     "max-clients",
     "http",
     "l2",
@@ -780,6 +825,7 @@ int main(void)
         T(test_long_socket_path),
         T(test_log_format),
         T(test_lmcache),
+        T(test_warm_restart),
         T(test_size_unit_hint),
         T(test_reloadable_options),
         T(test_compare_and_take),

@@ -8,7 +8,9 @@
  * and so does a transport the renderer has no special case for ("pickle", from a snapshot
  * completed by hand). Histograms: one renderer for every registered family (stats.h): kvpool's
  * opcodes, LMCache's operations once served, the store lock with its maximum, and a family this
- * test registers itself, with and without a label.
+ * test registers itself, with and without a label. How the daemon started (warm restart) from a
+ * snapshot whose snap->warm is filled by hand: adopted after a crash, after a planned restart,
+ * and a cold start; promtool checks that text too.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -28,6 +30,7 @@
 #include "core/owner.h"
 #include "core/snapshot.h"
 #include "core/stats.h"
+#include "core/warm_restart.h"
 #include "kvp/latency.h"
 #include "lmc/latency.h"
 #include "lmc/messages.h"
@@ -510,6 +513,115 @@ static void test_registered_family(void **state)
     fx_server_stop(&s);
 }
 
+/* Runs promtool check metrics on text, when it is installed. */
+static void promtool_check(const char *text)
+{
+    if (system("command -v promtool >/dev/null 2>&1") != 0)
+        return;
+    char path[] = "/tmp/kvp-metrics-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "promtool check metrics < %s", path);
+    int rc = system(cmd);
+    unlink(path);
+    if (rc != 0)
+        fail_msg("promtool check metrics failed (status %d) on:\n%s", rc, text);
+}
+
+/* The metrics of s rendered from a snapshot whose warm-restart report is *w. */
+static char *metrics_with_warm(struct kvp_server *s, const struct kvp_warm_report *w)
+{
+    struct kvp_snapshot snap;
+    size_t len;
+    assert_rc(kvp_snapshot_take(s, 0, &snap), 0);
+    snap.warm = *w;
+    char *t = kvp_metrics_render(&snap, &len);
+    kvp_snapshot_free(&snap);
+    assert_non_null(t);
+    assert_int_equal(strlen(t), len);
+    check_format(t);
+    return t;
+}
+
+/* How the daemon started: gauges of the start, one info series whose labels say how, the drops
+ * by reason (all three always); the counters and the gauge that change while it serves are
+ * rows of the maps. */
+static void test_warm_restart(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, true);
+
+    /* The fixture's own start found nothing to adopt. */
+    char *t = metrics(&s);
+    assert_true(sample(t, "kvpool_warm_restart_info{kind=\"cold\",planned=\"false\"}") == 1);
+    assert_true(sample(t, "kvpool_warm_restart_adopted_chunks") == 0);
+    assert_true(sample(t, "kvpool_warm_restart_verified_chunks_total") == 0);
+    assert_true(sample(t, "kvpool_warm_restart_corrupt_chunks_total") == 0);
+    assert_true(sample(t, "kvpool_warm_restart_unverified_chunks") == 0);
+    assert_true(has_line(t, "# TYPE kvpool_warm_restart_verified_chunks_total counter"));
+    assert_true(has_line(t, "# TYPE kvpool_warm_restart_corrupt_chunks_total counter"));
+    assert_true(has_line(t, "# TYPE kvpool_warm_restart_unverified_chunks gauge"));
+    free(t);
+
+    struct kvp_warm_report w = {.enabled = true,
+                                .adopted = true,
+                                .previous_pid = 4863,
+                                .adopted_chunks = 509,
+                                .adopted_bytes = 509ull * 8192,
+                                .dropped_chunks = 6,
+                                .dropped_bad_seal = 3,
+                                .dropped_out_of_range = 2,
+                                .dropped_overlap = 1,
+                                .duration_ms = 1250};
+    t = metrics_with_warm(&s, &w);
+    static const char *const families[] = {
+        "# TYPE kvpool_warm_restart_info gauge",
+        "# TYPE kvpool_warm_restart_adopted_chunks gauge",
+        "# TYPE kvpool_warm_restart_adopted_bytes gauge",
+        "# TYPE kvpool_warm_restart_dropped_chunks gauge",
+        "# TYPE kvpool_warm_restart_duration_seconds gauge",
+    };
+    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+        if (!has_line(t, families[i]))
+            fail_msg("no line '%s' in:\n%s", families[i], t);
+    assert_true(sample(t, "kvpool_warm_restart_info{kind=\"adopted\",planned=\"false\"}") == 1);
+    assert_null(strstr(t, "kvpool_warm_restart_info{kind=\"cold\""));
+    assert_true(sample(t, "kvpool_warm_restart_adopted_chunks") == 509);
+    assert_true(sample(t, "kvpool_warm_restart_adopted_bytes") == 509.0 * 8192);
+    assert_true(sample(t, "kvpool_warm_restart_dropped_chunks{reason=\"bad_seal\"}") == 3);
+    assert_true(sample(t, "kvpool_warm_restart_dropped_chunks{reason=\"out_of_range\"}") == 2);
+    assert_true(sample(t, "kvpool_warm_restart_dropped_chunks{reason=\"overlap\"}") == 1);
+    assert_true(sample(t, "kvpool_warm_restart_duration_seconds") == 1.25);
+    promtool_check(t);
+    free(t);
+
+    w.planned = true;
+    t = metrics_with_warm(&s, &w);
+    assert_true(sample(t, "kvpool_warm_restart_info{kind=\"adopted\",planned=\"true\"}") == 1);
+    free(t);
+
+    /* Refused (or off): cold, nothing adopted, every reason at 0. */
+    w = (struct kvp_warm_report){.enabled = true, .previous_pid = 77, .planned = true};
+    snprintf(w.reason, sizeof(w.reason), "another kvpoold (pid 77) still uses it");
+    t = metrics_with_warm(&s, &w);
+    assert_true(sample(t, "kvpool_warm_restart_info{kind=\"cold\",planned=\"false\"}") == 1);
+    assert_true(sample(t, "kvpool_warm_restart_adopted_chunks") == 0);
+    for (const char *r = "bad_seal\0out_of_range\0overlap\0"; *r; r += strlen(r) + 1) {
+        char series[128];
+        snprintf(series, sizeof(series), "kvpool_warm_restart_dropped_chunks{reason=\"%s\"}", r);
+        assert_true(sample(t, series) == 0);
+    }
+    /* No reason text becomes a label. */
+    assert_null(strstr(t, "still uses it"));
+    promtool_check(t);
+    free(t);
+    fx_server_stop(&s);
+}
+
 /* Prometheus's own linter, when installed (Debian: prometheus). */
 static void test_promtool(void **state)
 {
@@ -560,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_lmc_family),
         cmocka_unit_test(test_registered_family),
         cmocka_unit_test(test_promtool),
+        cmocka_unit_test(test_warm_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /*
  * test_segment.c - the pool's memory (src/server/core/segment.h): shared segments under /dev/shm,
  * their header page, the liveness lock that tells a running daemon from a dead one, private
- * memory, and the reservation of every page at creation.
+ * memory, and the reservation of every page at creation; and the adoption of a dead daemon's
+ * segment by a warm restart (kvp_segment_adopt(), kvp_segment_leave()).
  *
  * Segment names carry the test's pid, so parallel runs never collide; the teardown unlinks the
  * case's name whatever happened. The ENOSPC cases need a /dev/shm that can be filled: a child
@@ -844,6 +845,220 @@ static void test_given_name_of_other_uid(void **state)
     assert_true(exists_in(KVP_SHM_DIR, c->name));
 }
 
+/* ---- adoption (warm restart) ---- */
+
+#define DEAD_PID 424242u
+
+/*
+ * What a dead daemon leaves: the segment name of size bytes, its first reserved bytes allocated,
+ * a header (old nonce, pid DEAD_PID, that reserved part, not final) and a pattern in the pool's
+ * first page; nobody holds its lock. mode: the file's bits. Returns the old nonce in nonce.
+ */
+static void leave_dead_segment(const char *name, uint64_t size, uint64_t reserved,
+                               uint8_t nonce[KVP_SEG_NONCE_SIZE])
+{
+    char shm[112];
+    snprintf(shm, sizeof(shm), "/%s", name);
+    int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_rc(ftruncate(fd, (off_t)size), 0);
+    assert_rc(posix_fallocate(fd, 0, (off_t)reserved), 0);
+    uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(p != MAP_FAILED);
+    for (int i = 0; i < KVP_SEG_NONCE_SIZE; i++)
+        nonce[i] = (uint8_t)(0x30 + i);
+    kvp_seg_header_write(p, nonce, size, DEAD_PID);
+    kvp_seg_header_publish_reserved(p, reserved, false);
+    memset(p + KVP_SEG_HEADER, 0x5a, 4096);
+    munmap(p, size);
+    close(fd);
+}
+
+static uint8_t pool_byte(const char *path, uint64_t off)
+{
+    uint8_t b = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
+    close(fd);
+    return b;
+}
+
+/* A dead daemon's segment is adopted: its reserved part kept (and continued), its pool's bytes
+ * untouched, a new nonce and this pid in its header, its lock held, the configured mode. */
+static void test_adopt_dead(void **state)
+{
+    struct ctx *c = *state;
+    struct kvp_segment seg = KVP_SEGMENT_INIT;
+    const uint64_t size = KVP_SEG_HEADER + 2 * MIB, reserved = KVP_SEG_HEADER + MIB;
+    uint8_t old_nonce[KVP_SEG_NONCE_SIZE], h[64];
+    char why[256] = "unset";
+    struct stat st;
+
+    leave_dead_segment(c->name, size, reserved, old_nonce);
+    assert_rc(kvp_segment_adopt(&seg, c->name, size, 0660, why, sizeof(why)), 0);
+    assert_string_equal(why, "");
+    assert_true(seg.shared);
+    assert_false(seg.memfd);
+    assert_string_equal(seg.name, c->name);
+    assert_int_equal(seg.size, size);
+    assert_int_equal(seg.reserved, reserved);
+    assert_memory_not_equal(seg.nonce, old_nonce, sizeof(old_nonce));
+    read_file_header(c->path, h);
+    check_header(h, seg.nonce, size, getpid());
+    bool final = true;
+    assert_int_equal(kvp_seg_header_reserved(seg.base, &final), reserved);
+    assert_false(final);
+    /* Nothing of the pool was read or written. */
+    assert_int_equal(pool_byte(c->path, KVP_SEG_HEADER), 0x5a);
+    assert_int_equal(seg.base[KVP_SEG_HEADER + 4095], 0x5a);
+    assert_int_equal(stat(c->path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0660);
+    /* The liveness lock is ours now. */
+    int fd = open(c->path, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), -1);
+    assert_int_equal(errno, EWOULDBLOCK);
+    close(fd);
+
+    /* The background reservation goes on from the adopted part, sparing what it holds. */
+    assert_rc(kvp_segment_reserve_rest(&seg, NULL, NULL, why, sizeof(why)), 0);
+    assert_int_equal(seg.reserved, size);
+    assert_int_equal(kvp_seg_header_reserved(seg.base, &final), size);
+    assert_true(final);
+    assert_int_equal(seg.base[KVP_SEG_HEADER], 0x5a);
+    assert_int_equal(stat(c->path, &st), 0);
+    assert_true((uint64_t)st.st_blocks * 512 >= size);
+
+    /* Left for a successor: the file stays, with its header, and the lock is free. */
+    kvp_segment_leave(&seg);
+    assert_null(seg.base);
+    assert_false(seg.shared);
+    assert_true(exists_in(KVP_SHM_DIR, c->name));
+    fd = open(c->path, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+    close(fd);
+    assert_int_equal(pool_byte(c->path, KVP_SEG_HEADER), 0x5a);
+}
+
+/* A live daemon's segment (its lock held) is never adopted, nor touched. */
+static void test_adopt_refuses_live_owner(void **state)
+{
+    struct ctx *c = *state;
+    struct kvp_segment live = KVP_SEGMENT_INIT, seg = KVP_SEGMENT_INIT;
+    const uint64_t size = KVP_SEG_HEADER + MIB;
+    char why[256] = "", pid[32];
+    uint8_t h[64];
+
+    assert_rc(kvp_segment_create_shared(&live, c->name, size, 0600, why, sizeof(why)), 0);
+    live.base[KVP_SEG_HEADER] = 0x77;
+    assert_rc(kvp_segment_adopt(&seg, c->name, size, 0600, why, sizeof(why)), -EBUSY);
+    snprintf(pid, sizeof(pid), "pid %ld", (long)getpid());
+    if (!strstr(why, "running kvpoold") || !strstr(why, pid))
+        fail_msg("why \"%s\" does not name the running daemon (%s)", why, pid);
+    assert_false(seg.shared);
+    assert_null(seg.base);
+    assert_int_equal(seg.fd, -1);
+    read_file_header(c->path, h);
+    check_header(h, live.nonce, size, getpid());
+    assert_int_equal(pool_byte(c->path, KVP_SEG_HEADER), 0x77);
+
+    /* From another process, the same. */
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        struct kvp_segment b = KVP_SEGMENT_INIT;
+        _exit(kvp_segment_adopt(&b, c->name, size, 0600, why, sizeof(why)) == -EBUSY ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    kvp_segment_destroy(&live);
+}
+
+/* Another size, a header that is not a kvpool header (or of another layout, or that does not
+ * say what was reserved), no such name, not a name: refused, and the file is unchanged. */
+static void test_adopt_refusals(void **state)
+{
+    struct ctx *c = *state;
+    struct kvp_segment seg = KVP_SEGMENT_INIT;
+    const uint64_t size = KVP_SEG_HEADER + MIB;
+    uint8_t nonce[KVP_SEG_NONCE_SIZE], h[64];
+    char why[256] = "", shm[112];
+
+    snprintf(shm, sizeof(shm), "/%s", c->name);
+    assert_rc(kvp_segment_adopt(&seg, c->name, size, 0600, why, sizeof(why)), -ENOENT);
+    assert_rc(kvp_segment_adopt(&seg, "a/b", size, 0600, why, sizeof(why)), -EINVAL);
+    assert_rc(kvp_segment_adopt(&seg, "", size, 0600, why, sizeof(why)), -EINVAL);
+
+    leave_dead_segment(c->name, size, size, nonce);
+    assert_rc(kvp_segment_adopt(&seg, c->name, size + 4096, 0600, why, sizeof(why)), -ESTALE);
+    if (!strstr(why, "bytes"))
+        fail_msg("why \"%s\" does not give the sizes", why);
+    assert_false(seg.shared);
+
+    /* Each field of the header that must hold, broken in turn (through a mapping). */
+    static const struct {
+        size_t off, len;
+        uint8_t byte;
+        const char *why;
+    } breaks[] = {
+        {0, 8, 0, "no kvpool header"}, /* magic */
+        {8, 1, 9, "header version"},   /* version */
+        {12, 1, 0x10, "-byte header"}, /* header size */
+        {32, 1, 0x11, "says it is"},   /* size */
+        {48, 8, 0, "reserved"},        /* reserved_bytes 0: an earlier version */
+    };
+    int fd = shm_open(shm, O_RDWR | O_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    uint8_t *p = mmap(NULL, KVP_SEG_HEADER, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(p != MAP_FAILED);
+    for (size_t i = 0; i < sizeof(breaks) / sizeof(breaks[0]); i++) {
+        uint8_t keep[8];
+        memcpy(keep, p + breaks[i].off, breaks[i].len);
+        memset(p + breaks[i].off, breaks[i].byte, breaks[i].len);
+        assert_rc(kvp_segment_adopt(&seg, c->name, size, 0600, why, sizeof(why)), -EPROTO);
+        if (!strstr(why, breaks[i].why))
+            fail_msg("break %zu: why \"%s\" does not say \"%s\"", i, why, breaks[i].why);
+        assert_false(seg.shared);
+        memcpy(p + breaks[i].off, keep, breaks[i].len);
+    }
+    /* Nothing was changed by the refusals: the dead daemon's header and lock as they were. */
+    read_file_header(c->path, h);
+    check_header(h, nonce, size, DEAD_PID);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+    munmap(p, KVP_SEG_HEADER);
+    close(fd);
+
+    /* Restored, it is adoptable. */
+    assert_rc(kvp_segment_adopt(&seg, c->name, size, 0600, why, sizeof(why)), 0);
+    kvp_segment_destroy(&seg);
+    expect_no_file(c->path);
+}
+
+/* Another user's segment: refused, untouched. */
+static void test_adopt_refuses_other_uid(void **state)
+{
+    struct ctx *c = *state;
+    struct kvp_segment seg = KVP_SEGMENT_INIT;
+    const uint64_t size = KVP_SEG_HEADER + MIB;
+    uint8_t nonce[KVP_SEG_NONCE_SIZE], h[64];
+    char why[256] = "";
+
+    if (geteuid() != 0)
+        skip(); /* only root can make a file of another uid */
+    leave_dead_segment(c->name, size, size, nonce);
+    assert_rc(chown(c->path, 65534, 65534), 0);
+    assert_rc(kvp_segment_adopt(&seg, c->name, size, 0600, why, sizeof(why)), -EPERM);
+    if (!strstr(why, "belongs to uid 65534"))
+        fail_msg("why \"%s\" does not name the file's owner", why);
+    read_file_header(c->path, h);
+    check_header(h, nonce, size, DEAD_PID);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 int main(void)
@@ -867,6 +1082,10 @@ int main(void)
         cmocka_unit_test(test_sweep_leftovers),
         cmocka_unit_test(test_reserve_progress),
         T(test_reserve_cancel),
+        T(test_adopt_dead),
+        T(test_adopt_refuses_live_owner),
+        T(test_adopt_refusals),
+        T(test_adopt_refuses_other_uid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

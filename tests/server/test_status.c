@@ -4,7 +4,10 @@
  * transfers counted, a client connected), for a daemon with shared memory and one without; an
  * instance and a client of a second front end (an "lmcache" owner registering through the
  * operations layer) named as such; and transports the renderer has no special case for
- * ("pickle", a value without a name), rendered from a snapshot completed by hand.
+ * ("pickle", a value without a name), rendered from a snapshot completed by hand; and how the
+ * daemon started ("warm_restart": an adopted pool after a crash and after a planned restart, a
+ * cold start with the reason a pool was refused, warm restart off), from a snapshot whose
+ * snap->warm is filled by hand.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -24,6 +27,7 @@
 #include "core/owner.h"
 #include "core/snapshot.h"
 #include "core/stats.h"
+#include "core/warm_restart.h"
 #include "kvp/listener.h"
 #include "kvp/session.h"
 #include "kvp/sessions.h"
@@ -423,6 +427,108 @@ static void test_transport_names(void **state)
     fx_server_stop(&s);
 }
 
+/* The status of s rendered from a snapshot whose warm-restart report is *w. */
+static json_t *status_with_warm(struct kvp_server *s, const struct kvp_warm_report *w)
+{
+    struct kvp_snapshot snap;
+    assert_rc(kvp_snapshot_take(s, KVP_SNAP_LISTS, &snap), 0);
+    snap.warm = *w;
+    json_t *st = parse(kvp_status_json_render(s, &snap));
+    kvp_snapshot_free(&snap);
+    return st;
+}
+
+/*
+ * "warm_restart": every field the documentation names, with the values of the report; null for
+ * what does not apply (no previous pid on a cold start that found nothing, no reason when a
+ * pool was adopted). A fresh daemon of the fixture found no pool to adopt: a cold start.
+ */
+static void test_warm_restart(void **state)
+{
+    (void)state;
+    struct kvp_server s;
+    fx_server_start(&s, true);
+
+    json_t *st = status(&s);
+    assert_string_equal(str(st, "warm_restart.kind"), "cold");
+    assert_false(json_is_true(at(st, "warm_restart.planned")));
+    assert_int_equal(num(st, "warm_restart.adopted_chunks"), 0);
+    assert_int_equal(num(st, "warm_restart.dropped.bad_seal"), 0);
+    assert_true(json_is_boolean(at(st, "warm_restart.enabled")));
+    assert_true(
+        json_is_integer(json_object_get(at(st, "counters"), "warm_restart_verified_chunks")));
+    assert_true(
+        json_is_integer(json_object_get(at(st, "counters"), "warm_restart_corrupt_chunks")));
+    assert_true(
+        json_is_integer(json_object_get(at(st, "gauges"), "warm_restart_unverified_chunks")));
+    json_decref(st);
+
+    /* Adopted after a crash, with drops of every kind. */
+    struct kvp_warm_report w = {.enabled = true,
+                                .adopted = true,
+                                .planned = false,
+                                .previous_pid = 4863,
+                                .adopted_chunks = 509,
+                                .adopted_bytes = 509ull * 8192,
+                                .dropped_chunks = 6,
+                                .dropped_bad_seal = 3,
+                                .dropped_out_of_range = 2,
+                                .dropped_overlap = 1,
+                                .duration_ms = 12};
+    st = status_with_warm(&s, &w);
+    json_t *o = at(st, "warm_restart");
+    assert_int_equal(json_object_size(o), 10);
+    assert_true(json_is_true(at(st, "warm_restart.enabled")));
+    assert_string_equal(str(st, "warm_restart.kind"), "adopted");
+    assert_true(json_is_false(at(st, "warm_restart.planned")));
+    assert_int_equal(num(st, "warm_restart.previous_pid"), 4863);
+    assert_true(json_is_null(at(st, "warm_restart.reason")));
+    assert_int_equal(num(st, "warm_restart.adopted_chunks"), 509);
+    assert_int_equal(num(st, "warm_restart.adopted_bytes"), 509 * 8192);
+    assert_int_equal(num(st, "warm_restart.dropped_chunks"), 6);
+    assert_int_equal(num(st, "warm_restart.dropped.bad_seal"), 3);
+    assert_int_equal(num(st, "warm_restart.dropped.out_of_range"), 2);
+    assert_int_equal(num(st, "warm_restart.dropped.overlap"), 1);
+    assert_int_equal(json_object_size(at(st, "warm_restart.dropped")), 3);
+    assert_int_equal(num(st, "warm_restart.duration_ms"), 12);
+    json_decref(st);
+
+    /* Left on purpose by its predecessor (SIGUSR2). */
+    w.planned = true;
+    w.dropped_chunks = w.dropped_bad_seal = w.dropped_out_of_range = w.dropped_overlap = 0;
+    st = status_with_warm(&s, &w);
+    assert_true(json_is_true(at(st, "warm_restart.planned")));
+    assert_int_equal(num(st, "warm_restart.dropped_chunks"), 0);
+    json_decref(st);
+
+    /* A pool found and refused: a cold start, with the reason (a worker-free string, but kept
+     * valid UTF-8 all the same) and the pid of the daemon that left it. */
+    w = (struct kvp_warm_report){.enabled = true, .previous_pid = 77, .duration_ms = 1};
+    snprintf(w.reason, sizeof(w.reason),
+             "pool of 67108864 bytes, this kvpoold is configured for "
+             "134217728 \xff");
+    st = status_with_warm(&s, &w);
+    assert_string_equal(str(st, "warm_restart.kind"), "cold");
+    assert_true(json_is_false(at(st, "warm_restart.planned")));
+    assert_int_equal(num(st, "warm_restart.previous_pid"), 77);
+    assert_string_equal(str(st, "warm_restart.reason"),
+                        "pool of 67108864 bytes, this kvpoold is configured for 134217728 ?");
+    assert_int_equal(num(st, "warm_restart.adopted_chunks"), 0);
+    json_decref(st);
+
+    /* Off (--warm-restart off, or no named segment): nothing to report but that. A planned flag
+     * without an adoption means nothing. */
+    w = (struct kvp_warm_report){.enabled = false, .planned = true};
+    st = status_with_warm(&s, &w);
+    assert_false(json_is_true(at(st, "warm_restart.enabled")));
+    assert_string_equal(str(st, "warm_restart.kind"), "cold");
+    assert_true(json_is_false(at(st, "warm_restart.planned")));
+    assert_true(json_is_null(at(st, "warm_restart.previous_pid")));
+    assert_true(json_is_null(at(st, "warm_restart.reason")));
+    json_decref(st);
+    fx_server_stop(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -433,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_clients),
         cmocka_unit_test(test_second_front_end),
         cmocka_unit_test(test_transport_names),
+        cmocka_unit_test(test_warm_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,11 @@
  * daemon has yet) shown as itself rather than folded into "inline", the clients of another front
  * end beside kvpool's connections, names with terminal controls escaped, a document of an
  * older daemon (no "front_end") still shown, and the totals summed over every transport's
- * counters (LMCache's pickle and envelope too, absent in an older daemon's).
+ * counters (LMCache's pickle and envelope too, absent in an older daemon's); and the warm-restart
+ * line: an adopted pool (after a crash, after a planned restart) with the chunks still to verify
+ * and those found corrupt, a cold start with its reason (escaped), warm restart off (for this
+ * run only, with the reason, when the daemon could keep no index), and nothing for an older
+ * daemon.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -240,6 +244,66 @@ static void test_totals_by_transport(void **state)
     json_decref(doc);
 }
 
+/* "Warm restart:" in `kvpool status` and `watch`, from "warm_restart" and the gauge and counter
+ * of the verification. */
+static void test_warm_line(void **state)
+{
+    (void)state;
+    char buf[L2_LINE], line[512];
+    json_t *doc = doc_of(
+        "{\"pool\": {}, \"warm_restart\": {\"enabled\": true, \"kind\": \"adopted\","
+        " \"planned\": false, \"previous_pid\": 4863, \"reason\": null,"
+        " \"adopted_chunks\": 512, \"adopted_bytes\": 1073741824, \"dropped_chunks\": 3,"
+        " \"dropped\": {\"bad_seal\": 2, \"out_of_range\": 1, \"overlap\": 0},"
+        " \"duration_ms\": 12}, \"gauges\": {\"warm_restart_unverified_chunks\": 500},"
+        " \"counters\": {\"warm_restart_corrupt_chunks\": 1,"
+        " \"warm_restart_verified_chunks\": 11}}");
+    assert_true(warm_line(doc, buf, sizeof(buf)));
+    assert_string_equal(buf, "adopted 512 chunks (1.00 GiB) of pid 4863 after a crash in 12 ms, 3 "
+                             "dropped; 500 to verify, 1 corrupt");
+    line_with(status_text(doc), "Warm restart:", line, sizeof(line));
+    assert_string_equal(line, "Warm restart: adopted 512 chunks (1.00 GiB) of pid 4863 after a "
+                              "crash in 12 ms, 3 dropped; 500 to verify, 1 corrupt");
+    json_object_set_new(jobj(doc, "warm_restart"), "planned", json_true());
+    assert_true(warm_line(doc, buf, sizeof(buf)));
+    assert_non_null(strstr(buf, " of pid 4863 after a planned restart in 12 ms, "));
+    /* A small buffer is cut, never overrun. */
+    char small[9];
+    assert_true(warm_line(doc, small, sizeof(small)));
+    assert_int_equal(strlen(small), sizeof(small) - 1);
+    json_decref(doc);
+
+    /* Refused: a cold start, and why (the daemon's words, terminal controls made visible). */
+    doc = doc_of("{\"warm_restart\": {\"enabled\": true, \"kind\": \"cold\", \"planned\": false,"
+                 " \"previous_pid\": 77, \"reason\": \"another kvpoold (pid 77) still uses "
+                 "it\\u001b[2J\", \"adopted_chunks\": 0}}");
+    assert_true(warm_line(doc, buf, sizeof(buf)));
+    assert_string_equal(buf, "on, cold start (another kvpoold (pid 77) still uses it\\x1b[2J)");
+    json_decref(doc);
+    /* Nothing was left to adopt. */
+    doc = doc_of("{\"warm_restart\": {\"enabled\": true, \"kind\": \"cold\", \"reason\": null}}");
+    assert_true(warm_line(doc, buf, sizeof(buf)));
+    assert_string_equal(buf, "on, cold start (no pool was left to adopt)");
+    json_decref(doc);
+    doc = doc_of("{\"pool\": {}, \"warm_restart\": {\"enabled\": false, \"kind\": \"cold\"}}");
+    assert_true(warm_line(doc, buf, sizeof(buf)));
+    assert_string_equal(buf, "off");
+    line_with(status_text(doc), "Warm restart:", line, sizeof(line));
+    assert_string_equal(line, "Warm restart: off");
+    json_decref(doc);
+    /* A pool refused, and none kept for a successor either (its index's name was taken). */
+    doc = doc_of("{\"warm_restart\": {\"enabled\": false, \"kind\": \"cold\","
+                 " \"reason\": \"index belongs to uid 999\"}}");
+    assert_true(warm_line(doc, buf, sizeof(buf)));
+    assert_string_equal(buf, "off for this run, cold start (index belongs to uid 999)");
+    json_decref(doc);
+    /* An older daemon says nothing about it: neither does the command. */
+    doc = doc_of("{\"pool\": {}}");
+    assert_false(warm_line(doc, buf, sizeof(buf)));
+    assert_null(strstr(status_text(doc), "Warm restart"));
+    json_decref(doc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -248,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_lmcache_line),
         cmocka_unit_test(test_health_lines),
         cmocka_unit_test(test_totals_by_transport),
+        cmocka_unit_test(test_warm_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

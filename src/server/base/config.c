@@ -179,6 +179,16 @@ static const struct opt_desc opts[] = {
      .help =
          "Permission bits of a posix segment, octal: 0600 (default, owner only) or 0660 to let\n"
          "workers of the daemon's group map it (they can then read and write every chunk)."},
+    {.name = "warm-restart",
+     .env = "KVPOOL_WARM_RESTART",
+     .arg = "on|off",
+     BOOL(warm_restart),
+     .want = "on or off",
+     .help = "Adopt the pool a previous kvpoold on the same socket left in /dev/shm (killed, or\n"
+             "stopped with SIGUSR2 for a restart) and serve its chunks at once, each checked\n"
+             "against its checksum when first read; a pool of other settings, another user or a\n"
+             "live daemon is set aside (WARN). Keeps an index of 1/64 of the pool beside it.\n"
+             "posix segments only. off: start empty, remove a dead daemon's pool. Default: on"},
     {.name = "allow-uid",
      .env = "KVPOOL_ALLOW_UID",
      .arg = "UIDS",
@@ -392,6 +402,7 @@ void kvp_config_defaults(struct kvp_config *cfg)
         .http = KVP_HTTP_DEFAULT,
         .shm_backend = KVP_SHM_POSIX,
         .shm_mode = 0600,
+        .warm_restart = true,
         .l2_connections = 2,
         .l2_queue_bytes = 256ull << 20,
         .l2_timeout_ms = 1000,

@@ -37,6 +37,7 @@ struct kvp_config {
     char http[64];          /* --http: "ADDR:PORT" of the HTTP endpoint, or "off" */
     enum kvp_shm_backend shm_backend;
     uint32_t shm_mode; /* permission bits of a POSIX segment */
+    bool warm_restart; /* --warm-restart: adopt a dead daemon's pool (core/warm_restart.h) */
     uint32_t allow_uids[KVP_MAX_ALLOW];
     uint32_t n_allow_uids;
     uint32_t allow_gids[KVP_MAX_ALLOW];

@@ -10,6 +10,7 @@ void kvp_stop_signals_block(sigset_t *old)
     sigaddset(&block, SIGINT);
     sigaddset(&block, SIGTERM);
     sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGUSR2);
     sigaddset(&block, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &block, old);
 }

@@ -20,6 +20,7 @@
 #include "core/segment.h"
 #include "core/store.h"
 #include "core/transport.h"
+#include "core/warm_restart.h"
 
 struct kvp_listener;
 struct kvp_http;
@@ -39,6 +40,7 @@ struct kvp_owners {
 struct kvp_server {
     struct kvp_config cfg;
     struct kvp_segment seg;
+    struct kvp_warm warm; /* warm restart: the pool's index, what this start adopted */
     struct kvp_store store;
     struct kvp_registry registry;
     bool store_ready, registry_ready;
@@ -60,6 +62,7 @@ struct kvp_server {
 
     int wake_fds[2]; /* self-pipe: stop and reload requests */
     atomic_bool stopping;
+    atomic_bool planned_restart;  /* SIGUSR2: the stop leaves the pool for the next kvpoold */
     atomic_bool reload_requested; /* SIGHUP: the main loop returns to main() to reload */
 
     /* An option SIGHUP changes (config.c's table says which) that a thread of the core reads:

@@ -15,6 +15,8 @@
  *   - drops the chunks, whose bytes are lost (kvp_store_clear()), and says so in one ERROR line;
  *   - a second later drops again the chunks reserved before the loss (the ones pinned the first
  *     time, once the transfers that pinned them have ended, and the ones committed meanwhile).
+ * It also ends a warm restart's hold on the pages of the previous daemon's stores in progress
+ * once --reserve-timeout has passed (kvp_warm_tick()).
  *
  * Threads: the thread itself, and kvp_expiry_stop() on the main thread; expiry_lock guards only
  * the sleep (with expiry_cv) and is released before the store, registry or owners are touched.
@@ -93,6 +95,8 @@ static void *expiry_main(void *arg)
             log_warn("Cancelled %" PRIu32 " reserved chunk(s) not committed within %" PRIu32 " s",
                      n, timeout_s);
         }
+        /* A warm restart's pages held back from the previous daemon's stores, in time. */
+        kvp_warm_tick(&s->warm, &s->store, kvp_mono_ms());
         pthread_mutex_lock(&s->expiry_lock);
     }
     pthread_mutex_unlock(&s->expiry_lock);

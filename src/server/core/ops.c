@@ -18,6 +18,16 @@
  * hand the front end iovecs over the pool: the bytes move between socket and pool with no copy
  * and no lock, the reservation or the pins keeping the slots the client's.
  *
+ * Warm restart (warm_restart.h): when the store keeps an index, a commit first computes each
+ * chunk's checksum (XXH3-64, kvp_widx_data_sum()) over the bytes of its reserved slot, without
+ * the lock (the reservation keeps the slot the committer's: nobody else can publish it), and the
+ * store seals it into the chunk's record; without an index nothing is hashed. Chunks adopted
+ * from a previous daemon's pool are checked on their first read: every operation that pins
+ * (prepare-retrieve, the inline retrieve, the pinning lookup LMCache's retrieves use, the pins
+ * of chunks brought from L2) reads the bytes of the unverified ones, without the lock, against
+ * the checksum recorded at commit. One that differs is dropped (never served; counted and
+ * logged) and the caller gets the run of good chunks before it.
+ *
  * Threads: any thread, one at a time per owner (owner.h). Locks: the store's and the registry's
  * leaf locks, each inside one call of store.c or registry.c; none is held on return.
  */
@@ -36,6 +46,7 @@
 #include "core/daemon.h"
 #include "core/seg_guard.h"
 #include "core/stats.h"
+#include "core/warm_index.h"
 #include "l2/l2.h"
 
 /* ---- counting by transport ---- */
@@ -266,6 +277,50 @@ static int keyed_prepare(struct kvp_owner *o, uint32_t handle, const struct kvp_
     return 0;
 }
 
+/* ---- warm restart: checksums at commit, checks at the first read ---- */
+
+/*
+ * Checks the unverified (adopted) objects among objs[0..n), which the caller has pinned, against
+ * their checksums, without the lock. At the first that differs, it is dropped and it and every
+ * later one unpinned: returns the length of the good run, which the caller keeps pinned.
+ */
+static uint32_t verify_pinned(struct kvp_server *s, struct kvp_obj **objs, uint32_t n)
+{
+    if (kvp_store_unverified(&s->store) == 0)
+        return n;
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvp_obj *obj = objs[i];
+        if (!kvp_obj_unverified(obj))
+            continue;
+        /* The pin keeps its bytes where they are; offset, length and sum never change. */
+        bool ok = kvp_widx_data_sum(s->seg.base + obj->offset, obj->length) == obj->sum;
+        bool changed = kvp_store_verified(&s->store, obj, ok);
+        if (ok)
+            continue;
+        if (changed)
+            log_warn_rl("Dropped a chunk adopted from the previous kvpoold's pool (offset %" PRIu64
+                        ", %" PRIu64 " bytes): its bytes differ from those committed",
+                        obj->offset, obj->length);
+        kvp_store_unpin(&s->store, objs + i, n - i);
+        return i;
+    }
+    return n;
+}
+
+/* kvp_store_pin() of the leading run of keys, then verify_pinned(): the run of good chunks. */
+static uint32_t pin_verified(struct kvp_server *s, const uint8_t *keys, uint32_t n,
+                             struct kvp_obj **objs)
+{
+    return verify_pinned(s, objs, kvp_store_pin(&s->store, keys, n, objs));
+}
+
+/* Before a commit with an index: each reserved object's checksum, for its record. */
+static void sum_reserved(struct kvp_server *s, struct kvp_obj **objs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        objs[i]->sum = kvp_widx_data_sum(s->seg.base + objs[i]->offset, objs[i]->length);
+}
+
 /* ---- the L2 tier (l2.h): called only when it is on ---- */
 
 /*
@@ -296,7 +351,7 @@ static uint32_t retrieve_l2(struct kvp_owner *o, const struct keyed *k, uint32_t
     kvp_l2_layout_of(&k->inst, &lay);
     const uint8_t *keys = o->keys + (size_t)n * KVP_KEY_SIZE;
     uint32_t got = kvp_l2_fetch(s->l2, keys, k->n - n, &lay);
-    return got ? kvp_store_pin(&s->store, keys, got, o->objs + n) : 0;
+    return got ? pin_verified(s, keys, got, o->objs + n) : 0;
 }
 
 /* Before a commit: the keys of the hold's chunks, copied into o->keys for the copies to L2
@@ -331,7 +386,7 @@ static int lookup_pin(struct kvp_owner *o, const struct keyed *k, struct kvp_op_
     if (kvp_holds_full(&o->holds))
         return kvp_why(msg, msg_size, -EMFILE, "too many open reservations and pins (max %d)",
                        KVP_MAX_HOLDS);
-    *cached = kvp_store_pin(st, o->keys, k->n, o->objs);
+    *cached = pin_verified(o->srv, o->keys, k->n, o->objs);
     if (*cached) {
         struct kvp_hold *hold = kvp_holds_add(&o->holds, k->inst.handle, true, o->objs, *cached,
                                               k->inst.layout.bytes);
@@ -440,7 +495,11 @@ static int commit_hold(struct kvp_owner *o, struct kvp_hold *hold, uint8_t trans
     uint64_t id = hold->id, chunk_bytes = hold->chunk_bytes;
     uint32_t handle = hold->handle;
     uint32_t nkeys = l2_keys_of(o, hold);
-    int rc = kvp_store_commit(&o->srv->store, hold->objs, hold->n);
+    struct kvp_store *st = &o->srv->store;
+    /* Only with an index: without one, a commit stays metadata work. */
+    if (kvp_store_indexed(st))
+        sum_reserved(o->srv, hold->objs, hold->n);
+    int rc = kvp_store_commit_sealed(st, hold->objs, hold->n);
     kvp_holds_drop(&o->holds, hold);
     if (rc < 0)
         return kvp_why(msg, msg_size, rc,
@@ -558,7 +617,7 @@ int kvp_op_prepare_retrieve(struct kvp_owner *o, uint32_t handle, const struct k
     if (kvp_holds_full(&o->holds))
         return kvp_why(msg, msg_size, -EMFILE, "too many open reservations and pins (max %d)",
                        KVP_MAX_HOLDS);
-    uint32_t n = kvp_store_pin(&s->store, o->keys, k.n, o->objs);
+    uint32_t n = pin_verified(s, o->keys, k.n, o->objs);
     n += retrieve_l2(o, &k, n);
     if (n) {
         struct kvp_hold *hold = kvp_holds_add(&o->holds, k.inst.handle, true, o->objs, n,
@@ -603,7 +662,7 @@ int kvp_op_retrieve_inline_begin(struct kvp_owner *o, uint32_t handle,
     int rc = keyed_prepare(o, handle, src, false, &k, msg, msg_size);
     if (rc)
         return rc;
-    uint32_t n = kvp_store_pin(&s->store, o->keys, k.n, o->objs);
+    uint32_t n = pin_verified(s, o->keys, k.n, o->objs);
     n += retrieve_l2(o, &k, n);
     /* The pins keep the objects from eviction while the bytes go out unlocked. */
     for (uint32_t i = 0; i < n; i++)

@@ -201,6 +201,15 @@ int kvp_op_store_inline_begin(struct kvp_owner *o, uint32_t handle, uint64_t id,
                               size_t msg_size);
 
 /*
+ * Warm restart (warm_restart.h): every operation that pins chunks (the pinning lookup, the
+ * prepare-retrieve, the inline retrieve) first checks the chunks adopted from a previous
+ * kvpoold's pool that nobody has read yet against the checksum recorded when they were
+ * committed: the first that differs is dropped (never served, counted, a rate-limited WARN) and
+ * the run of chunks before it is what the caller gets. With the index on, a commit computes each
+ * chunk's checksum first (outside every lock).
+ */
+
+/*
  * Pins the leading run of the range's chunks that are stored (in L1, then brought from L2) as a
  * pin set (res->id) for a worker that reads them through shared memory; they are counted as
  * retrieved now. Returns 0 (res->nslots may be 0: nothing held), -ENOENT, -EINVAL / -E2BIG,

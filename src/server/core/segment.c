@@ -35,6 +35,15 @@
  * no name to collide with, nothing to unlink, and no /dev/shm size limit (the capacity gate checks
  * available memory instead).
  *
+ * Adoption (kvp_segment_adopt(), warm restart): the named segment a dead daemon left is opened
+ * without O_CREAT and judged before anything is written: this euid's regular file of exactly
+ * the configured size, its liveness lock free (then taken, and held for the daemon's lifetime),
+ * a sound header that records its reserved part. Then its header gets a new nonce and this pid
+ * (magic cleared first, written last), and the background reservation continues from the
+ * reserved part. The pool's bytes are neither read nor written: adopting 12 GiB takes the time
+ * of an open, a lock and a mapping. kvp_segment_leave() is the other end: the file stays for a
+ * successor, only the mapping and the lock go.
+ *
  * Attach-only processes (workers) never unlink; only the owner does, in kvp_segment_destroy().
  *
  * Crash leftovers (kvp_segment_sweep): a SIGKILLed or OOM-killed daemon leaves its whole pool
@@ -55,6 +64,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -67,8 +77,10 @@
 #include "base/log.h"
 #include "base/notify.h"
 #include "common/errors.h"
+#include "common/fence.h"
 #include "common/populate.h"
 #include "common/shm_name.h"
+#include "common/why.h"
 #include "core/seg_guard.h"
 
 static uint32_t progress_interval_ms = KVP_RESERVE_PROGRESS_MS;
@@ -483,13 +495,14 @@ int kvp_segment_create_private(struct kvp_segment *seg, uint64_t size)
     return 0;
 }
 
-void kvp_segment_destroy(struct kvp_segment *seg)
+/* Unmaps and closes, and unlinks the name when told to. */
+static void release(struct kvp_segment *seg, bool unlink_name)
 {
     if (!seg)
         return;
     if (seg->base)
         munmap(seg->base, seg->size);
-    if (seg->shared && !seg->memfd && seg->name[0]) {
+    if (unlink_name && seg->shared && !seg->memfd && seg->name[0]) {
         char path[130];
         snprintf(path, sizeof(path), "/%s", seg->name);
         shm_unlink(path);
@@ -498,6 +511,126 @@ void kvp_segment_destroy(struct kvp_segment *seg)
     if (seg->shared && seg->fd >= 0)
         close(seg->fd);
     *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+}
+
+void kvp_segment_destroy(struct kvp_segment *seg)
+{
+    release(seg, true);
+}
+
+void kvp_segment_leave(struct kvp_segment *seg)
+{
+    release(seg, false);
+}
+
+/* The checks of kvp_segment_adopt() on the open file fd of path, before anything is written:
+ * owner, type, size, liveness lock (taken), name still this file, header. Returns 0 with
+ * *reserved the part its owner reserved, or a negative errno with why. */
+static int adoptable(int fd, const char *path, uint64_t size, uint64_t *reserved, char *why,
+                     size_t why_size)
+{
+    char dev_path[160];
+    struct stat st, named;
+    struct kvp_seg_header h;
+
+    snprintf(dev_path, sizeof(dev_path), "/dev/shm%s", path);
+    int err;
+    if (fstat(fd, &st) != 0) {
+        err = errno;
+        return kvp_why(why, why_size, -err, "cannot inspect %s: %s", dev_path, kvp_strerror(-err));
+    }
+    if (!S_ISREG(st.st_mode))
+        return kvp_why(why, why_size, -EPERM, "%s is not a regular file", dev_path);
+    if (st.st_uid != geteuid())
+        return kvp_why(why, why_size, -EPERM, "%s belongs to uid %u, not to this kvpoold's uid %u",
+                       dev_path, (unsigned)st.st_uid, (unsigned)geteuid());
+    if ((uint64_t)st.st_size != size)
+        return kvp_why(why, why_size, -ESTALE,
+                       "%s is %" PRIu64 " bytes, this kvpoold's pool needs %" PRIu64, dev_path,
+                       (uint64_t)st.st_size, size);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        err = errno;
+        if (err == EWOULDBLOCK)
+            return kvp_why(why, why_size, -EBUSY, "a running kvpoold (pid %" PRIu32 ") uses it",
+                           header_pid(fd));
+        return kvp_why(why, why_size, -err, "cannot lock %s: %s", dev_path, kvp_strerror(-err));
+    }
+    /* Replaced between the open and the lock: not the file judged. */
+    if (stat(dev_path, &named) != 0 || named.st_ino != st.st_ino || named.st_dev != st.st_dev)
+        return kvp_why(why, why_size, -EBUSY, "%s was replaced while it was inspected", dev_path);
+    ssize_t n = pread(fd, &h, sizeof(h), 0);
+    /* The header's own nonce: what is checked here is its layout, not whose it is. */
+    int rc = kvp_seg_header_check(&h, n > 0 ? (size_t)n : 0, size, h.nonce, dev_path, why,
+                                  why_size);
+    if (rc)
+        return rc;
+    /* Only what its owner reserved may be touched: the daemons that recorded it wrote it
+     * after every step. A daemon that did not (0) cannot be followed. */
+    if (h.reserved_bytes < KVP_SEG_HEADER || h.reserved_bytes > size)
+        return kvp_why(why, why_size, -EPROTO, "%s does not record which part of it was reserved",
+                       dev_path);
+    *reserved = h.reserved_bytes;
+    return 0;
+}
+
+int kvp_segment_adopt(struct kvp_segment *seg, const char *name, uint64_t size, uint32_t mode,
+                      char *why, size_t why_size)
+{
+    char path[sizeof(seg->name) + 2];
+    uint64_t reserved = 0;
+    int rc;
+
+    *seg = (struct kvp_segment)KVP_SEGMENT_INIT;
+    why[0] = '\0';
+    if (!name[0] || strchr(name, '/') || strlen(name) >= sizeof(seg->name))
+        return kvp_why(why, why_size, -EINVAL, "\"%.64s\" is not a segment name", name);
+    snprintf(path, sizeof(path), "/%s", name);
+    int fd = shm_open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        rc = -errno;
+        if (rc == -ENOENT)
+            return kvp_why(why, why_size, rc, "it is gone");
+        return kvp_why(why, why_size, rc, "cannot open /dev/shm%s: %s", path, kvp_strerror(rc));
+    }
+    rc = adoptable(fd, path, size, &reserved, why, why_size);
+    if (rc)
+        goto out_close;
+    /* The reserved part is not allocated again: its owner recorded it after its own
+     * posix_fallocate, and tmpfs keeps those pages while the file lives (doing it again costs
+     * about 30 ms per GiB, a third of a second for 12 GiB, for pages that are there). A page
+     * somebody punched out since is the seg guard's case, as a truncation is (seg_guard.h):
+     * its SIGBUS moves the daemon to private memory instead of killing it. */
+    if (fchmod(fd, mode) != 0) {
+        rc = -errno;
+        kvp_why(why, why_size, rc, "cannot set mode %o on /dev/shm%s: %s", mode, path,
+                kvp_strerror(rc));
+        goto out_close;
+    }
+    /* Only reserved pages are ever accessed: the pool hands out no slot beyond them. */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = -errno;
+        kvp_why(why, why_size, rc, "cannot map /dev/shm%s: %s", path, kvp_strerror(rc));
+        goto out_close;
+    }
+    seg->base = p;
+    seg->size = size;
+    seg->reserved = reserved;
+    seg->fd = fd;
+    seg->shared = true;
+    snprintf(seg->name, sizeof(seg->name), "%s", name);
+    randombytes_buf(seg->nonce, sizeof(seg->nonce));
+    /* The old magic goes first, and the fence keeps the new fields after it: nobody sees the
+     * old magic over a new nonce. kvp_seg_header_write() writes the new magic last. */
+    memset(p, 0, sizeof(((struct kvp_seg_header *)0)->magic));
+    kvp_shared_fence(memory_order_seq_cst);
+    kvp_seg_header_write(p, seg->nonce, size, (uint32_t)getpid());
+    kvp_seg_header_publish_reserved(p, reserved, reserved >= size);
+    return 0;
+
+out_close:
+    close(fd); /* releases the lock, if taken */
+    return rc;
 }
 
 /* A name the sweep may consider: a default name (kvp_shm_name_is_default()), or the
@@ -558,6 +691,16 @@ static uint64_t sweep_one(int dfd, const char *dir, const char *name, bool own, 
                  own ? "Replacing" : "Removing", dir, name, freed);
 out_close:
     close(fd); /* releases our lock, if taken */
+    return freed;
+}
+
+uint64_t kvp_segment_reap(const char *dir, const char *name, uint32_t min_age_s)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return 0;
+    uint64_t freed = sweep_one(dfd, dir, name, false, min_age_s);
+    close(dfd);
     return freed;
 }
 

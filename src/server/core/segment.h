@@ -120,7 +120,37 @@ void kvp_segment_set_reserve_control(uint32_t interval_ms, const atomic_bool *ca
  */
 uint64_t kvp_segment_sweep(const char *dir, const char *own_name, uint32_t min_age_s);
 
+/*
+ * Removes the one segment dir/name as kvp_segment_sweep() would remove a leftover (this euid, a
+ * regular file, its lock free, a header or min_age_s old), whatever its name: the pool of a
+ * predecessor set aside by a warm restart (warm_restart.c). Returns its size, or 0 when it
+ * stays (logged as the sweep logs).
+ */
+uint64_t kvp_segment_reap(const char *dir, const char *name, uint32_t min_age_s);
+
+/*
+ * Adopts the POSIX segment name (without '/') that a dead kvpoold left, for a warm restart: opens
+ * it without creating it; checks that it is a regular file of this euid of exactly size bytes;
+ * takes its liveness lock without waiting (held: a live kvpoold owns it, and nothing is touched,
+ * -EBUSY); checks its header (magic, layout version, header size, size) and the part its owner
+ * reserved (reserved_bytes, recorded after its posix_fallocate: those pages are still
+ * allocated, and are not allocated again); sets mode; maps it; and writes a new nonce and
+ * this pid into the header (its magic cleared first and written last: a worker that still maps
+ * the segment sees a nonce other than the one its daemon announced). The pool's bytes are
+ * neither read nor written. seg->reserved is the reserved part: kvp_segment_reserve_rest()
+ * continues from there. Returns 0, or -EINVAL (not a segment name), -ENOENT (no such segment),
+ * -EPERM (another uid's, or not a regular file), -EBUSY (a live kvpoold holds it), -ESTALE
+ * (another size), -EPROTO (no sound header, or no reserved part recorded), or another negative
+ * errno; why says which. On failure nothing is kept open and the file is unchanged.
+ */
+int kvp_segment_adopt(struct kvp_segment *seg, const char *name, uint64_t size, uint32_t mode,
+                      char *why, size_t why_size);
+
 /* Unmaps, unlinks the name if we own it, closes. Safe on a half-built or zeroed segment. */
 void kvp_segment_destroy(struct kvp_segment *seg);
+
+/* Unmaps and closes, releasing the liveness lock, but leaves the file in /dev/shm for a
+ * successor (a planned restart). Safe on a half-built or zeroed segment. */
+void kvp_segment_leave(struct kvp_segment *seg);
 
 #endif /* KVP_SEGMENT_H */

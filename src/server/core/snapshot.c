@@ -107,7 +107,7 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
             nconns = snap->client_groups[i].count;
 
     /* Every gauge of KVP_GAUGE_MAP gets its value here: a new one must be added below. */
-    _Static_assert(KVP_NGAUGES == 21, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
+    _Static_assert(KVP_NGAUGES == 22, "a gauge of KVP_GAUGE_MAP has no value in the snapshot");
     uint64_t *v = snap->gauges;
     /* The instances by transport, summed over the front ends (a transport without a gauge of
      * its own is still in kvpool_instances{front_end,transport} and in "instances"). */
@@ -130,6 +130,9 @@ int kvp_snapshot_take(struct kvp_server *s, unsigned flags, struct kvp_snapshot 
     v[KVP_GAUGE_shm_enabled] = s->seg.shared;
     v[KVP_GAUGE_chunk_tokens] = s->cfg.chunk_tokens;
     v[KVP_GAUGE_uptime_seconds] = (kvp_mono_ms() - s->started_mono_ms) / 1000;
+    v[KVP_GAUGE_warm_restart_unverified_chunks] = g.unverified;
+    /* Written by the main thread before start-up published the server (serving). */
+    snap->warm = s->warm.report;
     struct kvp_l2_gauges l2;
     kvp_l2_get_gauges(s->l2, &l2);
     v[KVP_GAUGE_l2_up] = l2.up;

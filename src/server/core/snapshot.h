@@ -15,6 +15,7 @@
 #include "core/owner.h"
 #include "core/registry.h"
 #include "core/stats.h"
+#include "core/warm_restart.h"
 
 struct kvp_server;
 
@@ -55,6 +56,10 @@ struct kvp_snapshot {
     uint32_t ninstance_groups;
     struct kvp_owner_group client_groups[KVP_SNAP_GROUPS];
     uint32_t nclient_groups;
+
+    /* What this start did with the pool a previous kvpoold left (warm_restart.h): fixed at
+     * start-up. */
+    struct kvp_warm_report warm;
 
     /* With KVP_SNAP_LISTS only (else NULL and 0). */
     struct kvp_instance_view *instances;

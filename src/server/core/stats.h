@@ -167,7 +167,13 @@
        "restart), answered false once so that the worker registers again")                        \
     XX(lmcache_kv_event_subscriptions, "lmcache_kv_event_subscriptions", "", "",                  \
        "LMCache KV event subscriptions (0.5.7), each answered that kvpoold records no KV "        \
-       "events, then ended")
+       "events, then ended")                                                                      \
+    XX(warm_restart_verified_chunks, "warm_restart_verified_chunks", "", "",                      \
+       "chunks adopted from a previous kvpoold's pool whose bytes matched their checksum at "     \
+       "their first read")                                                                        \
+    XX(warm_restart_corrupt_chunks, "warm_restart_corrupt_chunks", "", "",                        \
+       "chunks adopted from a previous kvpoold's pool whose bytes did not match their checksum "  \
+       "at their first read (dropped, never served)")
 
 #define KVP_GAUGE_MAP(XX)                                                                     \
     XX(pool_size, "pool_capacity_bytes", "", "", "bytes of the L1 pool")                      \
@@ -195,7 +201,10 @@
     XX(shm_enabled, "shm_enabled", "", "",                                                    \
        "1 when the pool is shared memory (workers may use the shm transport), else 0")        \
     XX(chunk_tokens, "chunk_tokens", "", "", "tokens per KV chunk")                           \
-    XX(uptime_seconds, "uptime_seconds", "", "", "seconds since kvpoold started")
+    XX(uptime_seconds, "uptime_seconds", "", "", "seconds since kvpoold started")             \
+    XX(warm_restart_unverified_chunks, "warm_restart_unverified_chunks", "", "",              \
+       "chunks adopted from a previous kvpoold's pool not read yet (each is checked against " \
+       "its checksum at its first read)")
 
 /* Indices into the value arrays of a snapshot (snapshot.h), in map order. */
 enum kvp_counter_id {

@@ -36,6 +36,13 @@
  * of the pool's size and of where its other objects lie. The steps are counted (s->steps and
  * the pool's), and tests check the counts.
  *
+ * The warm-restart index (store.h, kvp_store_set_index()): every record write is a call of the
+ * hook under the lock, so the store is the index's one writer, and the order of those calls is
+ * the crash-safety argument of warm_restart.c: a reservation is marked when it is made; a
+ * sealing commit publishes, then seals; do_release_keep() clears a record (or ends a mark)
+ * before the object's pages go back to the pool or into an eviction window. Without a hook none
+ * of this happens and nothing costs more.
+ *
  * Long work, short holds: evicting a window of thousands of one-page objects takes a
  * millisecond or more. Once a hold has lasted KVP_STORE_SLICE_NS, the evicting prepare ends it
  * between victims or between chunks (unlock; if threads wait, wait until one of them got the
@@ -236,6 +243,7 @@ void kvp_store_destroy(struct kvp_store *s)
     free_list(&s->pending);
     free(s->buckets);
     free(s->edge);
+    free(s->held_runs);
     kvp_pool_destroy(&s->pool);
     pthread_mutex_destroy(&s->lock);
     s->buckets = NULL;
@@ -278,10 +286,42 @@ static void do_edges(struct kvp_store *s, struct kvp_obj *o, struct kvp_obj *v)
     s->edge[f + npages_of(o->length) - 1] = v;
 }
 
+/* Clears o's record in the index, if it has one: before anything lets its pages go to another
+ * object, so that no record a successor could adopt ever names pages of another object. Caller
+ * holds the lock. */
+static void do_unrecord(struct kvp_store *s, struct kvp_obj *o)
+{
+    if (o->marked) {
+        o->marked = 0;
+        if (!s->keep_marks)
+            s->index->unmark(s->index->arg, first_page(s, o));
+    }
+    if (!o->indexed)
+        return;
+    s->index->clear(s->index->arg, first_page(s, o));
+    o->indexed = 0;
+    s->nindexed--;
+    s->indexed_bytes -= o->length;
+}
+
+/* o is verified or gone: one fewer to check. Caller holds the lock. */
+static void do_settle_unverified(struct kvp_store *s, struct kvp_obj *o)
+{
+    if (!atomic_load_explicit(&o->unverified, memory_order_relaxed))
+        return;
+    /* Release: a pinner that reads false after this (kvp_obj_unverified()) reads the bytes of
+     * an object whose check is over. */
+    atomic_store_explicit(&o->unverified, false, memory_order_release);
+    atomic_fetch_sub_explicit(&s->nunverified, 1, memory_order_relaxed);
+}
+
 /* Frees an object that is out of the index and off the LRU accounting, and its pages unless the
- * caller keeps them (an eviction window takes them over). Caller holds the lock. */
+ * caller keeps them (an eviction window takes them over). Its record is cleared first, whoever
+ * takes the pages next. Caller holds the lock. */
 static void do_release_keep(struct kvp_store *s, struct kvp_obj *o, bool keep_pages)
 {
+    do_unrecord(s, o);
+    do_settle_unverified(s, o);
     list_unlink(o);
     do_edges(s, o, NULL);
     if (!keep_pages)
@@ -305,21 +345,36 @@ static void do_lru_leave(struct kvp_store *s, struct kvp_obj *o)
     s->evictable_pages -= npages_of(o->length);
 }
 
-/* Puts o back on the LRU's front once its last pin and guard are gone. Caller holds the lock. */
+/* o was used: its recency clock, in the index too (seq is advisory there: one store). Caller
+ * holds the lock. */
+static void do_use(struct kvp_store *s, struct kvp_obj *o)
+{
+    o->last_use = ++s->clock;
+    if (o->indexed)
+        s->index->touch(s->index->arg, first_page(s, o), o->last_use);
+}
+
+/* Puts o back on the LRU's front once its last pin and guard are gone; a dropped object goes
+ * instead, its pages with it (its record was cleared when it was dropped). Caller holds the
+ * lock. */
 static void do_lru_return(struct kvp_store *s, struct kvp_obj *o)
 {
+    if (o->state == KVP_OBJ_DROPPED && o->pins == 0 && o->guard == 0) {
+        do_release(s, o);
+        return;
+    }
     if (!evictable(o))
         return;
     list_unlink(o);
     list_push_front(&s->lru, o);
-    o->last_use = ++s->clock;
+    do_use(s, o);
     s->evictable_pages += npages_of(o->length);
 }
 
 /* Marks a committed object most recently used. Caller holds the lock. */
 static void do_touch(struct kvp_store *s, struct kvp_obj *o)
 {
-    o->last_use = ++s->clock;
+    do_use(s, o);
     if (evictable(o)) {
         list_unlink(o);
         list_push_front(&s->lru, o);
@@ -600,6 +655,11 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
         do_index_insert(s, o);
         list_push_front(&s->pending, o);
         s->nreserved++;
+        /* Its worker may write these pages until it commits, whatever becomes of this
+         * daemon: a successor holds them back. */
+        if (s->index && s->index->mark &&
+            s->index->mark(s->index->arg, first_page(s, o), o->length) == 0)
+            o->marked = 1;
         objs[res->nslots] = o;
         idx[res->nslots] = i;
         res->nslots++;
@@ -613,14 +673,17 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
     return 0;
 }
 
-/* All or nothing: a set of chunks is published together or not at all, never a torn prefix. */
-int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
+/*
+ * All or nothing: a set of chunks is published together or not at all, never a torn prefix.
+ * With seal, each record is sealed after the set is published, in the same hold: the bytes were
+ * complete before the commit began (their owner wrote them, then asked to commit). Caller holds
+ * the lock.
+ */
+static int do_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n, bool seal)
 {
-    store_lock(s);
     for (uint32_t i = 0; i < n; i++) {
         if (objs[i]->state == KVP_OBJ_EXPIRED) {
             do_abort(s, objs, n);
-            store_unlock(s);
             return -ETIMEDOUT;
         }
     }
@@ -634,8 +697,176 @@ int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
     }
     s->nreserved -= n;
     s->ncommitted += n;
-    store_unlock(s);
+    for (uint32_t i = 0; s->index && i < n; i++) {
+        struct kvp_obj *o = objs[i];
+        /* A seal's plan overwrites the mark; without one it ends here. */
+        if (seal && s->index->seal(s->index->arg, first_page(s, o), o->key, o->length, o->sum,
+                                   o->last_use) == 0) {
+            o->indexed = 1;
+            s->nindexed++;
+            s->indexed_bytes += o->length;
+        } else if (o->marked) {
+            s->index->unmark(s->index->arg, first_page(s, o));
+        }
+        o->marked = 0;
+    }
     return (int)n;
+}
+
+int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
+{
+    store_lock(s);
+    int rc = do_commit(s, objs, n, false);
+    store_unlock(s);
+    return rc;
+}
+
+int kvp_store_commit_sealed(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
+{
+    store_lock(s);
+    int rc = do_commit(s, objs, n, true);
+    store_unlock(s);
+    return rc;
+}
+
+void kvp_store_set_index(struct kvp_store *s, const struct kvp_store_index *ix)
+{
+    s->index = ix;
+}
+
+int kvp_store_adopt(struct kvp_store *s, uint64_t offset, const uint8_t key[KVP_KEY_SIZE],
+                    uint64_t length, uint64_t sum)
+{
+    struct kvp_pool *p = &s->pool;
+
+    if (length == 0 || offset < p->base || (offset - p->base) % KVP_POOL_PAGE != 0)
+        return -EINVAL;
+    /* Allocated before the lock, as a prepare's objects are. */
+    struct kvp_obj *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    uint64_t first = (offset - p->base) / KVP_POOL_PAGE, n = npages_of(length);
+    int rc = 0;
+    store_lock(s);
+    /* Without overflow: first < avail, then n <= avail - first. */
+    if (first >= p->avail || n > p->avail - first)
+        rc = -ERANGE;
+    else if (kvp_pool_free_end(p, first, first + n) != first + n || do_find(s, key))
+        rc = -EEXIST;
+    if (rc) {
+        store_unlock(s);
+        free(o);
+        return rc;
+    }
+    kvp_pool_claim(p, first, n);
+    memcpy(o->key, key, KVP_KEY_SIZE);
+    o->offset = offset;
+    o->length = length;
+    o->sum = sum;
+    o->state = KVP_OBJ_COMMITTED;
+    o->indexed = s->index != NULL;
+    atomic_init(&o->unverified, true);
+    do_edges(s, o, o);
+    do_index_insert(s, o);
+    list_push_front(&s->lru, o);
+    do_use(s, o);
+    s->evictable_pages += n;
+    s->ncommitted++;
+    if (o->indexed) {
+        s->nindexed++;
+        s->indexed_bytes += length;
+    }
+    atomic_fetch_add_explicit(&s->nunverified, 1, memory_order_relaxed);
+    store_unlock(s);
+    return 0;
+}
+
+int64_t kvp_store_hold_back(struct kvp_store *s, uint64_t mark_page, uint64_t offset,
+                            uint64_t length)
+{
+    struct kvp_pool *p = &s->pool;
+    int64_t held = 0;
+
+    if (length == 0 || offset < p->base || (offset - p->base) % KVP_POOL_PAGE != 0)
+        return 0;
+    uint64_t first = (offset - p->base) / KVP_POOL_PAGE, n = npages_of(length);
+    if (first >= p->avail)
+        return 0;
+    uint64_t end = n > p->avail - first ? p->avail : first + n;
+    store_lock(s);
+    /* Each free run inside the range; the used pages between them are adopted objects'. */
+    for (uint64_t i = first; i < end;) {
+        if (kvp_pool_page_used(p, i)) {
+            i++;
+            continue;
+        }
+        uint64_t e = kvp_pool_free_end(p, i, end);
+        /* Growing the list under the lock: start-up only, nobody waits. */
+        struct kvp_held_run *v = realloc(s->held_runs, (s->nheld_runs + 1) * sizeof(*v));
+        if (!v) {
+            held = -ENOMEM;
+            break;
+        }
+        s->held_runs = v;
+        kvp_pool_claim(p, i, e - i);
+        v[s->nheld_runs++] = (struct kvp_held_run){mark_page, i, e - i};
+        s->held_pages += e - i;
+        held += (int64_t)(e - i);
+        i = e;
+    }
+    store_unlock(s);
+    return held;
+}
+
+uint64_t kvp_store_release_held(struct kvp_store *s)
+{
+    uint64_t freed = 0;
+    store_lock(s);
+    for (uint64_t k = 0; k < s->nheld_runs; k++) {
+        const struct kvp_held_run *r = &s->held_runs[k];
+        /* The mark first, as for any reservation, when its page is one of those held (else an
+         * object lies there, whose record is not the mark's to change). */
+        if (s->index && !s->keep_marks && r->first == r->mark_page)
+            s->index->unmark(s->index->arg, r->mark_page);
+        kvp_pool_free(&s->pool, s->pool.base + r->first * KVP_POOL_PAGE, r->n * KVP_POOL_PAGE);
+        freed += r->n;
+    }
+    free(s->held_runs);
+    s->held_runs = NULL;
+    s->nheld_runs = s->held_pages = 0;
+    store_unlock(s);
+    return freed;
+}
+
+void kvp_store_keep_marks(struct kvp_store *s)
+{
+    store_lock(s);
+    s->keep_marks = true;
+    store_unlock(s);
+}
+
+bool kvp_store_verified(struct kvp_store *s, struct kvp_obj *o, bool ok)
+{
+    bool changed = false;
+    store_lock(s);
+    if (ok && o->state == KVP_OBJ_COMMITTED &&
+        atomic_load_explicit(&o->unverified, memory_order_relaxed)) {
+        do_settle_unverified(s, o);
+        KVP_COUNT(warm_restart_verified_chunks, 1);
+        changed = true;
+    } else if (!ok && o->state == KVP_OBJ_COMMITTED) {
+        /* Pinned by the caller, so on the held list, off the LRU: out of the index at once,
+         * its record cleared now, its pages freed by the last unpin (do_lru_return). */
+        do_index_remove(s, o);
+        do_unrecord(s, o);
+        do_settle_unverified(s, o);
+        o->state = KVP_OBJ_DROPPED;
+        s->ncommitted--;
+        KVP_COUNT(warm_restart_corrupt_chunks, 1);
+        changed = true;
+    }
+    store_unlock(s);
+    return changed;
 }
 
 uint32_t kvp_store_abort(struct kvp_store *s, struct kvp_obj **objs, uint32_t n)
@@ -733,7 +964,7 @@ static void do_clear(struct kvp_store *s, uint64_t before_ms, struct kvp_clear_r
     *res = (struct kvp_clear_result){0};
     store_lock(s);
     for (struct kvp_obj *o = s->held.next; o != &s->held; o = o->next)
-        res->pinned++;
+        res->pinned += o->state == KVP_OBJ_COMMITTED;
     uint64_t began = s->clock;
     while (s->lru.prev != &s->lru && s->lru.prev->last_use <= began) {
         struct kvp_obj *o = s->lru.prev;
@@ -783,6 +1014,10 @@ void kvp_store_get_gauges(struct kvp_store *s, struct kvp_store_gauges *g)
         .reserved = s->nreserved,
         .expired = s->nexpired,
         .pinned = s->npinned,
+        .indexed = s->nindexed,
+        .indexed_bytes = s->indexed_bytes,
+        .unverified = kvp_store_unverified(s),
+        .held_back = s->held_pages * KVP_POOL_PAGE,
     };
     store_unlock(s);
 }

@@ -13,6 +13,17 @@
  * object. Only COMMITTED objects are visible; pinned ones (pins > 0) are never evicted, nor are
  * the ones a prepare in progress reported as cached (guard > 0).
  *
+ * Warm restart (core/warm_restart.h): with an index hook (kvp_store_set_index()) the store
+ * records what it holds for a successor: a reservation marks its pages, a sealing commit seals
+ * each chunk's record, a use touches it, and whatever lets a recorded object's pages go
+ * (eviction, clear, abort, a drop) clears its record or mark first, under the lock. A successor
+ * adopts the committed objects (kvp_store_adopt(): COMMITTED, but unverified until their first
+ * pin is checked, kvp_store_verified()); one whose bytes fail the check becomes DROPPED: out of
+ * the index at once, its pages freed at its last unpin:
+ *
+ *   adopt ──> COMMITTED (unverified) ──verified──> COMMITTED
+ *                  └──check fails (pinned)──> DROPPED ──last unpin──> freed
+ *
  * Cost: every call does O(1) or O(log n) work per chunk, whatever the pool's size and
  * fragmentation (store.c and pool.c say how), except kvp_store_clear(), which visits every
  * object. A prepare that must evict many objects, and a clear, let waiting threads take the lock
@@ -27,12 +38,15 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/chunk_hash.h"
 #include "core/pool.h"
 
-enum kvp_obj_state { KVP_OBJ_RESERVED, KVP_OBJ_COMMITTED, KVP_OBJ_EXPIRED };
+/* KVP_OBJ_DROPPED: a committed object whose bytes failed their check (kvp_store_verified())
+ * while pinned: out of the index, its pages freed at its last unpin. */
+enum kvp_obj_state { KVP_OBJ_RESERVED, KVP_OBJ_COMMITTED, KVP_OBJ_EXPIRED, KVP_OBJ_DROPPED };
 
 struct kvp_obj {
     uint8_t key[KVP_KEY_SIZE];
@@ -40,14 +54,52 @@ struct kvp_obj {
     uint64_t length;
     uint64_t reserved_at_ms;
     uint64_t last_use; /* the store's recency clock when last used (LRU order) */
+    /* The checksum of its bytes (kvp_widx_data_sum()): written by the reservation's owner
+     * before kvp_store_commit_sealed(), or by kvp_store_adopt(); then never changed. */
+    uint64_t sum;
     uint32_t pins;
     uint32_t guard; /* prepares in progress that reported it cached (protects it there) */
     uint8_t state;
+    uint8_t indexed; /* its record in the index is sealed (cleared before its pages go) */
+    uint8_t marked;  /* reserved, its record marks the reservation (unmarked before it goes) */
+    /* Adopted, its bytes not checked against sum yet: set before it is published, cleared
+     * (release, under the lock) once; read without the lock (kvp_obj_unverified()). */
+    atomic_bool unverified;
     struct kvp_obj *hnext; /* index chain */
     /* COMMITTED: the LRU list while evictable (no pins, no guard), else the held list;
      * RESERVED/EXPIRED: the pending list. */
     struct kvp_obj *prev;
     struct kvp_obj *next;
+};
+
+/*
+ * The index of what the store holds, for a successor to adopt (core/warm_restart.c over
+ * warm_index.h); the store knows no more of it than these calls. Each is made with the store
+ * lock held, so the store is the index's one writer. Pages are pool pages (the object's first
+ * page, counted from the pool's base), the index's record numbers.
+ */
+struct kvp_store_index {
+    /* Seals the record of a committed object (sum: kvp_obj.sum, seq: its recency clock).
+     * Returns 0, or a negative errno: the object then stays unrecorded (never adopted). */
+    int (*seal)(void *arg, uint64_t page, const uint8_t key[KVP_KEY_SIZE], uint64_t length,
+                uint64_t sum, uint64_t seq);
+    /* Clears the record of a sealed object: called before its pages can go to another. */
+    void (*clear)(void *arg, uint64_t page);
+    /* Records a use of a sealed object (its new recency clock). */
+    void (*touch)(void *arg, uint64_t page, uint64_t seq);
+    /* Marks the pages of a reservation: its worker may write them until its next call, even
+     * after this daemon died. Returns 0, or a negative errno (then not marked). May be NULL
+     * (with unmark): reservations are not marked. */
+    int (*mark)(void *arg, uint64_t page, uint64_t length);
+    /* Ends a mark: called before the reservation's pages are freed. */
+    void (*unmark)(void *arg, uint64_t page);
+    void *arg;
+};
+
+/* Pages held back from a previous daemon's reservation (kvp_store_hold_back()). */
+struct kvp_held_run {
+    uint64_t mark_page; /* the page whose record marks it */
+    uint64_t first, n;  /* pages claimed */
 };
 
 struct kvp_store {
@@ -73,6 +125,14 @@ struct kvp_store {
     uint64_t steps_at_lock;   /* steps (s->steps + the pool's) when the lock was taken */
     uint64_t max_hold_steps;  /* the most steps taken in one hold: what tests bound */
     uint64_t edge_ready;      /* edge[] entries faulted in ahead (init, extend: no lock) */
+    const struct kvp_store_index *index; /* NULL: nothing is recorded (kvp_store_set_index) */
+    uint64_t nindexed, indexed_bytes;    /* objects whose record is sealed, and their bytes */
+    /* Adopted objects not verified yet: changed under the lock, read without it (the
+     * operations skip the check while it is 0). */
+    _Atomic uint64_t nunverified;
+    bool keep_marks; /* reservations freed from now on keep their marks (kvp_store_keep_marks) */
+    struct kvp_held_run *held_runs; /* kvp_store_hold_back(), until kvp_store_release_held() */
+    uint64_t nheld_runs, held_pages;
 };
 
 struct kvp_prepare_result {
@@ -82,6 +142,9 @@ struct kvp_prepare_result {
 struct kvp_store_gauges {
     uint64_t pool_size, pool_reserved, pool_used, largest_free;
     uint64_t committed, reserved, expired, pinned;
+    uint64_t indexed, indexed_bytes; /* committed objects recorded in the index, their bytes */
+    uint64_t unverified;             /* adopted objects not read (verified) yet */
+    uint64_t held_back;              /* pool bytes held back (kvp_store_hold_back()) */
 };
 
 /*
@@ -92,7 +155,34 @@ struct kvp_store_gauges {
 int kvp_store_init(struct kvp_store *s, uint64_t pool_base, uint64_t pool_size, uint64_t avail);
 /* The first avail bytes of the pool are reserved: they may be handed out from now on. */
 void kvp_store_extend(struct kvp_store *s, uint64_t avail);
+/* Frees the store's memory; the index (if any) is left as it is: what it records stays. */
 void kvp_store_destroy(struct kvp_store *s);
+
+/*
+ * Makes the store record its committed objects in ix (NULL: nothing, the default): sealing
+ * commits (kvp_store_commit_sealed()) seal a record, uses touch it, and whatever frees a sealed
+ * object's pages (eviction, clear, a dropped object) clears its record first, under the lock.
+ * Call it after kvp_store_init(), before any other thread uses the store; ix must outlive it.
+ */
+void kvp_store_set_index(struct kvp_store *s, const struct kvp_store_index *ix);
+
+/* True when the store has an index: the operations then checksum what they commit. */
+static inline bool kvp_store_indexed(const struct kvp_store *s)
+{
+    return s->index != NULL;
+}
+
+/* Adopted objects not verified yet (relaxed: 0 lets a reader skip the checks). */
+static inline uint64_t kvp_store_unverified(struct kvp_store *s)
+{
+    return atomic_load_explicit(&s->nunverified, memory_order_relaxed);
+}
+
+/* True while o (pinned by the caller) was adopted and not verified yet. No lock. */
+static inline bool kvp_obj_unverified(struct kvp_obj *o)
+{
+    return atomic_load_explicit(&o->unverified, memory_order_acquire);
+}
 
 /*
  * Reserves slots for the keys (n x KVP_KEY_SIZE bytes) that are neither committed nor being
@@ -118,6 +208,57 @@ int kvp_store_prepare(struct kvp_store *s, const uint8_t *keys, uint32_t n, uint
  * -ETIMEDOUT is returned. Otherwise returns n.
  */
 int kvp_store_commit(struct kvp_store *s, struct kvp_obj **objs, uint32_t n);
+
+/*
+ * kvp_store_commit(), and then, still under the lock, the record of each object committed is
+ * sealed in the index with its sum (which the caller computed over its bytes, outside the lock,
+ * before the call). Without an index, kvp_store_commit(). Same returns.
+ */
+int kvp_store_commit_sealed(struct kvp_store *s, struct kvp_obj **objs, uint32_t n);
+
+/*
+ * Adopts a committed object that a previous daemon left in the pool (warm restart): key, its
+ * offset in the segment and length, and the checksum its bytes had at commit. It becomes the
+ * most recently used object (adopt the oldest first), visible to lookups at once, recorded in
+ * the index (its record, which the caller found sealed, stays and is touched with the new
+ * clock), and unverified until its first pin (kvp_store_verified()). Returns 0; -EINVAL (length
+ * 0, or an offset that is not the start of a pool page); -ERANGE (pages beyond the pool's
+ * reserved part); -EEXIST (a page of it is used, or the key is already there); -ENOMEM.
+ */
+int kvp_store_adopt(struct kvp_store *s, uint64_t offset, const uint8_t key[KVP_KEY_SIZE],
+                    uint64_t length, uint64_t sum);
+
+/*
+ * Holds back the free pages of [offset, offset + length), a reservation a previous daemon had
+ * handed out (its mark is the record of mark_page): they are used, and no object's, until
+ * kvp_store_release_held(), so that a worker that still writes its stale slots writes nothing
+ * anybody reads. Pages used already (adopted objects) or beyond the reserved part are left as
+ * they are. Call it at start-up, before other threads use the store. Returns the pages held, or
+ * -ENOMEM.
+ */
+int64_t kvp_store_hold_back(struct kvp_store *s, uint64_t mark_page, uint64_t offset,
+                            uint64_t length);
+
+/* Ends every hold of kvp_store_hold_back(): each mark ended (the index's unmark), then its pages
+ * freed. Returns the pages freed. */
+uint64_t kvp_store_release_held(struct kvp_store *s);
+
+/*
+ * From now on, the reservations the store frees keep their marks in the index: a shutdown that
+ * leaves the pool for the next daemon (a planned restart) drops its clients' reservations, whose
+ * workers may still be writing; the next daemon holds their pages back.
+ */
+void kvp_store_keep_marks(struct kvp_store *s);
+
+/*
+ * The verdict on the bytes of o, an unverified object the caller pins, read against o->sum
+ * outside the lock. ok: o is verified from now on (counted warm_restart_verified_chunks by the
+ * call that verifies it). Not ok: o leaves the index, so that nobody finds it again, its record
+ * is cleared, and its pages are freed at its last unpin (the caller still unpins it); counted
+ * warm_restart_corrupt_chunks. Returns true when this call changed o (false: another pinner
+ * had already verified or dropped it, or, for ok, it was dropped meanwhile).
+ */
+bool kvp_store_verified(struct kvp_store *s, struct kvp_obj *o, bool ok);
 
 /* Drops reserved (or expired) objects; nothing becomes visible. Returns how many of them were
  * still reserved: an expired one was already counted when --reserve-timeout cancelled it. */

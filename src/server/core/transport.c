@@ -4,9 +4,12 @@
  * Design. The decision is made once, at start-up, and never revisited: a pool either lives in
  * shared memory whose every page was reserved before the first worker could map it, or in
  * private memory with the inline transport for everybody. The steps, each logged:
+ *   0. a dead predecessor's segment adopted by a warm restart (warm_restart.c) is used as it
+ *      is: it exists and its reserved part is allocated;
  *   1. --shm-name "" or --shm-backend none: "SHM disabled by configuration";
- *   2. the capacity gate (shm_gate.c): /dev/shm free space for a posix segment, the memory
- *      available to the daemon (MemAvailable, the cgroup's memory.max) for memfd;
+ *   2. the capacity gate (shm_gate.c): /dev/shm free space for a posix segment (and its
+ *      warm-restart index, when that is on), the memory available to the daemon
+ *      (MemAvailable, the cgroup's memory.max) for memfd;
  *   3. the segment itself (segment.c), reserved page by page (posix_fallocate), so that no
  *      access can fault later; a reservation that fails (something filled /dev/shm after the
  *      gate) falls back to private memory with the reason;
@@ -42,6 +45,7 @@
 #include "common/errors.h"
 #include "core/seg_guard.h"
 #include "core/shm_gate.h"
+#include "core/warm_restart.h"
 
 #ifndef SO_PEERGROUPS
 #define SO_PEERGROUPS 59 /* Linux 4.13 */
@@ -70,6 +74,15 @@ int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, c
     int rc = 0;
 
     *seen = (struct kvp_gate_seen){.probed = false};
+    reason[0] = '\0';
+    if (seg->shared) {
+        /* A dead predecessor's pool, adopted (warm_restart.c): it exists, reserved as far as its
+         * owner got, so there is nothing to admit. What /dev/shm has left is still shown. */
+        kvp_shm_gate_probe(KVP_SHM_DIR, &probe);
+        *seen = (struct kvp_gate_seen){.probed = true, .probe = probe};
+        log_debug("Serving the adopted segment /dev/shm/%s", seg->name);
+        return 0;
+    }
     if (!cfg->shm_enabled || cfg->shm_backend == KVP_SHM_NONE) {
         snprintf(reason, reason_size, "SHM disabled by configuration");
     } else if (cfg->shm_backend == KVP_SHM_MEMFD) {
@@ -89,7 +102,10 @@ int kvp_transport_setup(const struct kvp_config *cfg, struct kvp_segment *seg, c
     } else {
         kvp_shm_gate_probe(KVP_SHM_DIR, &probe);
         *seen = (struct kvp_gate_seen){.probed = true, .probe = probe};
-        if (gate_allows(kvp_shm_gate_decide(size, &probe, log_line, sizeof(log_line), reason,
+        /* With warm restart the pool's index (1/64 of it) lives in /dev/shm too: a pool whose
+         * index could not fit is not admitted. */
+        uint64_t need = size + kvp_warm_index_bytes(cfg);
+        if (gate_allows(kvp_shm_gate_decide(need, &probe, log_line, sizeof(log_line), reason,
                                             reason_size),
                         log_line)) {
             rc = cfg->shm_name_given

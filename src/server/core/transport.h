@@ -23,7 +23,9 @@ struct kvp_gate_seen {
 };
 
 /*
- * Creates the pool memory in seg: a shared segment (posix or memfd, per cfg) when the
+ * Creates the pool memory in seg, unless seg already holds a segment adopted by a warm restart
+ * (warm_restart.h), which is kept as it is (reason "", the gate only probed for the report): a
+ * shared segment (posix or memfd, per cfg) when the
  * configuration and the capacity gate allow it and its reservation succeeds, else private
  * memory. reason (reason_size bytes) receives why SHM is off, or "" when it is on; each step
  * logs what it decided (the gate's WARN lines); seen receives what the gate measured. Returns 0,

@@ -28,6 +28,10 @@
  * tmpfs is SIGBUS: kvp_widx_reserve() fallocates record pages ahead (tmpfs still reports them as
  * holes until written, so the scan stays sparse).
  *
+ * The header names the pool segment (the daemon finds the index by its socket, the pool by the
+ * index); a reservation mark is a record with seal 0 and seq KVP_WIDX_RESERVED, written with
+ * two ordered stores (length, then seq) and ended with one (seq = 0) before its pages are freed.
+ *
  * Beyond the brief: kvp_widx_scrub() clears records the scan rejected, since a rejected record
  * with a valid seal (one found inside an adopted object) would be adopted by a later scan once
  * that object is cleared; and kvp_widx_header_read() lets an adopter log the previous owner.
@@ -82,11 +86,21 @@ static uint64_t pages_of(uint64_t length, uint64_t page_size)
 int kvp_widx_format(void *base, size_t len, const struct kvp_widx_identity *id, uint32_t pid,
                     uint32_t uid, uint64_t generation)
 {
+    return kvp_widx_format_named(base, len, id, pid, uid, generation, "");
+}
+
+int kvp_widx_format_named(void *base, size_t len, const struct kvp_widx_identity *id, uint32_t pid,
+                          uint32_t uid, uint64_t generation, const char *segment)
+{
     struct kvp_widx_header *h = base;
     uint64_t npages = kvp_widx_npages(id);
 
+    if (segment[0] == '/')
+        segment++;
     if (npages == 0 || npages > KVP_WIDX_MAX_PAGES)
         return -EINVAL;
+    if (strlen(segment) >= KVP_WIDX_SEGMENT_NAME)
+        return -ENAMETOOLONG;
     if (len < kvp_widx_bytes(npages))
         return -ENOSPC;
     /* The old magic goes first, and the fence keeps every later write after it: a death while
@@ -104,6 +118,7 @@ int kvp_widx_format(void *base, size_t len, const struct kvp_widx_identity *id, 
     h->generation = generation;
     h->pid = pid;
     h->uid = uid;
+    memcpy(h->segment, segment, strlen(segment) + 1);
     /* Orders the fields above before the magic: whoever sees the magic sees a whole header. */
     kvp_shared_fence(memory_order_release);
     memcpy(h->magic, KVP_WIDX_MAGIC, sizeof(h->magic));
@@ -114,9 +129,13 @@ int kvp_widx_format(void *base, size_t len, const struct kvp_widx_identity *id, 
 static int read_header(const void *base, size_t len, struct kvp_widx_header *h, char *why,
                        size_t why_size)
 {
-    if (len < sizeof(*h) || memcmp(base, KVP_WIDX_MAGIC, sizeof(h->magic)) != 0)
+    size_t core = offsetof(struct kvp_widx_header, segment);
+    if (len < core || memcmp(base, KVP_WIDX_MAGIC, sizeof(h->magic)) != 0)
         return kvp_why(why, why_size, -EPROTO, "not a kvpool index");
-    memcpy(h, base, sizeof(*h));
+    /* The fields before the segment's name say how long the index must be: a shorter one is
+     * "truncated" (check_geometry()), whether or not the name fits in it. */
+    memset(h, 0, sizeof(*h));
+    memcpy(h, base, len < sizeof(*h) ? len : sizeof(*h));
     /* Pairs with kvp_widx_format()'s release fence: the fields are read after the magic. */
     kvp_shared_fence(memory_order_acquire);
     if (h->version != KVP_WIDX_VERSION)
@@ -182,6 +201,8 @@ int kvp_widx_header_read(const void *base, size_t len, struct kvp_widx_header *o
         rc = check_geometry(&h, len, NULL, 0);
     if (rc)
         return -EPROTO;
+    /* The name is the caller's to judge, but always a string. */
+    h.segment[KVP_WIDX_SEGMENT_NAME - 1] = '\0';
     *out = h;
     return 0;
 }
@@ -302,6 +323,33 @@ void kvp_widx_touch(void *base, uint64_t page, uint64_t seq)
     __atomic_store_n((uint64_t *)((uint8_t *)base + off), seq, __ATOMIC_RELAXED);
 }
 
+/* ---- Reservation marks ---- */
+
+int kvp_widx_mark(void *base, uint64_t page, uint64_t length)
+{
+    const struct kvp_widx_header *h = base;
+    if (length == 0 || h->page_size == 0 || page >= h->npages ||
+        pages_of(length, h->page_size) > h->npages - page)
+        return -ERANGE;
+    uint64_t rec = record_off(page);
+    const struct kvp_widx_write w[] = {
+        {rec + offsetof(struct kvp_widx_record, length), length},
+        {rec + offsetof(struct kvp_widx_record, seq), KVP_WIDX_RESERVED},
+    };
+    kvp_widx_apply(base, w, 2);
+    return 0;
+}
+
+int kvp_widx_unmark(void *base, uint64_t page)
+{
+    const struct kvp_widx_header *h = base;
+    if (page >= h->npages)
+        return -ERANGE;
+    const struct kvp_widx_write w = {record_off(page) + offsetof(struct kvp_widx_record, seq), 0};
+    kvp_widx_apply(base, &w, 1);
+    return 0;
+}
+
 /* ---- Scan ---- */
 
 /* One pass over the records: the header's geometry, the callback, what was seen so far. */
@@ -313,6 +361,8 @@ struct walk {
     kvp_widx_adopt_fn fn;
     void *arg;
     struct kvp_widx_scan_result *res;
+    kvp_widx_mark_fn mark_fn; /* a scan of reservation marks: only they are reported */
+    int64_t marks;
 };
 
 /* Judges records [first, end) (end <= npages, first >= every page judged before). */
@@ -330,8 +380,18 @@ static int walk_range(struct walk *w, uint64_t first, uint64_t end)
         res->records++;
         if (r.seal == 0) {
             res->empty++;
+            /* A mark: checked as a record's extent is (no overflow: i < npages). */
+            if (w->mark_fn && r.seq == KVP_WIDX_RESERVED && r.length &&
+                pages_of(r.length, w->page_size) <= w->npages - i) {
+                w->marks++;
+                int rc = w->mark_fn(w->arg, i, r.length);
+                if (rc < 0)
+                    return rc;
+            }
             continue;
         }
+        if (w->mark_fn)
+            continue; /* sealed records are the other scans' business */
         /* The low bit first: it costs nothing and every real seal has it. */
         if (!(r.seal & 1) ||
             r.seal != kvp_widx_seal_of(w->generation, i, r.key, r.length, r.data_sum)) {
@@ -400,7 +460,7 @@ static int walk_extents(struct walk *w, int fd)
 }
 
 static int walk(int fd, const void *base, void *scrub, size_t len, kvp_widx_adopt_fn fn, void *arg,
-                struct kvp_widx_scan_result *res)
+                struct kvp_widx_scan_result *res, kvp_widx_mark_fn mark_fn, int64_t *marks)
 {
     struct kvp_widx_header h;
 
@@ -420,25 +480,37 @@ static int walk(int fd, const void *base, void *scrub, size_t len, kvp_widx_adop
         .fn = fn,
         .arg = arg,
         .res = res,
+        .mark_fn = mark_fn,
     };
-    return walk_extents(&w, fd);
+    rc = walk_extents(&w, fd);
+    if (marks)
+        *marks = w.marks;
+    return rc;
 }
 
 int kvp_widx_scan(const void *base, size_t len, kvp_widx_adopt_fn fn, void *arg,
                   struct kvp_widx_scan_result *res)
 {
-    return walk(-1, base, NULL, len, fn, arg, res);
+    return walk(-1, base, NULL, len, fn, arg, res, NULL, NULL);
 }
 
 int kvp_widx_scan_fd(int fd, const void *base, size_t len, kvp_widx_adopt_fn fn, void *arg,
                      struct kvp_widx_scan_result *res)
 {
-    return walk(fd, base, NULL, len, fn, arg, res);
+    return walk(fd, base, NULL, len, fn, arg, res, NULL, NULL);
 }
 
 int kvp_widx_scrub(int fd, void *base, size_t len, struct kvp_widx_scan_result *res)
 {
-    return walk(fd, base, base, len, NULL, NULL, res);
+    return walk(fd, base, base, len, NULL, NULL, res, NULL, NULL);
+}
+
+int64_t kvp_widx_scan_marks(int fd, const void *base, size_t len, kvp_widx_mark_fn fn, void *arg)
+{
+    struct kvp_widx_scan_result res;
+    int64_t marks = 0;
+    int rc = walk(fd, base, NULL, len, NULL, arg, &res, fn, &marks);
+    return rc ? rc : marks;
 }
 
 /* ---- The segment ---- */

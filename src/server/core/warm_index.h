@@ -6,7 +6,8 @@
  *
  * Layout (host byte order, offsets pinned below; the region is page-aligned):
  *
- *   [0, 4096)                 struct kvp_widx_header, the rest of the page zero
+ *   [0, 4096)                 struct kvp_widx_header (with the pool segment's name), the rest
+ *                             of the page zero
  *   [4096 + 64 i, + 64)       struct kvp_widx_record of the object whose FIRST page is pool
  *                             page i, for i < npages; the region is kvp_widx_bytes(npages) long
  *
@@ -27,6 +28,11 @@
  * other object was given. The chunk's bytes are not covered by this: workers can write them, so
  * data_sum (kvp_widx_data_sum() of the bytes at seal time) is checked when the chunk is first
  * read after adoption.
+ *
+ * Reservation marks: a record whose seal is 0 and whose seq is KVP_WIDX_RESERVED marks pages
+ * handed to a store in progress (kvp_widx_mark()); a successor holds those pages back for a
+ * while, since the store's worker may still write them. Marks are outside every seal: a torn one
+ * only holds back pages nobody would have read.
  *
  * Threads: one writer (the store, under its lock) at a time; the scan runs at start-up before
  * anyone writes. Functions taking a base take the mapping of an index (at least
@@ -49,6 +55,8 @@
 #define KVP_WIDX_MAX_PAGES 0xffffffffull /* as the pool (pool.h): fewer than 2^32 pages */
 #define KVP_WIDX_MAX_WRITES 9            /* writes of the longest plan (a seal) */
 #define KVP_WIDX_SUFFIX ".idx"           /* index name = pool segment name + this */
+
+#define KVP_WIDX_SEGMENT_NAME 128u /* bytes of the header's segment name, NUL included */
 
 /* header flags: the daemon left on purpose (shutdown) for a successor to adopt. */
 #define KVP_WIDX_CLEAN 1u
@@ -80,6 +88,9 @@ struct kvp_widx_header {
     uint32_t pid;        /* the daemon writing it */
     uint32_t uid;        /* its euid */
     uint64_t flags;      /* KVP_WIDX_CLEAN, or zero; atomic */
+    /* The pool segment's shm name without '/', NUL-terminated ("" when not said): how a
+     * successor on the same socket finds the pool, whatever random name it was given. */
+    char segment[KVP_WIDX_SEGMENT_NAME];
 };
 
 _Static_assert(offsetof(struct kvp_widx_header, magic) == 0, "index header layout");
@@ -94,7 +105,8 @@ _Static_assert(offsetof(struct kvp_widx_header, generation) == 64, "index header
 _Static_assert(offsetof(struct kvp_widx_header, pid) == 72, "index header layout");
 _Static_assert(offsetof(struct kvp_widx_header, uid) == 76, "index header layout");
 _Static_assert(offsetof(struct kvp_widx_header, flags) == 80, "index header layout");
-_Static_assert(sizeof(struct kvp_widx_header) == 88, "index header layout");
+_Static_assert(offsetof(struct kvp_widx_header, segment) == 88, "index header layout");
+_Static_assert(sizeof(struct kvp_widx_header) == 88 + KVP_WIDX_SEGMENT_NAME, "index header layout");
 _Static_assert(sizeof(struct kvp_widx_header) <= KVP_WIDX_HEADER, "header fits its page");
 
 struct kvp_widx_record {
@@ -134,6 +146,14 @@ int kvp_widx_format(void *base, size_t len, const struct kvp_widx_identity *id, 
                     uint32_t uid, uint64_t generation);
 
 /*
+ * kvp_widx_format() of an index that also names its pool segment (segment: the shm name, with
+ * or without its leading '/', at most KVP_WIDX_SEGMENT_NAME - 1 bytes after it), written with
+ * the other fields, before the magic. Same returns, and -ENAMETOOLONG.
+ */
+int kvp_widx_format_named(void *base, size_t len, const struct kvp_widx_identity *id, uint32_t pid,
+                          uint32_t uid, uint64_t generation, const char *segment);
+
+/*
  * Judges whether the index at base (len readable bytes) can be adopted by a daemon of the
  * settings id. Returns 0; -EPROTO when it is not an index or is damaged or truncated; -ESTALE
  * when it is a sound index of another format version or other settings. why (may be NULL) gets
@@ -147,7 +167,8 @@ int kvp_widx_check(const void *base, size_t len, const struct kvp_widx_identity 
 /*
  * Copies the header of the index at base (len readable bytes) to *out when it is structurally
  * sound (magic, version, sizes, geometry, not truncated): what an adopter logs (the previous
- * pid, KVP_WIDX_CLEAN). Returns 0 or -EPROTO.
+ * pid, KVP_WIDX_CLEAN) and the segment it names (out->segment is then NUL-terminated, though
+ * maybe "" or not a valid name: the caller judges it). Returns 0 or -EPROTO.
  */
 int kvp_widx_header_read(const void *base, size_t len, struct kvp_widx_header *out);
 
@@ -203,6 +224,39 @@ int kvp_widx_clear(void *base, uint64_t page);
 /* Records a use of the object at page: one store of seq (relaxed; advisory). Pages past npages
  * are ignored. */
 void kvp_widx_touch(void *base, uint64_t page, uint64_t seq);
+
+/* ---- Reservation marks ---- */
+
+/*
+ * The seq of a record whose seal is 0 that marks pages handed to a store in progress: a worker
+ * may write them until its next call, even after the daemon died, so a successor holds them
+ * back for a while instead of giving them to new chunks. Never a recency clock value.
+ */
+#define KVP_WIDX_RESERVED UINT64_MAX
+
+/*
+ * Marks the record of page as a reservation of length bytes (pages [page, page +
+ * ceil(length / page_size)) ): length, then seq = KVP_WIDX_RESERVED, the seal left at 0 (the
+ * record of a free page is empty: records are cleared before their pages are freed). A sealing
+ * plan of the same page later overwrites the mark. Returns 0, or -ERANGE (length 0, pages past
+ * npages).
+ */
+int kvp_widx_mark(void *base, uint64_t page, uint64_t length);
+
+/* Ends page's mark (seq = 0, one store): call it before the reservation's pages are freed. 0 or
+ * -ERANGE. */
+int kvp_widx_unmark(void *base, uint64_t page);
+
+/* Called for each reservation mark a scan finds, in page order: its page and length (checked:
+ * length > 0, pages within npages). 0 to go on, or a negative errno that stops the scan. */
+typedef int (*kvp_widx_mark_fn)(void *arg, uint64_t page, uint64_t length);
+
+/*
+ * Visits the reservation marks of the index whose file is fd and mapping base (as
+ * kvp_widx_scan_fd(): only the data extents when fd can say). Returns the marks found (>= 0), or
+ * -EPROTO, or the callback's negative errno.
+ */
+int64_t kvp_widx_scan_marks(int fd, const void *base, size_t len, kvp_widx_mark_fn fn, void *arg);
 
 /* ---- Adoption: scan ---- */
 

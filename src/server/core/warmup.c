@@ -5,7 +5,9 @@
  * at memory-zeroing speed: seconds for tens of GiB. Start-up reserves only the first
  * KVP_RESERVE_FIRST bytes, so the daemon serves within a second whatever the pool's size; this
  * thread reserves the rest step by step and after each step lets the store hand out the pages
- * just reserved (kvp_store_extend). The no-SIGBUS guarantee holds throughout: the allocator
+ * just reserved (kvp_store_extend), once the warm-restart index's records of those pages are
+ * reserved too (kvp_warm_cover). An adopted pool continues from the part its previous owner had
+ * reserved. The no-SIGBUS guarantee holds throughout: the allocator
  * never returns a page beyond the reserved part, so a store during the warm-up gets space there
  * (evicting, as in a full pool) or the usual "no space" answer.
  *
@@ -32,6 +34,8 @@
 static void on_step(void *arg, uint64_t reserved)
 {
     struct kvp_server *s = arg;
+    /* The index's records of those pages first: a chunk placed there is sealed into them. */
+    kvp_warm_cover(&s->warm, kvp_segment_pool_bytes(reserved));
     kvp_store_extend(&s->store, kvp_segment_pool_bytes(reserved));
 }
 

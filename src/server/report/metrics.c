@@ -34,6 +34,12 @@
  * LMCache counts lookups in tokens where kvpool counts chunks, so those are the chunk counts
  * times --chunk-size (docs/HTTP.md has the table).
  *
+ * How this daemon started (snap->warm, core/warm_restart.h) is a handful of gauges of its own,
+ * fixed at start-up: kvpool_warm_restart_info{kind,planned} 1 (kind "adopted" when it adopted
+ * the pool a previous kvpoold left, "cold" otherwise), what it adopted, what it dropped by
+ * reason (the three reasons always, 0 on a cold start) and how long that took. The chunks still
+ * to verify and those found corrupt change while it serves: they are rows of stats.h's maps.
+ *
  * Threads: any thread, once the server has started; no lock is held while formatting.
  */
 #include "report/metrics.h"
@@ -47,6 +53,7 @@
 #include "core/daemon.h"
 #include "core/snapshot.h"
 #include "core/stats.h"
+#include "core/warm_restart.h"
 
 /* Writes the rows of one map; counter adds the "_total" suffix and the counter TYPE. */
 static void write_map(FILE *f, const struct kvp_stat_desc *desc, const uint64_t *v, uint32_t n,
@@ -209,6 +216,47 @@ static void write_hists(FILE *f, const struct kvp_snapshot *snap)
     }
 }
 
+/* The start's warm-restart figures (snap->warm): gauges, since they describe this start and
+ * never grow. */
+static void write_warm(FILE *f, const struct kvp_snapshot *snap)
+{
+    const struct kvp_warm_report *w = &snap->warm;
+
+    fprintf(f,
+            "# HELP kvpool_warm_restart_info How this kvpoold started: kind \"adopted\" (it "
+            "adopted the pool a previous kvpoold left; planned \"true\" when that one left it on "
+            "purpose, SIGUSR2) or \"cold\"; the value is 1\n"
+            "# TYPE kvpool_warm_restart_info gauge\n"
+            "kvpool_warm_restart_info{kind=\"%s\",planned=\"%s\"} 1\n",
+            w->adopted ? "adopted" : "cold", w->adopted && w->planned ? "true" : "false");
+    fprintf(f,
+            "# HELP kvpool_warm_restart_adopted_chunks Chunks adopted at start-up from the pool "
+            "a previous kvpoold left\n"
+            "# TYPE kvpool_warm_restart_adopted_chunks gauge\n"
+            "kvpool_warm_restart_adopted_chunks %" PRIu64 "\n",
+            w->adopted_chunks);
+    fprintf(f,
+            "# HELP kvpool_warm_restart_adopted_bytes Bytes of the chunks adopted at start-up\n"
+            "# TYPE kvpool_warm_restart_adopted_bytes gauge\n"
+            "kvpool_warm_restart_adopted_bytes %" PRIu64 "\n",
+            w->adopted_bytes);
+    fprintf(f,
+            "# HELP kvpool_warm_restart_dropped_chunks Records of the adopted pool's index "
+            "dropped at start-up, by reason (bad_seal: damaged or half-written; out_of_range: "
+            "past the pool; overlap: inside another chunk)\n"
+            "# TYPE kvpool_warm_restart_dropped_chunks gauge\n"
+            "kvpool_warm_restart_dropped_chunks{reason=\"bad_seal\"} %" PRIu64 "\n"
+            "kvpool_warm_restart_dropped_chunks{reason=\"out_of_range\"} %" PRIu64 "\n"
+            "kvpool_warm_restart_dropped_chunks{reason=\"overlap\"} %" PRIu64 "\n",
+            w->dropped_bad_seal, w->dropped_out_of_range, w->dropped_overlap);
+    fprintf(f,
+            "# HELP kvpool_warm_restart_duration_seconds How long the adoption took at start-up "
+            "(checking the index and taking its chunks)\n"
+            "# TYPE kvpool_warm_restart_duration_seconds gauge\n"
+            "kvpool_warm_restart_duration_seconds %.3f\n",
+            (double)w->duration_ms / 1e3);
+}
+
 /* One LMCache metric as an alias of a kvpool counter, times the chunk size when LMCache counts
  * tokens. */
 struct lmc_alias {
@@ -282,6 +330,7 @@ char *kvp_metrics_render(const struct kvp_snapshot *snap, size_t *len)
                   "--max-clients bounds), LMCache workers");
     write_clients(f, snap, "kvpool_clients",
                   "the same as kvpool_connected_clients (kept for one release: use that)");
+    write_warm(f, snap);
     write_map(f, kvp_counter_desc, snap->counters, KVP_NCOUNTERS, true);
     write_hists(f, snap);
     write_lmc_aliases(f, snap);

@@ -16,6 +16,13 @@
  * (kvp_reg_transport_name(): "shm", "inline", "pickle", "envelope", ...), never folded into
  * another.
  *
+ * "warm_restart" says how this daemon started (core/warm_restart.h, copied into the snapshot
+ * as snap->warm): "adopted" with what it found in the pool a previous kvpoold left (after a
+ * crash or a planned restart, SIGUSR2) and what it dropped, or "cold" with the reason a pool it
+ * found was refused. The chunks adopted but not read yet, and those found corrupt on their
+ * first read, are the gauge and counter of stats.h beside it (warm_restart_unverified_chunks,
+ * warm_restart_corrupt_chunks): this object is the start's, those change while it serves.
+ *
  * Strings that come from workers (instance ids, model names, reasons) are not guaranteed to be
  * UTF-8, which JSON requires: such a string is reported with every non-ASCII byte replaced by
  * '?', rather than dropped.
@@ -41,6 +48,7 @@
 #include "core/seg_guard.h"
 #include "core/snapshot.h"
 #include "core/stats.h"
+#include "core/warm_restart.h"
 #include "l2/l2.h"
 
 /* Building state: the first allocation failure makes the whole document fail. */
@@ -168,6 +176,33 @@ static json_t *pool_object(struct doc *d, const struct kvp_snapshot *snap)
     put(d, o, "reserved_objects", jint(v[KVP_GAUGE_objects_reserved]));
     put(d, o, "expired_objects", jint(v[KVP_GAUGE_objects_expired]));
     put(d, o, "pinned_objects", jint(v[KVP_GAUGE_objects_pinned]));
+    return o;
+}
+
+/*
+ * "warm_restart": what this start did with the pool a previous kvpoold left (snap->warm):
+ * kind "adopted" or "cold"; previous_pid and reason null when they do not apply (no pool was
+ * found, or it was adopted).
+ */
+static json_t *warm_object(struct doc *d, const struct kvp_snapshot *snap)
+{
+    const struct kvp_warm_report *w = &snap->warm;
+    json_t *o = json_object();
+    json_t *dropped = json_object();
+
+    put(d, o, "enabled", json_boolean(w->enabled));
+    put(d, o, "kind", json_string(w->adopted ? "adopted" : "cold"));
+    put(d, o, "planned", json_boolean(w->adopted && w->planned));
+    put(d, o, "previous_pid", w->previous_pid ? jint(w->previous_pid) : json_null());
+    put(d, o, "reason", jstr_or_null(w->reason));
+    put(d, o, "adopted_chunks", jint(w->adopted_chunks));
+    put(d, o, "adopted_bytes", jint(w->adopted_bytes));
+    put(d, o, "dropped_chunks", jint(w->dropped_chunks));
+    put(d, dropped, "bad_seal", jint(w->dropped_bad_seal));
+    put(d, dropped, "out_of_range", jint(w->dropped_out_of_range));
+    put(d, dropped, "overlap", jint(w->dropped_overlap));
+    put(d, o, "dropped", dropped);
+    put(d, o, "duration_ms", jint(w->duration_ms));
     return o;
 }
 
@@ -464,6 +499,7 @@ char *kvp_status_json_render(struct kvp_server *s, const struct kvp_snapshot *sn
     put(&d, root, "pool", pool_object(&d, snap));
     put(&d, root, "health", health_object(&d, s));
     put(&d, root, "shm", shm_object(&d, s));
+    put(&d, root, "warm_restart", warm_object(&d, snap));
     put(&d, root, "l2", l2_object(&d, s, snap));
     put(&d, root, "instances", instances);
     put(&d, root, "clients", clients_object(&d, s, snap));

@@ -109,6 +109,11 @@ void print_pool(json_t *pool);
 /* The L2 tier's line after its label into buf: "redis://host:6379 up (backlog 3 chunks, 24.0
  * KiB)", "... down: <reason> (...)", or "off". Returns false when the status has no "l2". */
 bool l2_line(json_t *doc, char *buf, size_t size);
+/* How the daemon started, after "Warm restart: " into buf (L2_LINE bytes are enough): "adopted N
+ * chunks (X) of pid P after a crash in T ms, D dropped; U to verify, C corrupt", "on, cold start
+ * (<reason>)", "off" or "off for this run, cold start (<reason>)". Returns false when the status
+ * has no "warm_restart". */
+bool warm_line(json_t *doc, char *buf, size_t size);
 /* "Health:     degraded: <reason>", a line per reason, when the daemon says it is degraded. */
 void print_health(json_t *doc);
 /* The summary of `kvpool status`. */

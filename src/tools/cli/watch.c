@@ -1,6 +1,6 @@
 /*
  * watch.c - `kvpool watch`: rates, hit ratio and pool usage on one screen, redrawn every
- * interval.
+ * interval, and how the daemon started (warm restart: the adopted chunks still to verify).
  *
  * Design. A frame needs two readings of the status JSON's counters, an interval apart; a rate
  * is the increase over the time between the two replies. A reading from another daemon (a new
@@ -189,6 +189,9 @@ static void print_frame(const struct cli *x, json_t *doc, const struct sample *p
         print_pool(pool);
         putchar('\n');
     }
+    /* While adopted chunks are verified by their first reads, "to verify" goes down. */
+    if (warm_line(doc, l2, sizeof(l2)))
+        printf("Restart     %s\n", l2);
     if (l2_line(doc, l2, sizeof(l2)))
         printf("L2          %s\n", l2);
     json_t *list = json_object_get(doc, "instances");
