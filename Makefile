@@ -168,7 +168,7 @@ clean:
 
 # Benchmarks (docs/PERFORMANCE.md): installs the comparators (redis-server, hiredis, gnuplot)
 # through the deps script, reconfigures so that hiredis is found, runs every section (sweep,
-# rtt, paged, pressure, l2, startup, many, python, memory, fragmentation, lmcache, vllm; the
+# rtt, paged, pressure, l2, startup, restart, many, python, memory, fragmentation, lmcache, vllm; the
 # python section needs /usr/bin/python3 with numpy, which the deps script installs; the lmcache
 # section the LMCache 0.5.6 and 0.5.7rc2 virtual environments, which lmcache-env makes once, and
 # the vllm section the vLLM one, which vllm-env makes once: without one, a section (or its
