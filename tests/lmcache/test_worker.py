@@ -985,8 +985,11 @@ class PickleSmallDevShm(Base):
     memory off before creating anything, and the worker (outside the namespace, over loopback
     TCP) is given no segment name: the pickle transport."""
 
+    # The segment (header page and pool) and, with warm restart on, its index: 64 bytes per
+    # pool page and a header page (core/warm_index.h).
+    need = (1 << 30) + 4096 + ((1 << 30) // 4096) * 64 + 4096
     transport_reason = "SHM disabled: insufficient /dev/shm capacity (need %d bytes, have %d" % (
-        (1 << 30) + 4096, 64 << 20)
+        need, 64 << 20)
 
     def daemon_args(self):
         return ("--l1-size", "1GiB")  # after the default --l1-size: the last one counts
@@ -997,7 +1000,7 @@ class PickleSmallDevShm(Base):
     def roundtrip(self, dtype, layout="NHD"):
         # Checked in the test, not in setUp: a failure still stops the daemon (tearDown).
         self.assertIn("Insufficient /dev/shm capacity: need %d bytes, have %d bytes. Disabling "
-                      "SHM transport." % ((1 << 30) + 4096, 64 << 20), self.d.text())
+                      "SHM transport." % (self.need, 64 << 20), self.d.text())
         shm = self.d.status()["shm"]
         self.assertEqual((shm["enabled"], shm["pool_size"], shm["dev_shm_free_bytes"]),
                          (False, 1 << 30, 64 << 20))

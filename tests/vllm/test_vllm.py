@@ -21,10 +21,13 @@ vLLM's own prefix cache never answers for another run. Against one kvpoold:
      and the tokens are the baseline's;
   e. engine C (model 2): prompt X, stored by model 1, is a miss (no lookup hit, no external
      token) and C stores its own chunks; prompt Z, stored by C, is then a miss for engine A;
-  d. kvpoold is SIGKILLed and restarted with the same options, engine A still alive: A's
-     heartbeat finds the new daemon, A registers again (the new daemon answers false to a ping
-     of an instance it never registered, and LMCache's heartbeat re-registers on the edge back
-     to healthy), and A's next prompt Y is stored in the new daemon, its tokens the baseline's.
+  d. kvpoold is SIGKILLed and restarted with the same options, engine A still alive: the new
+     daemon adopts the pool the killed one left (warm restart: with shm, every chunk stored so
+     far is still committed; without a named segment it starts empty), A's heartbeat finds
+     the new daemon, A registers again (the new daemon answers false to a ping of an instance
+     it never registered, and LMCache's heartbeat re-registers on the edge back to healthy),
+     and A's next prompt Y is stored in the new daemon beside the adopted chunks, its tokens
+     the baseline's.
 
 (d runs last so that a failure there leaves a, b, c and e reported.) At the end no engine has
 logged an ERROR (vLLM's or the connector's), and kvpoold, stopped with SIGTERM, exits 0, has
@@ -333,8 +336,8 @@ class EndToEnd(unittest.TestCase):
             e.close()
         rc = self.d.stop() if self.d else None
         texts = [self.d.text(p) for p in self.d.logs] if self.d else []
-        # kvpoold's segment, which SIGTERM removes (the killed daemon's is taken over by the
-        # next); vLLM's own processes leave nothing in /dev/shm.
+        # kvpoold's segment and index, which SIGTERM removes (the killed daemon's are adopted by
+        # the next); vLLM's own processes leave nothing in /dev/shm.
         left = sorted(set(os.listdir("/dev/shm")) - self.shm_before)
         mine = [n for n in left if self.d and self.d.shm and n.endswith(self.d.shm)]
         for n in mine:
@@ -484,7 +487,13 @@ class EndToEnd(unittest.TestCase):
         t0 = time.monotonic()
         self.d.kill()
         self.d.start()
-        self.assertEqual(self.d.status()["gauges"]["objects_committed"], 0)
+        # Warm restart: the named segment the killed daemon left is adopted, chunks and all;
+        # without one (--shm-name "") the new daemon starts empty.
+        kept = 4 * FULL_CHUNKS if TRANSPORT == "shm" else 0
+        self.assertEqual(self.d.status()["gauges"]["objects_committed"], kept)
+        warm = self.d.status()["warm_restart"]
+        self.assertEqual((warm["kind"], warm["adopted_chunks"], warm["dropped_chunks"]),
+                         ("adopted" if kept else "cold", kept, 0))
         # A's heartbeat notices the new daemon and registers again.
         ok = wait_for(lambda: any(i["instance_id"] == a_id for i in self.my_instances()),
                       REREGISTER_TIMEOUT, step=0.5)
@@ -496,7 +505,7 @@ class EndToEnd(unittest.TestCase):
         c1 = self.d.counters()
         self.assertEqual(r["tokens"], want["y"])
         self.assertEqual(delta(c1, c0, "store_chunks_committed"), FULL_CHUNKS)
-        self.assertEqual(self.d.status()["gauges"]["objects_committed"], FULL_CHUNKS)
+        self.assertEqual(self.d.status()["gauges"]["objects_committed"], kept + FULL_CHUNKS)
         print("d. restarted: A registered again after %.0f s, prompt Y stored"
               % (time.monotonic() - t0), flush=True)
         a.close()
