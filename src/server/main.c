@@ -125,8 +125,11 @@ int main(int argc, char **argv)
     while ((rc = kvp_server_run(&server)) == KVP_SERVER_RELOAD)
         reload(&cfg, argc, argv);
     kvp_notify_stopping();
-    if (atomic_load(&server.planned_restart))
+    if (atomic_load(&server.planned_restart) && server.warm.has_index)
         log_info("kvpoold stopping for a restart (SIGUSR2): the pool stays for the next kvpoold");
+    else if (atomic_load(&server.planned_restart))
+        log_info("kvpoold stopping for a restart (SIGUSR2); without warm restart the pool goes "
+                 "with it");
     else
         log_info("kvpoold stopping");
     kvp_server_destroy(&server);
