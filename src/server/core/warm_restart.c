@@ -680,7 +680,8 @@ static int adopt_records(struct kvp_warm *w, struct kvp_store *st)
         free(c.v);
         return rc;
     }
-    qsort(c.v, c.n, sizeof(*c.v), by_seq);
+    if (c.n) /* c.v is NULL when nothing was sealed: qsort() takes no NULL */
+        qsort(c.v, c.n, sizeof(*c.v), by_seq);
     uint64_t refused_range = 0, refused_overlap = 0, lost = 0;
     for (size_t i = 0; i < c.n; i++) {
         struct kvp_widx_record rec;
