@@ -133,8 +133,13 @@ class Worker:
             self.tc = EngineDrivenTransferContext()
 
     def transport(self):
-        """The class of the registered context: EngineDrivenContextShm or ...Pickle."""
-        return type(self.tc.engine_driven_context).__name__
+        """The class of the registered context: EngineDrivenContextShm or ...Pickle; None
+        while there is none (the adapter's recover callback is registering it again, on its
+        heartbeat's thread: LMCache raises RuntimeError until it is done)."""
+        try:
+            return type(self.tc.engine_driven_context).__name__
+        except RuntimeError:
+            return None
 
     def register(self):
         hints = None if self.layout == "MLA" else {"kv_layout": "NHD"}
