@@ -6,7 +6,7 @@
  *   cli.c        command line and defaults
  *   worker.c     worker processes: start, command/done pipes, per-worker state and setup
  *   ops.c        the measured loops (kvpool, memcpy, raw Unix socket, Redis, paged, pressure)
- *   daemon.c     starting and stopping kvpoold and redis-server as child processes
+ *   daemon.c     starting and stopping kvpoold and redis-server as child processes; free memory
  *   redis_cmp.c  the Redis comparator over hiredis (stubs when built without hiredis)
  *   l2.c         the L2 tier's rows: write-behind and loads through Redis, L1 hits with L2
  *   startup.c    daemons of 1-12 GiB: time to first answer, registration, reservation speed
@@ -410,6 +410,11 @@ int kvpb_wait_kvpoold(const char *socket, struct kvpb_child *ch, int timeout_ms)
 
 /* Sleeps for ms milliseconds. */
 void kvpb_sleep_ms(int ms);
+
+/* The host's room for a daemon of a given size: MemAvailable from /proc/meminfo and the space
+ * free in /dev/shm, in bytes; 0 when unknown. */
+uint64_t kvpb_mem_available(void);
+uint64_t kvpb_free_devshm(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* redis_cmp.c                                                                                */

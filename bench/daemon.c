@@ -1,5 +1,6 @@
 /*
- * daemon.c - the servers the benchmark starts: kvpoold and redis-server, as child processes.
+ * daemon.c - the servers the benchmark starts: kvpoold and redis-server, as child processes;
+ * and the host's room for one (free memory, free /dev/shm).
  *
  * A server runs with stdout and stderr appended to a log file in the bench's temporary
  * directory (printed when it fails to start), asks the kernel for SIGTERM if the bench dies
@@ -20,11 +21,32 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
+
+uint64_t kvpb_mem_available(void)
+{
+    char line[256];
+    uint64_t kib = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib * KVPB_KiB;
+}
+
+uint64_t kvpb_free_devshm(void)
+{
+    struct statvfs v;
+    return statvfs("/dev/shm", &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize : 0;
+}
 
 void kvpb_sleep_ms(int ms)
 {

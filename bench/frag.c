@@ -81,21 +81,6 @@ static void die(const char *what, int rc, kvp_client *c)
     exit(1);
 }
 
-/* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
-static uint64_t mem_available(void)
-{
-    char line[256];
-    uint64_t kib = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * KVPB_KiB;
-}
-
 /* One client with an shm instance per size class. */
 struct sizes {
     kvp_client *c;
@@ -629,7 +614,7 @@ void kvpb_frag_phase(const struct kvpb_config *cfg, const char *kvpoold, const c
     printf("fragmentation: chunks of 4 KiB to 32 MiB sharing one pool, LRU order shuffled, "
            "then large stores (--shm-backend memfd)\n");
     for (size_t i = 0; i < n; i++) {
-        if (mem_available() < sizes[i] + 2 * KVPB_GiB) {
+        if (kvpb_mem_available() < sizes[i] + 2 * KVPB_GiB) {
             printf("  %s: skipped: MemAvailable is below the pool plus 2 GiB\n",
                    kvpb_fmt_size(sizes[i], sz, sizeof(sz)));
             continue;

@@ -47,7 +47,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -79,25 +78,6 @@ struct cfgrun {
     uint32_t *tok;  /* SEQ_CHUNKS * tokens of one sequence */
     struct kvpb_child ch;
 };
-
-static uint64_t free_devshm(void)
-{
-    struct statvfs v;
-    return statvfs("/dev/shm", &v) == 0 ? (uint64_t)v.f_bavail * v.f_frsize : 0;
-}
-
-static uint64_t mem_available(void)
-{
-    char line[256];
-    uint64_t kib = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * KVPB_KiB;
-}
 
 /* The tokens of sequence s, in r->tok. */
 static kvp_tokens seq_tokens(struct cfgrun *r, uint32_t s)
@@ -544,7 +524,7 @@ void kvpb_restart_phase(const struct kvpb_config *cfg, const char *kvpoold, cons
                        SEQ_CHUNKS);
                 continue;
             }
-            uint64_t shm = free_devshm(), avail = mem_available();
+            uint64_t shm = kvpb_free_devshm(), avail = kvpb_mem_available();
             if (shm < r.pool + 256 * KVPB_MiB || avail < r.pool + 2 * KVPB_GiB) {
                 printf("restart: %s pool skipped: /dev/shm has %.1f GiB free (it needs the pool "
                        "and 256 MiB), MemAvailable %.1f GiB (the pool and 2 GiB)\n",

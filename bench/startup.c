@@ -45,21 +45,6 @@
 /* Stops the compiler from treating the baseline's memset as dead. */
 #define KVPB_CLOBBER() __asm__ volatile("" ::: "memory")
 
-/* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
-static uint64_t mem_available(void)
-{
-    char line[256];
-    uint64_t kib = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * KVPB_KiB;
-}
-
 /*
  * Reads the daemon's reserved pool bytes and pool size. The name of the first is matched
  * loosely ("pool_" and "reserved" in it): other statistics say "reserved" too
@@ -319,7 +304,7 @@ void kvpb_startup_phase(const struct kvpb_config *cfg, const char *kvpoold, cons
     printf("startup: daemons with %s, --shm-backend memfd, one after the other\n",
            cfg->quick ? "a 64 MiB pool (--quick)" : "1, 4 and 12 GiB pools");
     for (size_t i = 0; i < n; i++) {
-        uint64_t avail = mem_available();
+        uint64_t avail = kvpb_mem_available();
         if (avail < s[i] + 2 * KVPB_GiB) {
             printf("startup: %s pool skipped: MemAvailable is %.1f GiB, it needs the pool + "
                    "2 GiB\n",

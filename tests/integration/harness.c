@@ -121,10 +121,23 @@ static void wait_ready(struct kvpt_daemon *d)
     }
 }
 
-static void spawn_and_wait(struct kvpt_daemon *d, const char **argv, int log_flags)
+void kvpt_daemon_exec(struct kvpt_daemon *d, const char **argv)
 {
-    spawn(d, argv, log_flags);
+    spawn(d, argv, O_APPEND);
     wait_ready(d);
+}
+
+bool kvpt_reap(pid_t pid, int timeout_ms, int *status)
+{
+    uint64_t deadline = kvpt_now_ms() + (uint64_t)timeout_ms;
+    pid_t r;
+    while ((r = waitpid(pid, status, WNOHANG)) == 0 && kvpt_now_ms() < deadline)
+        kvpt_sleep_ms(20);
+    if (r == pid)
+        return true;
+    kill(pid, SIGKILL);
+    waitpid(pid, status, 0);
+    return false;
 }
 
 /* True if args choose a backend without a named segment (memfd, none): the daemon refuses a
@@ -555,7 +568,7 @@ void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args)
     for (int i = 0; args && args[i] && argc < 63; i++)
         argv[argc++] = args[i];
     argv[argc] = NULL;
-    spawn_and_wait(d, argv, O_APPEND);
+    kvpt_daemon_exec(d, argv);
 }
 
 void kvpt_stop_process(pid_t pid)

@@ -131,6 +131,17 @@ void kvpt_assert_seq(kvp_instance *inst, uint32_t seq, uint32_t n, uint32_t tota
  */
 void kvpt_daemon_restart(struct kvpt_daemon *d, const char *const *args);
 
+/*
+ * Runs a daemon with an argument list of the caller's own (argv[0] the binary, NULL-ended), in
+ * d's directory as the caller set it up (d->dir, d->socket, d->log), its log appended to
+ * d->log; waits until it answers a ping, like kvpt_daemon_start().
+ */
+void kvpt_daemon_exec(struct kvpt_daemon *d, const char **argv);
+
+/* Waits up to timeout_ms for child pid to exit and stores its status. Returns false if it had
+ * not: it is then killed with SIGKILL and reaped (status is that of the kill). */
+bool kvpt_reap(pid_t pid, int timeout_ms, int *status);
+
 /* Sends SIGSTOP to pid and waits (up to 5 s) until the kernel reports it stopped ('T' in
  * /proc/<pid>/stat): kill() returns before the target's threads have stopped. */
 void kvpt_stop_process(pid_t pid);

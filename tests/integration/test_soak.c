@@ -421,13 +421,7 @@ static void test_random_soak(void **state)
     struct report sum = {0};
     for (int i = 0; i < WORKERS; i++) {
         int st = 0;
-        uint64_t wait_deadline = kvpt_now_ms() + 60000;
-        pid_t r;
-        while ((r = waitpid(pids[i], &st, WNOHANG)) == 0 && kvpt_now_ms() < wait_deadline)
-            kvpt_sleep_ms(20);
-        if (r != pids[i]) {
-            kill(pids[i], SIGKILL);
-            waitpid(pids[i], &st, 0);
+        if (!kvpt_reap(pids[i], 60000, &st)) {
             print_error("worker %d did not finish within 60 s of the deadline\n", i);
             ok = false;
             continue;

@@ -336,13 +336,7 @@ static void test_warm_soak(void **state)
     struct report sum = {0};
     for (int i = 0; i < WORKERS; i++) {
         int st = 0;
-        uint64_t deadline = kvpt_now_ms() + 60000;
-        pid_t rp;
-        while ((rp = waitpid(pids[i], &st, WNOHANG)) == 0 && kvpt_now_ms() < deadline)
-            kvpt_sleep_ms(20);
-        if (rp != pids[i]) {
-            kill(pids[i], SIGKILL);
-            waitpid(pids[i], &st, 0);
+        if (!kvpt_reap(pids[i], 60000, &st)) {
             print_error("worker %d did not stop within 60 s\n", i);
             ok = false;
             continue;

@@ -16,9 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -332,7 +330,6 @@ void kvpw_start_default_name(struct kvpt_daemon *d, const char *const *args)
 {
     const char *argv[64];
     int argc = 0;
-    pid_t parent = getpid();
 
     assert_true(d->pid <= 0);
     if (!d->dir[0]) {
@@ -351,35 +348,7 @@ void kvpw_start_default_name(struct kvpt_daemon *d, const char *const *args)
     for (int i = 0; args && args[i] && argc < 63; i++)
         argv[argc++] = args[i];
     argv[argc] = NULL;
-    d->pid = fork();
-    assert_true(d->pid >= 0);
-    if (d->pid == 0) {
-        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent)
-            _exit(125);
-        int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-        if (fd < 0 || null < 0 || dup2(fd, STDERR_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 ||
-            dup2(null, STDIN_FILENO) < 0)
-            _exit(126);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    uint64_t deadline = kvpt_now_ms() + 30000;
-    for (;;) {
-        kvp_client *c = NULL;
-        kvp_opts o = {.socket_path = d->socket, .timeout_ms = 2000};
-        int rc = kvp_client_open(&o, &c);
-        if (rc == 0)
-            rc = kvp_ping(c);
-        kvp_client_close(c);
-        if (rc == 0)
-            break;
-        if (kvpt_daemon_wait_exit(d, 0) >= 0)
-            fail_msg("kvpoold exited during start-up (log: %s)", d->log);
-        if (kvpt_now_ms() > deadline)
-            fail_msg("kvpoold did not answer on %s within 30 s", d->socket);
-        kvpt_sleep_ms(20);
-    }
+    kvpt_daemon_exec(d, argv);
     if (!ready_shm_name(d, d->shm_name, sizeof(d->shm_name)))
         fail_msg("no 'SHM enabled (shm_name=' line in %s", d->log);
 }
