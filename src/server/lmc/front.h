@@ -77,9 +77,6 @@ struct lmc_front {
  */
 uint64_t lmc_max_value_frame(uint64_t l1_size);
 
-/* Records what the request being served came to (printf-style), while DEBUG is logged. */
-void lmc_outcome(struct lmc_front *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 /* The peer value of a request whose identity frame is id[0..len). */
 uint64_t lmc_peer_of(const struct lmc_front *f, const void *id, size_t len);
 

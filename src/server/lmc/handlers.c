@@ -20,7 +20,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <sodium.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -520,16 +519,6 @@ bool lmc_dispatch(struct lmc_front *f, const struct lmc_req *r)
 uint64_t lmc_tick(struct lmc_front *f)
 {
     return lmc_state_tick(f);
-}
-
-void lmc_outcome(struct lmc_front *f, const char *fmt, ...)
-{
-    va_list ap;
-    if (!KVP_LOG_ON(KVP_LOG_DEBUG))
-        return;
-    va_start(ap, fmt);
-    vsnprintf(f->outcome, sizeof(f->outcome), fmt, ap);
-    va_end(ap);
 }
 
 uint64_t lmc_peer_of(const struct lmc_front *f, const void *id, size_t len)

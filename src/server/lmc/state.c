@@ -6,11 +6,19 @@
  * and the core derives the keys of that rank of the registration's model and layout
  * (struct kvp_key_src.other_rank, core/ops.h).
  *
+ * It also keeps the outcome of the request being served (lmc_outcome()), which every module
+ * of the front end writes: here, below them all, so that no module calls back up into
+ * handlers.c.
+ *
  * Thread: the listener's only.
  */
 #include "lmc/state.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "base/log.h"
 
 struct lmc_inst *lmc_inst_find(struct lmc_state *st, uint64_t iid)
 {
@@ -33,4 +41,14 @@ void lmc_key_src(const struct lmc_front *f, const struct lmc_key *k, uint32_t ra
     src->salt_len = k->salt_len;
     src->other_rank = true;
     src->rank = rank;
+}
+
+void lmc_outcome(struct lmc_front *f, const char *fmt, ...)
+{
+    va_list ap;
+    if (!KVP_LOG_ON(KVP_LOG_DEBUG))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(f->outcome, sizeof(f->outcome), fmt, ap);
+    va_end(ap);
 }

@@ -170,4 +170,8 @@ struct lmc_inst *lmc_inst_find(struct lmc_state *st, uint64_t iid);
 void lmc_key_src(const struct lmc_front *f, const struct lmc_key *k, uint32_t rank, bool lookup,
                  struct kvp_key_src *src);
 
+/* Records what the request being served came to (printf-style), while DEBUG is logged: the
+ * listener's DEBUG line of the request shows it (f->outcome). */
+void lmc_outcome(struct lmc_front *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #endif /* KVP_LMC_STATE_H */
