@@ -1,8 +1,8 @@
 /*
  * test_l2_share.c - the L2 tier on one real redis-server: two daemons with separate pools
  * ("two hosts") share chunks through it on both transports, a restarted daemon finds what it
- * stored before, a chunk evicted from L1 comes back from L2, and a corrupted or truncated
- * value planted in Redis is never served.
+ * stored before, a crashed one adopts what it had loaded from it, a chunk evicted from L1 comes
+ * back from L2, and a corrupted or truncated value planted in Redis is never served.
  *
  * Layout: kvpt_layout() with --chunk-size 16: 2 x 2 layers x 16 tokens x 64 x fp16 = 8 KiB.
  */
@@ -182,6 +182,41 @@ static void test_restart(void **state)
     kvpt_daemon_stop(&a);
 }
 
+/*
+ * Chunks loaded from L2 into L1 are sealed as a worker's commit is: after a crash, the next
+ * daemon adopts them with its pool and serves them with Redis emptied.
+ */
+static void test_loaded_then_adopted(void **state)
+{
+    struct kvpt_daemon a, b;
+    start_daemon(&a, "4MiB");
+    start_daemon(&b, "4MiB");
+    kvp_client *ca = kvpt_connect(&a), *cb = kvpt_connect(&b);
+    kvpt_store_seq(reg(ca, "host-a", KVP_TRANSPORT_SHM), 1008, 10);
+    wait_written(&a, 10);
+    kvp_client_close(ca);
+    kvpt_daemon_stop(&a);
+
+    /* B holds them only as loads from L2. */
+    kvpt_assert_seq(reg(cb, "host-b", KVP_TRANSPORT_SHM), 1008, 10, 10);
+    assert_int_equal(kvpt_stat(cb, "l2_hits"), 10);
+    kvp_client_close(cb);
+    assert_int_equal(kvpt_daemon_signal_wait(&b, SIGKILL), 128 + SIGKILL);
+    flush(state);
+
+    const char *args[] = {"--l1-size", "4MiB", "--chunk-size", "16", "--l2", redis_.url, NULL};
+    kvpt_daemon_restart(&b, args);
+    assert_int_equal(kvpt_log_count(&b, "Adopted the pool of kvpoold pid "), 1);
+    cb = kvpt_connect(&b);
+    assert_int_equal(kvpt_stat(cb, "objects_committed"), 10);
+    kvpt_assert_seq(reg(cb, "host-b", KVP_TRANSPORT_SHM), 1008, 10, 10);
+    assert_int_equal(kvpt_stat(cb, "warm_restart_verified_chunks"), 10);
+    assert_int_equal(kvpt_stat(cb, "l2_hits"), 0);
+    assert_int_equal(l2_keys(), 0);
+    kvp_client_close(cb);
+    kvpt_daemon_stop(&b);
+}
+
 /* A pool of 128 chunks: three sequences of 48 evict the first one's chunks from L1. */
 static void test_evicted_then_retrieved(void **state)
 {
@@ -299,6 +334,7 @@ int main(void)
         cmocka_unit_test_setup(test_share_inline_to_shm, flush),
         cmocka_unit_test_setup(test_retrieve_without_lookup, flush),
         cmocka_unit_test_setup(test_restart, flush),
+        cmocka_unit_test_setup(test_loaded_then_adopted, flush),
         cmocka_unit_test_setup(test_evicted_then_retrieved, flush),
         cmocka_unit_test_setup(test_corrupt_never_served, flush),
     };

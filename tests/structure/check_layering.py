@@ -79,6 +79,9 @@ L2_USES_CORE = {
     "src/server/core/stats.h",
     # l2_tier.c: a queued chunk is dropped if the pool segment shrank since (kvp_seg_guard_epoch).
     "src/server/core/seg_guard.h",
+    # l2_tier.c: a chunk loaded into L1 is sealed with its checksum, as a worker's commit is, so
+    # that a successor adopts it (kvp_widx_data_sum).
+    "src/server/core/warm_index.h",
 }
 # kvpool's own protocol, and who speaks it.
 WIRE = {"src/common/wire.h", "src/common/msg.h"}

@@ -15,7 +15,8 @@
  * reserve -> write -> commit path (kvp_store_prepare/commit), so nothing half-written is ever
  * visible and a concurrent load or store of the same key sees "busy" rather than inserting it
  * twice; a value that fails any check of l2_value.c is aborted, counted, logged (rate-limited)
- * and deleted from L2. The load table (at most KVP_L2_MAX_LOADS keys, hashed) knows which keys
+ * and deleted from L2. A good one is committed sealed, with its checksum (warm_index.h), as a
+ * worker's commit is, so that a warm restart adopts it too. The load table (at most KVP_L2_MAX_LOADS keys, hashed) knows which keys
  * are queued or being loaded: a retrieve that needs a queued key takes it over and loads it on
  * its own thread; one that needs a key another thread is loading waits for it, bounded.
  * Background threads take loads before copies: a worker may be waiting for them.
@@ -56,6 +57,7 @@
 #include "base/thread.h"
 #include "core/seg_guard.h"
 #include "core/stats.h"
+#include "core/warm_index.h"
 #include "l2/l2_backend.h"
 
 #define KVP_L2_MAX_LOADS 4096      /* keys queued or being loaded at once */
@@ -441,7 +443,10 @@ static int load_batch(struct kvp_l2 *l2, struct kvp_l2_conn *conn, const uint8_t
         KVP_COUNT(l2_read_bytes, len[k]);
         enum kvp_l2_verdict verdict = kvp_l2_value_check_parts(hdrs[k], dp[k], len[k], key, lay);
         if (verdict == KVP_L2_VALUE_OK) {
-            if (kvp_store_commit(l2->store, &objs[k], 1) > 0)
+            /* Sealed as a worker's commit is, so that a warm restart adopts it too. */
+            if (kvp_store_indexed(l2->store))
+                objs[k]->sum = kvp_widx_data_sum(dp[k], objs[k]->length);
+            if (kvp_store_commit_sealed(l2->store, &objs[k], 1) > 0)
                 KVP_COUNT(l2_hits, 1);
             continue;
         }
