@@ -16,9 +16,10 @@
  * visible and a concurrent load or store of the same key sees "busy" rather than inserting it
  * twice; a value that fails any check of l2_value.c is aborted, counted, logged (rate-limited)
  * and deleted from L2. A good one is committed sealed, with its checksum (warm_index.h), as a
- * worker's commit is, so that a warm restart adopts it too. The load table (at most KVP_L2_MAX_LOADS keys, hashed) knows which keys
- * are queued or being loaded: a retrieve that needs a queued key takes it over and loads it on
- * its own thread; one that needs a key another thread is loading waits for it, bounded.
+ * worker's commit is, so that a warm restart adopts it too. The load table (at most
+ * KVP_L2_MAX_LOADS keys, hashed) knows which keys are queued or being loaded: a retrieve that
+ * needs a queued key takes it over and loads it on its own thread; one that needs a key another
+ * thread is loading waits for it, bounded.
  * Background threads take loads before copies: a worker may be waiting for them.
  *
  * Faults. The state is unknown until the first operation, then up, down or auth_failed. Any
