@@ -32,7 +32,7 @@
  * index); a reservation mark is a record with seal 0 and seq KVP_WIDX_RESERVED, written with
  * two ordered stores (length, then seq) and ended with one (seq = 0) before its pages are freed.
  *
- * Beyond the brief: kvp_widx_scrub() clears records the scan rejected, since a rejected record
+ * Two more duties: kvp_widx_scrub() clears records the scan rejected, since a rejected record
  * with a valid seal (one found inside an adopted object) would be adopted by a later scan once
  * that object is cleared; and kvp_widx_header_read() lets an adopter log the previous owner.
  *
