@@ -12,7 +12,8 @@
  *     (warm_restart_verified_chunks, warm_restart_unverified_chunks), never adopt the chunks of
  *     a store that was not committed (its plan answers -ESTALE), and keep the LRU order: the
  *     chunks read last before the crash are evicted last after it; with default (random)
- *     segment names too, the pool found through the index alone;
+ *     segment names too, the pool found through the index alone; and a pool named with
+ *     --shm-name is still there for it after another daemon of the host started meanwhile;
  *   - after SIGUSR2: exit 0 with "Leaving the pool (N chunks, B bytes) in /dev/shm/<name> for
  *     the next kvpoold", leave both files with the index flagged clean, and the next daemon
  *     adopts it as a planned restart, twice in a row;
@@ -142,6 +143,35 @@ static void test_crash_adopted(void **state)
     kvpt_daemon_stop(d);
     assert_false(kvpt_shm_exists(d->shm_name));
     assert_false(kvpt_shm_exists(name));
+}
+
+/*
+ * Another daemon of the host, on its own socket, starting while the crashed one's pool waits for
+ * its successor: a pool named with --shm-name is no leftover to it (nor is its index), so the
+ * successor still adopts it (README: several daemons on one host).
+ */
+static void test_other_daemon_leaves_named_pool(void **state)
+{
+    (void)state;
+    struct kvpt_daemon *d = kvpw_fresh_daemon();
+    struct kvpt_daemon other;
+    struct kvpw_workers w;
+    char name[96];
+
+    kvpw_crashed_with_data(d);
+    kvpw_widx_name(d->socket, name, sizeof(name));
+    kvpt_daemon_start(&other, kvpw_args64);
+    assert_true(kvpt_shm_exists(d->shm_name));
+    assert_true(kvpt_shm_exists(name));
+    kvpt_daemon_stop(&other);
+
+    kvpt_daemon_restart(d, kvpw_args64);
+    kvpw_assert_log_count(d, KVPW_ADOPTED, 1);
+    kvpw_workers_open(d, &w);
+    assert_int_equal(kvpt_stat(w.c, "objects_committed"), kvpw_data_set_chunks());
+    kvpw_check_data_set(&w);
+    kvp_client_close(w.c);
+    kvpt_daemon_stop(d);
 }
 
 /*
@@ -326,6 +356,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_crash_adopted, kvpw_teardown),
         cmocka_unit_test_teardown(test_crash_adopted_default_name, kvpw_teardown),
+        cmocka_unit_test_teardown(test_other_daemon_leaves_named_pool, kvpw_teardown),
         cmocka_unit_test_teardown(test_crash_keeps_lru_order, kvpw_teardown),
         cmocka_unit_test_teardown(test_planned_restart, kvpw_teardown),
         cmocka_unit_test_teardown(test_sigterm_leaves_nothing, kvpw_teardown),
